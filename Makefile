@@ -1,0 +1,27 @@
+# One command each, from a fresh clone on a fresh machine:
+#   make train   set-up, then `turnforge train` with the default recipe (sokoban-tiny)
+#   make test    set-up, then the whole test suite
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.setup-stamp
+
+.PHONY: setup train test bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	$(PY) -m venv $(VENV)
+	# The CPU wheel first: a bare `torch` requirement would pull several GB of CUDA packages.
+	$(BIN)/pip install -q "torch==2.13.0"
+	$(BIN)/pip install -q -e ".[dev]"
+	touch $(STAMP)
+
+train: setup
+	$(BIN)/turnforge train $(ARGS)
+
+test: setup
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

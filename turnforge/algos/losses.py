@@ -1,0 +1,69 @@
+"""Policy losses on padded token tensors ``[B, T]`` with a loss mask.
+
+Aggregation is token-level: the loss is summed over every action token of the batch and
+divided by the number of action tokens (DAPO's choice), so long and short responses
+weigh per token, not per sequence.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class PolicyLossOutput:
+    loss: torch.Tensor  # scalar
+    clip_fraction: float  # share of action tokens whose gradient the clip cut off
+    approx_kl: float  # mean of (ratio - 1) - log ratio (k3 of behaviour vs current)
+    kl_ref: float  # mean KL estimate to the reference (0 without one)
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean of ``x`` over positions where ``mask`` is 1 (0 if the mask is empty)."""
+    return (x * mask).sum() / mask.sum().clamp(min=1)
+
+
+def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
+    """Schulman's k3 estimator of KL(pi || ref) per token: ``exp(r) - r - 1``, ``r = ref - logp``.
+    Unbiased, always >= 0."""
+    r = ref_logprobs - logprobs
+    return torch.exp(r) - r - 1
+
+
+def ppo_clip_loss(
+    logprobs: torch.Tensor,  # [B, T] current policy
+    old_logprobs: torch.Tensor,  # [B, T] behaviour (sampling) logprobs
+    advantages: torch.Tensor,  # [B, T] (an episode's advantage broadcast to its action tokens)
+    mask: torch.Tensor,  # [B, T] 1 on action tokens
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    ref_logprobs: torch.Tensor | None = None,  # [B, T]
+    kl_coef: float = 0.0,
+) -> PolicyLossOutput:
+    """PPO-clip surrogate ``-min(ratio * A, clip(ratio, 1 - clip_low, 1 + clip_high) * A)``,
+    token-level mean, plus ``kl_coef * k3(pi, ref)`` as a loss term if a reference is given."""
+    mask = mask.to(logprobs.dtype)
+    old = torch.where(mask.bool(), old_logprobs, logprobs.detach())
+    log_ratio = logprobs - old
+    ratio = torch.exp(log_ratio)
+    unclipped = ratio * advantages
+    clipped = torch.clamp(ratio, 1 - clip_low, 1 + clip_high) * advantages
+    per_token = -torch.minimum(unclipped, clipped)
+    loss = masked_mean(per_token, mask)
+    kl_ref = torch.zeros(())
+    if ref_logprobs is not None and kl_coef > 0:
+        kl_ref = masked_mean(kl_k3(logprobs, ref_logprobs), mask)
+        loss = loss + kl_coef * kl_ref
+    with torch.no_grad():
+        # tokens whose gradient the clip cut off (the clipped branch won the min)
+        was_clipped = (((ratio > 1 + clip_high) & (advantages > 0)) | ((ratio < 1 - clip_low) & (advantages < 0))) & mask.bool()
+        clip_fraction = float(was_clipped.sum() / mask.sum().clamp(min=1))
+        approx_kl = float(masked_mean((ratio - 1) - log_ratio, mask))
+    return PolicyLossOutput(loss, clip_fraction, approx_kl, float(kl_ref))
+
+
+def sft_loss(logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Negative log-likelihood of the action tokens, token-level mean."""
+    return -masked_mean(logprobs, mask.to(logprobs.dtype))

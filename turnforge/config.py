@@ -1,0 +1,198 @@
+"""The one typed config of a training run: recipe YAML + dotted ``key=value`` overrides.
+
+Every knob is a typed field with a one-line description and a default that works. A
+typo in a key, a wrong type or malformed YAML raises ``UserError`` with one line naming
+the bad key and the valid ones (the CLI prints it and exits with code 2).
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from turnforge.errors import UserError, choices
+from turnforge.policy.tiny import TinyModelConfig
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelConfig(Section):
+    path: str = Field("tiny", description="'tiny' builds the tiny local Qwen2 model; otherwise a local HF model directory")
+    tiny: TinyModelConfig = Field(default_factory=TinyModelConfig, description="Shape of the tiny model (path='tiny' only)")
+    dtype: Literal["float32", "bfloat16"] = Field("float32", description="Weights dtype (float32 keeps CPU runs deterministic)")
+
+
+class EnvConfig(Section):
+    id: str = Field("sokoban", description="Registered env id (see `turnforge envs`)")
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments for the env constructor")
+
+
+class RolloutConfig(Section):
+    context: Literal["window", "full_history"] = Field(
+        "window", description="'window': one sample per turn, prompt = last turns; 'full_history': one sample per episode"
+    )
+    history_window: int = Field(0, ge=0, description="Previous turns shown in 'window' mode")
+    max_turns: int = Field(20, ge=1, description="Turns per episode before truncation")
+    max_new_tokens: int = Field(8, ge=1, description="Tokens the policy may generate per turn")
+    max_context_tokens: int = Field(1024, ge=16, description="Prompt + generation budget per sample")
+    include_instructions: bool = Field(True, description="Put the env's instructions in the system prompt")
+    temperature: float = Field(1.0, gt=0, description="Sampling temperature of training rollouts")
+    truncation_marker: str = Field(" ...[truncated]", description="Text appended where an observation was cut")
+
+
+class BCConfig(Section):
+    enabled: bool = Field(True, description="Run the behaviour-cloning warm start")
+    num_demos: int = Field(40, ge=1, description="Expert episodes (on distinct train tasks) to clone")
+    epochs: int = Field(4, ge=1, description="Passes over the demonstration samples")
+    batch_size: int = Field(32, ge=1, description="Samples per gradient step")
+    lr: float = Field(1e-3, gt=0, description="AdamW learning rate")
+
+
+class RLConfig(Section):
+    iterations: int = Field(30, ge=0, description="GRPO iterations (rollout + update)")
+    tasks_per_iteration: int = Field(16, ge=1, description="Distinct train tasks per iteration")
+    group_size: int = Field(8, ge=2, description="Rollouts per task (G); advantages are normalised within the group")
+    lr: float = Field(2e-4, gt=0, description="AdamW learning rate")
+    epochs: int = Field(1, ge=1, description="Passes over each iteration's samples")
+    minibatch_size: int = Field(256, ge=1, description="Samples per optimizer step")
+    clip_low: float = Field(0.2, ge=0, description="PPO ratio clip below 1 (1 - clip_low)")
+    clip_high: float = Field(0.2, ge=0, description="PPO ratio clip above 1 (1 + clip_high)")
+    kl_coef: float = Field(0.0, ge=0, description="Weight of the KL-to-reference loss term (0 = no reference model)")
+    std_normalize: bool = Field(True, description="Divide group advantages by the group std")
+    max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping norm")
+    max_bad_steps: int = Field(3, ge=1, description="Consecutive NaN/inf losses before the run stops")
+
+
+class EvalConfig(Section):
+    episodes: int = Field(200, ge=1, description="Held-out episodes per evaluation")
+    split: Literal["heldout", "train"] = Field("heldout", description="Task split to evaluate on")
+    every: int = Field(5, ge=0, description="Evaluate every N RL iterations (0 = only before and after RL)")
+    temperature: float = Field(0.0, ge=0, description="0 = greedy decoding")
+
+
+class TrainConfig(Section):
+    """A full training run: BC warm start, then GRPO, with held-out evaluation."""
+
+    recipe: str = Field("custom", description="Recipe name (set from the file loaded)")
+    seed: int = Field(0, description="Seed of everything: model init, task order, sampling")
+    model: ModelConfig = Field(default_factory=ModelConfig, description="Policy model")
+    env: EnvConfig = Field(default_factory=EnvConfig, description="Environment")
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="Rollout budgets and context")
+    bc: BCConfig = Field(default_factory=BCConfig, description="Behaviour-cloning warm start")
+    rl: RLConfig = Field(default_factory=RLConfig, description="GRPO stage")
+    eval: EvalConfig = Field(default_factory=EvalConfig, description="Held-out evaluation")
+    checkpoint_every: int = Field(5, ge=1, description="Save a resumable checkpoint every N RL iterations")
+    threads: int = Field(2, ge=1, description="torch intra-op threads (fixed for determinism)")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "TrainConfig":
+        if self.rollout.max_new_tokens >= self.rollout.max_context_tokens:
+            raise ValueError(
+                f"rollout.max_new_tokens ({self.rollout.max_new_tokens}) must be below "
+                f"rollout.max_context_tokens ({self.rollout.max_context_tokens})"
+            )
+        return self
+
+
+# ---------------------------------------------------------------------- loading
+def recipe_dir() -> Path:
+    return Path(str(resources.files("turnforge") / "recipes"))
+
+
+def list_recipes() -> dict[str, Path]:
+    return {p.stem: p for p in sorted(recipe_dir().glob("*.yaml"))}
+
+
+def _format_error(err: ValidationError, model: type[BaseModel]) -> str:
+    e = err.errors()[0]
+    loc = [str(x) for x in e["loc"]]
+    key = ".".join(loc)
+    if e["type"] == "extra_forbidden":
+        section: Any = model
+        for part in loc[:-1]:
+            field = section.model_fields.get(part)
+            section = field.annotation if field is not None else None
+            if not (isinstance(section, type) and issubclass(section, BaseModel)):
+                break
+        valid = section.model_fields if isinstance(section, type) and issubclass(section, BaseModel) else {}
+        return f"unknown config key {key!r}; valid keys here: {choices(valid)}"
+    if e["type"] == "literal_error":
+        return f"bad value for {key!r}: {e['msg']}"
+    if not loc:
+        return f"invalid config: {e['msg'].removeprefix('Value error, ')}"
+    return f"bad value for {key!r} ({e.get('input')!r}): {e['msg']}"
+
+
+def _set_dotted(data: dict, key: str, value: Any) -> None:
+    parts = key.split(".")
+    node = data
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise UserError(f"cannot set {key!r}: {part!r} is not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def parse_overrides(items: list[str]) -> dict[str, Any]:
+    """``["rl.iterations=3", "env.kwargs.num_boxes=2"]`` -> nested dict (values parsed as YAML)."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise UserError(f"override {item!r} is not key=value (e.g. rl.iterations=10)")
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else ""
+        except yaml.YAMLError:
+            value = raw
+        _set_dotted(out, key.strip(), value)
+    return out
+
+
+def _merge(base: dict, extra: dict) -> dict:
+    out = dict(base)
+    for k, v in extra.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def load_recipe_data(recipe: str) -> tuple[str, dict]:
+    """Read a shipped recipe by name or a YAML file by path -> (name, data)."""
+    shipped = list_recipes()
+    if recipe in shipped:
+        path, name = shipped[recipe], recipe
+    elif recipe.endswith((".yaml", ".yml")) or "/" in recipe:
+        path, name = Path(recipe), Path(recipe).stem
+        if not path.exists():
+            raise UserError(f"recipe file {recipe!r} does not exist")
+    else:
+        raise UserError(f"unknown recipe {recipe!r}; valid recipes: {choices(shipped)} (or a path to a .yaml file)")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise UserError(f"malformed YAML in {str(path)!r}{where}: {getattr(err, 'problem', err)}") from None
+    if not isinstance(data, dict):
+        raise UserError(f"recipe {str(path)!r} must be a YAML mapping of config keys, got {type(data).__name__}")
+    return name, data
+
+
+def load_config(recipe: str = "sokoban-tiny", overrides: list[str] | None = None) -> TrainConfig:
+    """Recipe (name or path) + ``key=value`` overrides -> validated ``TrainConfig``."""
+    name, data = load_recipe_data(recipe)
+    data = _merge({"recipe": name, **data}, parse_overrides(overrides or []))
+    return config_from_dict(data)
+
+
+def config_from_dict(data: dict) -> TrainConfig:
+    try:
+        return TrainConfig.model_validate(data)
+    except ValidationError as err:
+        raise UserError(_format_error(err, TrainConfig)) from None

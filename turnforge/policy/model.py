@@ -1,0 +1,151 @@
+"""Load any Hugging Face causal LM with its tokenizer and chat template as a ``Policy``.
+
+``Policy`` is the model, its tokenizer, a ``ChatFormat`` that turns chat messages into
+token ids piece by piece (so observations can be truncated by tokens), the stop token
+ids, and a version counter bumped after every optimizer step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from turnforge.errors import UserError
+
+SENTINEL = "\u2063TURNFORGE_CONTENT\u2063"
+
+
+class ChatFormat:
+    """Token pieces of a chat template, derived once by rendering it around a sentinel.
+
+    A conversation is tokenized piece by piece: ``start(system) + tokenize(content) +
+    user_tail`` for the first user message, ``user_head + tokenize(content) + user_tail``
+    for later ones, with the assistant's generated ids and the template's closing text in
+    between. The ids the model sees are composed of pieces and never re-tokenized across a
+    boundary, so an observation can be truncated by tokens. Works for templates that
+    render each message independently (ChatML/Qwen2, Llama 3, Mistral-style); templates
+    that rewrite earlier turns (e.g. strip reasoning from old assistant messages) are
+    rejected with a clear error.
+    """
+
+    def __init__(self, tokenizer) -> None:
+        name = getattr(tokenizer, "name_or_path", "") or "tokenizer"
+        if not getattr(tokenizer, "chat_template", None):
+            raise UserError(f"tokenizer {name!r} has no chat_template; use an instruct/chat model or set one")
+        self.tokenizer = tokenizer
+        self._name = name
+        u, a = {"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}
+        base = self._render([u, a], gen=False)
+        later = self._render([u, a, {"role": "user", "content": SENTINEL}], gen=True)
+        if not later.startswith(base):
+            raise UserError(
+                f"chat template of {name!r} re-renders earlier turns when a message is added; "
+                "turnforge needs a template whose rendering of a conversation extends its prefix"
+            )
+        head, tail = self._split(later[len(base):])
+        self.user_head: tuple[int, ...] = self.encode(head)  # before a later user message's content
+        self.user_tail: tuple[int, ...] = self.encode(tail)  # after it, including the generation prompt
+        prompt_u = self._render([u], gen=True)
+        with_assistant = self._render([u, {"role": "assistant", "content": SENTINEL}], gen=False)
+        if not with_assistant.startswith(prompt_u):
+            raise UserError(f"chat template of {name!r} does not put assistant content right after the generation prompt")
+        #: Text the template puts after assistant content (e.g. "<|im_end|>\n").
+        self.assistant_close: str = self._split(with_assistant[len(prompt_u):])[1]
+        self._starts: dict[str | None, tuple[tuple[int, ...], tuple[int, ...]]] = {}
+
+    def _render(self, messages: list[dict], gen: bool) -> str:
+        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=gen)
+
+    def _split(self, text: str) -> tuple[str, str]:
+        if text.count(SENTINEL) != 1:
+            raise UserError(f"chat template of {self._name!r} does not render message content verbatim")
+        head, tail = text.split(SENTINEL)
+        return head, tail
+
+    def encode(self, text: str) -> tuple[int, ...]:
+        """Token ids of ``text`` with no special tokens added."""
+        return tuple(self.tokenizer(text, add_special_tokens=False)["input_ids"]) if text else ()
+
+    def start(self, system: str | None) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """(head, tail) ids around the first user message's content, with ``system`` as the
+        system prompt (``None`` for none). Cached per system text."""
+        if system not in self._starts:
+            messages = [{"role": "user", "content": SENTINEL}]
+            if system:
+                messages.insert(0, {"role": "system", "content": system})
+            head, tail = self._split(self._render(messages, gen=True))
+            self._starts[system] = (self.encode(head), self.encode(tail))
+        return self._starts[system]
+
+    def close_after(self, generated_text: str) -> tuple[int, ...]:
+        """Ids the template adds after an assistant message whose generated ids decode to
+        ``generated_text``: the closing text minus what the model already emitted (its stop
+        token), so nothing is duplicated."""
+        close = self.assistant_close
+        for k in range(len(close), 0, -1):
+            if generated_text.endswith(close[:k]):
+                return self.encode(close[k:])
+        return self.encode(close)
+
+
+@dataclass
+class Policy:
+    """A causal LM, its tokenizer and chat format, stop ids, and a version counter."""
+
+    model: torch.nn.Module
+    tokenizer: object
+    chat: ChatFormat
+    stop_ids: tuple[int, ...]
+    pad_id: int
+    path: str
+    version: int = 0
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+
+def stop_token_ids(tokenizer, model) -> tuple[int, ...]:
+    """Ids that end a turn: the tokenizer's eos, the generation config's eos ids, and the
+    template's end-of-message token when it is a single token (e.g. ``<|im_end|>``)."""
+    ids: list[int] = []
+    if tokenizer.eos_token_id is not None:
+        ids.append(int(tokenizer.eos_token_id))
+    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    for i in gen_eos if isinstance(gen_eos, (list, tuple)) else [gen_eos]:
+        if i is not None:
+            ids.append(int(i))
+    for tok in ("<|im_end|>", "<|eot_id|>", "<end_of_turn>"):
+        tid = tokenizer.convert_tokens_to_ids(tok)
+        if isinstance(tid, int) and tid != tokenizer.unk_token_id and tid >= 0:
+            ids.append(tid)
+    if not ids:
+        raise UserError(f"tokenizer {tokenizer.name_or_path!r} has no eos token; cannot tell where a turn ends")
+    return tuple(dict.fromkeys(ids))
+
+
+def load_policy(path: str | Path, dtype: str = "float32", device: str = "cpu") -> Policy:
+    """Load a local HF causal LM directory with ``from_pretrained`` (no download)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    p = Path(path)
+    if not p.exists():
+        raise UserError(f"model path {str(path)!r} does not exist; give a local directory saved with save_pretrained")
+    if not (p / "config.json").exists():
+        raise UserError(f"model path {str(path)!r} has no config.json; it is not a Hugging Face model directory")
+    torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}.get(dtype)
+    if torch_dtype is None:
+        raise UserError(f"unknown dtype {dtype!r}; valid dtypes: 'bfloat16', 'float16', 'float32'")
+    tokenizer = AutoTokenizer.from_pretrained(p, local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(p, dtype=torch_dtype, local_files_only=True).to(device)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    return Policy(
+        model=model,
+        tokenizer=tokenizer,
+        chat=ChatFormat(tokenizer),
+        stop_ids=stop_token_ids(tokenizer, model),
+        pad_id=int(pad),
+        path=str(p),
+    )

@@ -1,0 +1,150 @@
+"""Tiny Hugging Face models for tests and the default CPU job, built locally (no download).
+
+``build_tiny_model(out_dir, cfg)`` trains a small byte-level BPE tokenizer with the
+``tokenizers`` library, wraps it as a ``PreTrainedTokenizerFast`` with a ChatML chat
+template (the format Qwen models use), builds a randomly initialised Qwen2 causal LM
+from a ``Qwen2Config``, and saves both in Hugging Face format (safetensors). Everything
+downstream loads it with ``from_pretrained``, the same code path as a 7B model.
+
+Tokenizer: punctuation and whitespace characters are split into single tokens before
+BPE, so a text grid such as a Sokoban room becomes one token per cell; words and
+numbers are merged by BPE. Byte-level fallback means any text encodes.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import AddedToken
+
+PAD_TOKEN = "<|endoftext|>"
+IM_START = "<|im_start|>"
+IM_END = "<|im_end|>"
+TOOL_TOKENS = ("<tool_call>", "</tool_call>")
+
+# ChatML, as in Qwen2 (without Qwen's default system prompt). Tool calls, when they come,
+# use the hermes-style <tool_call>{json}</tool_call> inside assistant content.
+CHAT_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+# Text the BPE merges are learned from: game vocabulary, directions, numbers and common
+# words, plus whatever corpus the caller adds (e.g. rendered observations of the envs).
+BASE_CORPUS = """
+Up Down Left Right up down left right UP DOWN LEFT RIGHT
+<answer>Up</answer> <answer>Down</answer> <answer>Left</answer> <answer>Right</answer>
+Invalid action: could not parse as an action. Valid actions: Up, Down, Left, Right.
+You are playing Sokoban. Push every box onto a target. Answer with one of Up, Down, Left, Right.
+You are on a frozen lake. Reach the goal without falling into a hole.
+You are playing 2048. Slide the tiles to merge equal numbers and reach the target tile.
+wall floor target box player hole goal tile score step turn reward move moves the a an of to and
+2 4 8 16 32 64 128 256 512 1024 2048 4096 0 1 3 5 6 7 9 10 100
+You are a helpful assistant. The user asks and the assistant answers. system user assistant tool
+calculator python result error output true false none
+""".strip()
+
+
+class TinyModelConfig(BaseModel):
+    """Shape of the tiny Qwen2 model and its tokenizer."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    vocab_size: int = Field(512, description="BPE vocabulary size (including special tokens)")
+    hidden_size: int = Field(128, description="Width of the residual stream")
+    intermediate_size: int = Field(384, description="Width of the MLP")
+    num_hidden_layers: int = Field(4, description="Transformer blocks")
+    num_attention_heads: int = Field(4, description="Query heads")
+    num_key_value_heads: int = Field(2, description="Key/value heads (grouped-query attention)")
+    max_position_embeddings: int = Field(4096, description="Longest context the model accepts")
+    tie_word_embeddings: bool = Field(True, description="Share input and output embeddings")
+    seed: int = Field(0, description="Seed of the random initialisation")
+
+
+def build_tokenizer(corpus: list[str], vocab_size: int = 512):
+    """Train a byte-level BPE on ``BASE_CORPUS + corpus`` and return a ``PreTrainedTokenizerFast``."""
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(r"[^A-Za-z0-9]"), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    tok.decoder = decoders.ByteLevel()
+    specials = [PAD_TOKEN, IM_START, IM_END]
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size - len(TOOL_TOKENS),
+        special_tokens=specials,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        min_frequency=1,
+        show_progress=False,
+    )
+    tok.train_from_iterator([BASE_CORPUS, *corpus], trainer=trainer)
+    tok.add_tokens([AddedToken(t, normalized=False, special=False) for t in TOOL_TOKENS])
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token=IM_END,
+        pad_token=PAD_TOKEN,
+        chat_template=CHAT_TEMPLATE,
+        model_max_length=4096,
+        clean_up_tokenization_spaces=False,
+    )
+
+
+def default_corpus(samples_per_env: int = 20) -> list[str]:
+    """Instructions and observations of the built-in envs, so the tokenizer knows their words."""
+    from turnforge.envs import list_envs, make
+
+    texts: list[str] = []
+    for env_id in list_envs():
+        try:
+            env = make(env_id)
+        except Exception:  # a third-party env that needs arguments: skip it for the corpus
+            continue
+        if not env_id.startswith(("sokoban", "frozenlake", "2048")):
+            continue
+        texts.append(env.instructions)
+        for i in range(samples_per_env):
+            texts.append(env.reset(seed=i))
+    return texts
+
+
+def build_tiny_model(out_dir: str | Path, cfg: TinyModelConfig | None = None, corpus: list[str] | None = None) -> Path:
+    """Build and save a tiny Qwen2 model + tokenizer in HF format; returns ``out_dir``."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    cfg = cfg or TinyModelConfig()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer(default_corpus() if corpus is None else corpus, cfg.vocab_size)
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=cfg.num_hidden_layers,
+        num_attention_heads=cfg.num_attention_heads,
+        num_key_value_heads=cfg.num_key_value_heads,
+        max_position_embeddings=cfg.max_position_embeddings,
+        tie_word_embeddings=cfg.tie_word_embeddings,
+        bos_token_id=tokenizer.convert_tokens_to_ids(PAD_TOKEN),
+        eos_token_id=tokenizer.convert_tokens_to_ids(IM_END),
+        pad_token_id=tokenizer.convert_tokens_to_ids(PAD_TOKEN),
+        use_sliding_window=False,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(cfg.seed)
+        model = Qwen2ForCausalLM(config)
+    model.generation_config.eos_token_id = [config.eos_token_id]
+    model.generation_config.pad_token_id = config.pad_token_id
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    (out / "turnforge_tiny.json").write_text(json.dumps(cfg.model_dump(), indent=2) + "\n")
+    return out

@@ -1,0 +1,172 @@
+"""Token bookkeeping of one episode under a context policy and explicit budgets.
+
+Two context policies:
+
+- ``full_history``: one growing sequence per episode (system, obs 1, action 1, obs 2,
+  ...); the whole episode is one training sample.
+- ``window``: each turn's prompt is the system prompt, the last ``history_window`` turns
+  and the current observation; each turn is one training sample.
+
+Invariants: the policy's generated ids are stored as sampled (never re-tokenized);
+template, observation and marker tokens are context (loss mask 0). An observation that
+would overflow ``max_context_tokens`` (prompt + ``max_new_tokens``) is cut by tokens
+and gets a visible marker; in window mode older history turns are dropped first. Both
+are counted. If not even an empty observation fits, the episode ends with truncation
+reason ``context_budget``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from turnforge.config import RolloutConfig
+from turnforge.policy.model import ChatFormat
+from turnforge.types import Sample
+
+
+class ContextOverflow(Exception):
+    """Not even an empty observation fits the context budget."""
+
+
+@dataclass
+class _Action:
+    ids: tuple[int, ...]
+    logprobs: tuple[float, ...] | None  # None: not sampled (expert demonstration)
+    version: int
+    close: tuple[int, ...]  # template ids after the action (e.g. "\n" after <|im_end|>)
+
+
+@dataclass
+class EpisodeContext:
+    """Builds prompts and samples for one episode."""
+
+    chat: ChatFormat
+    cfg: RolloutConfig
+    system: str | None
+    marker_ids: tuple[int, ...]
+    trajectory_id: str
+    # full-history buffers (token-level, grow by appending)
+    _ids: list[int] = field(default_factory=list)
+    _mask: list[int] = field(default_factory=list)
+    _logprobs: list[float] = field(default_factory=list)
+    _versions: list[int] = field(default_factory=list)
+    # window mode: per turn (observation content ids, action)
+    _turns: list[tuple[tuple[int, ...], _Action]] = field(default_factory=list)
+    _obs_ids: tuple[int, ...] = ()
+    _prompt: tuple[int, ...] = ()
+    samples: list[Sample] = field(default_factory=list)
+    history_dropped: int = 0  # window turns dropped to fit the budget
+
+    # ------------------------------------------------------------ observations
+    def observe(self, observation: str) -> int:
+        """Add the next observation; returns how many of its tokens were cut (0 = none).
+        Raises ``ContextOverflow`` if the prompt cannot fit at all."""
+        content = self.chat.encode(observation)
+        if self.cfg.context == "full_history":
+            return self._observe_full(content)
+        return self._observe_window(content)
+
+    def _fit(self, content: tuple[int, ...], fixed: int) -> tuple[tuple[int, ...], int]:
+        room = self.cfg.max_context_tokens - self.cfg.max_new_tokens - fixed
+        if len(content) <= room:
+            return content, 0
+        keep = room - len(self.marker_ids)
+        if keep < 0:
+            raise ContextOverflow
+        return content[:keep] + self.marker_ids, len(content) - keep
+
+    def _observe_full(self, content: tuple[int, ...]) -> int:
+        if not self._ids:
+            head, tail = self.chat.start(self.system)
+        else:
+            head, tail = self.chat.user_head, self.chat.user_tail
+        content, cut = self._fit(content, len(self._ids) + len(head) + len(tail))
+        piece = head + content + tail
+        self._ids.extend(piece)
+        self._mask.extend([0] * len(piece))
+        self._logprobs.extend([float("nan")] * len(piece))
+        self._versions.extend([-1] * len(piece))
+        return cut
+
+    def _window_prompt(self, turns, content: tuple[int, ...]) -> tuple[int, ...]:
+        head, tail = self.chat.start(self.system)
+        out: list[int] = list(head)
+        for i, (obs, act) in enumerate(turns):
+            if i > 0:
+                out.extend(self.chat.user_head)
+            out.extend(obs)
+            out.extend(tail if i == 0 else self.chat.user_tail)
+            out.extend(act.ids)
+            out.extend(act.close)
+        out.extend(self.chat.user_head if turns else ())
+        out.extend(content)
+        out.extend(tail if not turns else self.chat.user_tail)
+        return tuple(out)
+
+    def _observe_window(self, content: tuple[int, ...]) -> int:
+        k = self.cfg.history_window
+        turns = self._turns[-k:] if k > 0 else []
+        while True:
+            fixed = len(self._window_prompt(turns, ()))
+            room = self.cfg.max_context_tokens - self.cfg.max_new_tokens - fixed
+            if len(content) <= room or not turns:
+                break
+            turns = turns[1:]
+            self.history_dropped += 1
+        content, cut = self._fit(content, fixed)
+        self._obs_ids = content
+        self._prompt = self._window_prompt(turns, content)
+        return cut
+
+    # ------------------------------------------------------------ prompts and actions
+    def prompt(self) -> tuple[int, ...]:
+        """Ids the policy conditions on for the next action."""
+        return tuple(self._ids) if self.cfg.context == "full_history" else self._prompt
+
+    def act(self, ids: tuple[int, ...], logprobs: tuple[float, ...] | None, version: int, text: str) -> None:
+        """Record the action ids (exactly as generated) and the template's closing ids."""
+        if logprobs is not None and len(logprobs) != len(ids):
+            raise ValueError(f"{len(ids)} action ids but {len(logprobs)} logprobs")
+        action = _Action(ids, logprobs, version, self.chat.close_after(text))
+        lp = list(logprobs) if logprobs is not None else [float("nan")] * len(ids)
+        ver = version if logprobs is not None else -1
+        if self.cfg.context == "full_history":
+            self._ids.extend(ids)
+            self._mask.extend([1] * len(ids))
+            self._logprobs.extend(lp)
+            self._versions.extend([ver] * len(ids))
+            self._ids.extend(action.close)
+            self._mask.extend([0] * len(action.close))
+            self._logprobs.extend([float("nan")] * len(action.close))
+            self._versions.extend([-1] * len(action.close))
+        else:
+            prompt = self._prompt
+            n = len(prompt)
+            self.samples.append(
+                Sample(
+                    token_ids=np.asarray(prompt + ids, dtype=np.int64),
+                    loss_mask=np.concatenate([np.zeros(n, np.int8), np.ones(len(ids), np.int8)]),
+                    logprobs=np.asarray([float("nan")] * n + lp, dtype=np.float32),
+                    versions=np.asarray([-1] * n + [ver] * len(ids), dtype=np.int32),
+                    trajectory_id=self.trajectory_id,
+                    turn_index=len(self._turns),
+                )
+            )
+            self._turns.append((self._obs_ids, action))
+
+    def finish(self) -> list[Sample]:
+        """All samples of the episode (call once, after the last action)."""
+        if self.cfg.context == "full_history" and any(self._mask):
+            self.samples = [
+                Sample(
+                    token_ids=np.asarray(self._ids, dtype=np.int64),
+                    loss_mask=np.asarray(self._mask, dtype=np.int8),
+                    logprobs=np.asarray(self._logprobs, dtype=np.float32),
+                    versions=np.asarray(self._versions, dtype=np.int32),
+                    trajectory_id=self.trajectory_id,
+                    turn_index=-1,
+                )
+            ]
+        return self.samples

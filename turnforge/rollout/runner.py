@@ -1,0 +1,217 @@
+"""The multi-turn rollout loop: many episodes advanced turn by turn, one batched
+generation call per turn for all episodes still running.
+
+An ``Actor`` produces the next action ids for a batch of prompts: ``PolicyActor``
+samples from the LM, ``ExpertActor`` asks each env's expert (demonstrations go through
+the same context code as rollouts, so BC trains on exactly the prompts RL will see).
+
+Finished episodes leave the batch at once (no generation for finished envs). An env
+that raises inside ``reset``/``step`` ends its episode as an infrastructure failure
+(``Trajectory.infra_failure``), which the trainer excludes from advantages and metrics;
+the other episodes go on.
+
+Departure from an asynchronous engine: turns are batched in lock-step across the
+episodes of one call (the async per-trajectory scheduler comes with the EnvPool).
+"""
+
+from __future__ import annotations
+
+import traceback
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+import numpy as np
+import torch
+
+from turnforge.config import RolloutConfig
+from turnforge.envs.base import Env
+from turnforge.policy.generate import Generation, sample
+from turnforge.policy.model import Policy
+from turnforge.rollout.context import ContextOverflow, EpisodeContext
+from turnforge.types import Task, Trajectory, Turn
+
+
+@dataclass(frozen=True)
+class EpisodeRequest:
+    """One episode to play: which task, which env seed, which GRPO group."""
+
+    task: Task
+    env_seed: int
+    group_id: str
+    trajectory_id: str
+
+
+class Actor(Protocol):
+    version: int
+
+    def act(self, prompts: Sequence[Sequence[int]], envs: Sequence[Env]) -> list[Generation | None]:
+        """Next action of each prompt (``None`` logprobs for non-sampled actions)."""
+        ...
+
+
+class PolicyActor:
+    """Samples actions from the policy LM (temperature 0 = greedy)."""
+
+    def __init__(self, policy: Policy, max_new_tokens: int, temperature: float, generator: torch.Generator) -> None:
+        self.policy, self.max_new_tokens, self.temperature, self.generator = policy, max_new_tokens, temperature, generator
+
+    @property
+    def version(self) -> int:
+        return self.policy.version
+
+    def act(self, prompts, envs):
+        return sample(
+            self.policy.model,
+            prompts,
+            max_new_tokens=self.max_new_tokens,
+            stop_ids=self.policy.stop_ids,
+            pad_id=self.policy.pad_id,
+            temperature=self.temperature,
+            generator=self.generator,
+        )
+
+
+class ExpertActor:
+    """The env's expert policy, written as the tokens the LM should produce: the action
+    text's ids followed by the first stop id. Logprobs are NaN (nothing was sampled)."""
+
+    version = -1
+
+    def __init__(self, policy: Policy) -> None:
+        self.policy = policy
+
+    def act(self, prompts, envs):
+        out = []
+        for env in envs:
+            ids = self.policy.chat.encode(env.expert_action()) + (self.policy.stop_ids[0],)
+            out.append(Generation(ids, tuple([float("nan")] * len(ids)), True))
+        return out
+
+
+@dataclass
+class _Running:
+    request: EpisodeRequest
+    env: Env
+    ctx: EpisodeContext
+    observation: str
+    turns: list[Turn]
+    ret: float = 0.0
+    success: bool = False
+    terminated: bool = False
+    truncated: bool = False
+    reason: str | None = None
+    failure: str | None = None
+    cut: int = 0
+    done: bool = False
+
+
+@dataclass(frozen=True)
+class RolloutStats:
+    """Counters of one rollout call (budget events are counted, never silent)."""
+
+    episodes: int
+    turns: int
+    obs_truncations: int  # observations cut by the context budget
+    context_overflows: int  # episodes ended because nothing more fit
+    generation_truncations: int  # turns that hit max_new_tokens before a stop token
+    history_dropped: int  # window turns dropped to fit the budget
+    infra_failures: int
+    generated_tokens: int
+
+
+def rollout(
+    actor: Actor,
+    envs: Sequence[Env],
+    requests: Sequence[EpisodeRequest],
+    cfg: RolloutConfig,
+    policy: Policy,
+) -> tuple[list[Trajectory], RolloutStats]:
+    """Play ``requests`` (one env of ``envs`` each, same order) to the end."""
+    if len(envs) < len(requests):
+        raise ValueError(f"{len(requests)} episodes need as many envs, got {len(envs)}")
+    tokenizer, chat = policy.tokenizer, policy.chat
+    marker = chat.encode(cfg.truncation_marker)
+    running: list[_Running] = []
+    for req, env in zip(requests, envs):
+        system = env.instructions if cfg.include_instructions else None
+        ctx = EpisodeContext(chat, cfg, system, marker, req.trajectory_id)
+        run = _Running(req, env, ctx, "", [])
+        try:
+            run.observation = env.reset(seed=req.env_seed, task=req.task)
+        except Exception:
+            run.failure, run.done = _describe("reset", req), True
+        running.append(run)
+
+    obs_truncations = overflows = gen_truncations = gen_tokens = 0
+    for turn_index in range(cfg.max_turns):
+        active = [r for r in running if not r.done]
+        for r in active:
+            try:
+                r.cut = r.ctx.observe(r.observation)
+                obs_truncations += r.cut > 0
+            except ContextOverflow:
+                r.done, r.truncated, r.reason = True, True, "context_budget"
+                overflows += 1
+        active = [r for r in active if not r.done]
+        if not active:
+            break
+        gens = actor.act([r.ctx.prompt() for r in active], [r.env for r in active])
+        texts = tokenizer.batch_decode([g.ids for g in gens], skip_special_tokens=True)
+        for r, gen, text in zip(active, gens, texts):
+            sampled = actor.version >= 0
+            anchor = r.env.anchor_key()
+            r.ctx.act(gen.ids, gen.logprobs if sampled else None, actor.version, text)
+            gen_tokens += len(gen.ids)
+            gen_truncations += not gen.stopped
+            try:
+                step = r.env.step(text)
+            except Exception:
+                r.failure, r.done = _describe("step", r.request), True
+                continue
+            r.turns.append(Turn(r.observation, text, step.reward, step.invalid_action, anchor, r.cut, not gen.stopped))
+            r.ret += step.reward
+            r.observation = step.observation
+            if step.terminated or step.truncated:
+                r.done, r.success = True, step.success
+                r.terminated, r.truncated = step.terminated, step.truncated
+                r.reason = "env" if step.truncated else None
+            elif turn_index == cfg.max_turns - 1:
+                r.done, r.truncated, r.reason = True, True, "max_turns"
+
+    trajectories = []
+    for r in running:
+        samples = tuple(r.ctx.finish())
+        trajectories.append(
+            Trajectory(
+                trajectory_id=r.request.trajectory_id,
+                task=r.request.task,
+                group_id=r.request.group_id,
+                env_seed=r.request.env_seed,
+                turns=tuple(r.turns),
+                samples=samples,
+                episode_return=r.ret,
+                success=r.success,
+                terminated=r.terminated,
+                truncated=r.truncated,
+                truncation_reason=r.reason,
+                policy_version=actor.version,
+                infra_failure=r.failure,
+            )
+        )
+    stats = RolloutStats(
+        episodes=len(running),
+        turns=sum(len(r.turns) for r in running),
+        obs_truncations=obs_truncations,
+        context_overflows=overflows,
+        generation_truncations=gen_truncations,
+        history_dropped=sum(r.ctx.history_dropped for r in running),
+        infra_failures=sum(r.failure is not None for r in running),
+        generated_tokens=gen_tokens,
+    )
+    return trajectories, stats
+
+
+def _describe(where: str, req: EpisodeRequest) -> str:
+    """One-line description of the exception being handled (for the infra-failure record)."""
+    last = traceback.format_exc().strip().splitlines()[-1]
+    return f"env {where}() raised on {req.task.task_id} (seed {req.env_seed}): {last}"

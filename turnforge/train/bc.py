@@ -1,0 +1,76 @@
+"""Stage 1, behaviour cloning: supervised fine-tuning on expert demonstrations.
+
+The demonstrations are played by the env's expert through the same rollout and context
+code as RL (``ExpertActor``), so BC trains on exactly the prompts the policy will see.
+The loss covers the action tokens only (action text + stop token); prompts, observations
+and template tokens are context.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from turnforge.algos import sft_loss
+from turnforge.data.store import write_trajectories
+from turnforge.envs.base import stable_hash
+from turnforge.policy.generate import token_logprobs
+from turnforge.rollout.runner import EpisodeRequest, ExpertActor, rollout
+from turnforge.train.common import GuardedStep, collate, rng
+from turnforge.train.session import Session
+
+
+def run_bc(s: Session) -> dict[str, float]:
+    cfg, bc = s.cfg, s.cfg.bc
+    policy, envs = s.policy, s.envs
+
+    # 1. demonstrations: the expert plays distinct train tasks
+    demos = []
+    for start in range(0, bc.num_demos, len(envs)):
+        requests = [
+            EpisodeRequest(envs[0].task("train", i), stable_hash(cfg.seed, "demo", i), f"demo-{i}", f"demo-{i}")
+            for i in range(start, min(bc.num_demos, start + len(envs)))
+        ]
+        trajs, _ = rollout(ExpertActor(policy), envs, requests, cfg.rollout, policy)
+        demos.extend(t for t in trajs if t.infra_failure is None)
+    write_trajectories(s.run_dir / "trajectories" / "bc_demos.parquet", demos, stage="bc", iteration=0)
+    samples = [x for t in demos for x in t.samples]
+    demo_steps = sum(t.num_turns for t in demos)
+    s.state.env_steps += demo_steps
+    demo_success = sum(t.success for t in demos) / max(len(demos), 1)
+    s.progress.message(f"bc: {len(demos)} expert episodes, {demo_steps} steps, {len(samples)} samples, expert success {demo_success:.2f}")
+
+    # 2. supervised fine-tuning on action tokens
+    optimizer = torch.optim.AdamW(policy.model.parameters(), lr=bc.lr, weight_decay=0.0)
+    step = GuardedStep(policy.model, optimizer, cfg.rl.max_grad_norm, cfg.rl.max_bad_steps)
+    steps_per_epoch = -(-len(samples) // bc.batch_size)
+    s.progress.stage("bc", bc.epochs * steps_per_epoch)
+    policy.model.train()
+    n, loss_value, t0 = 0, float("nan"), time.time()
+    for epoch in range(bc.epochs):
+        order = rng(cfg.seed, "bc", epoch).permutation(len(samples))
+        for b in range(steps_per_epoch):
+            batch = collate([samples[i] for i in order[b * bc.batch_size:(b + 1) * bc.batch_size]], policy.pad_id)
+            logprobs, _ = token_logprobs(policy.model, batch.ids, batch.attention)
+            loss = sft_loss(logprobs, batch.mask)
+            step(loss)
+            n += 1
+            s.state.train_tokens += batch.num_tokens
+            loss_value = float(loss)
+            s.progress.update(n, loss=loss_value, tokens_per_s=s.state.train_tokens / (time.time() - t0))
+        s.metrics.log("bc_epoch", s.state.env_steps, epoch=epoch, loss=loss_value)
+    policy.model.eval()
+
+    # 3. record
+    stats = {
+        "demonstrations": len(demos),
+        "demo_env_steps": demo_steps,
+        "demo_samples": len(samples),
+        "expert_success_rate": demo_success,
+        "final_loss": loss_value,
+        "optimizer_steps": n,
+        "skipped_steps": step.skipped,
+    }
+    s.metrics.log("bc_done", s.state.env_steps, **stats)
+    return stats

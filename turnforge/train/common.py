@@ -1,0 +1,88 @@
+"""Pieces both training stages use: seeded generators, collation, a guarded optimizer step."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from turnforge.envs.base import stable_hash
+from turnforge.policy.generate import pad_right
+from turnforge.types import Sample
+
+
+def generator(*parts: object) -> torch.Generator:
+    """A torch generator seeded from ``parts``: every stage/iteration gets its own stream,
+    so a resumed run draws exactly what an uninterrupted one would."""
+    return torch.Generator().manual_seed(stable_hash(*parts))
+
+
+def rng(*parts: object) -> np.random.Generator:
+    return np.random.default_rng(stable_hash(*parts))
+
+
+@dataclass(frozen=True)
+class Batch:
+    ids: torch.Tensor  # [B, T] right-padded token ids
+    attention: torch.Tensor  # [B, T] 1 on real tokens
+    mask: torch.Tensor  # [B, T] float, 1 on action tokens
+    old_logprobs: torch.Tensor  # [B, T] sampling logprobs, 0 where not sampled
+    advantages: torch.Tensor  # [B, T] the sample's advantage on its action tokens, 0 elsewhere
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.attention.sum())
+
+
+def collate(samples: Sequence[Sample], pad_id: int, advantages: Sequence[float] | None = None) -> Batch:
+    """Right-pad samples into tensors; ``advantages`` (one per sample) broadcast to action tokens."""
+    ids, attention = pad_right([s.token_ids for s in samples], pad_id)
+    width = ids.shape[1]
+    mask = torch.zeros(ids.shape, dtype=torch.float32)
+    old = torch.zeros(ids.shape, dtype=torch.float32)
+    for i, s in enumerate(samples):
+        n = len(s)
+        mask[i, :n] = torch.from_numpy(s.loss_mask.astype(np.float32))
+        old[i, :n] = torch.from_numpy(np.nan_to_num(s.logprobs, nan=0.0))
+    adv = torch.zeros(ids.shape, dtype=torch.float32)
+    if advantages is not None:
+        adv = mask * torch.as_tensor(list(advantages), dtype=torch.float32)[:, None].expand(-1, width)
+    return Batch(ids, attention, mask, old, adv)
+
+
+class NonFiniteLoss(RuntimeError):
+    """Several consecutive optimizer steps had a NaN/inf loss or gradient."""
+
+
+class GuardedStep:
+    """Optimizer step that skips (and counts) steps with a non-finite loss or gradient norm,
+    and raises ``NonFiniteLoss`` after ``max_bad`` in a row."""
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, max_grad_norm: float, max_bad: int) -> None:
+        self.model, self.optimizer, self.max_grad_norm, self.max_bad = model, optimizer, max_grad_norm, max_bad
+        self.bad_in_a_row = 0
+        self.skipped = 0
+
+    def __call__(self, loss: torch.Tensor) -> float | None:
+        """Backward + clip + step; returns the grad norm, or None if the step was skipped."""
+        self.optimizer.zero_grad(set_to_none=True)
+        if torch.isfinite(loss):
+            loss.backward()
+            norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
+        else:
+            norm = torch.tensor(float("nan"))
+        if not torch.isfinite(norm):
+            self.optimizer.zero_grad(set_to_none=True)
+            self.bad_in_a_row += 1
+            self.skipped += 1
+            if self.bad_in_a_row >= self.max_bad:
+                raise NonFiniteLoss(
+                    f"{self.bad_in_a_row} optimizer steps in a row had a NaN/inf loss or gradient; "
+                    "lower the learning rate or check the rewards"
+                )
+            return None
+        self.bad_in_a_row = 0
+        self.optimizer.step()
+        return float(norm)

@@ -1,0 +1,155 @@
+"""One training run, top to bottom: set-up -> BC warm start -> eval -> GRPO -> eval -> save.
+
+Run directory layout::
+
+    DIR/config.yaml             the full resolved config
+    DIR/metrics.jsonl, DIR/tb/  metrics (JSONL and TensorBoard)
+    DIR/learning_curve.png      held-out success and return vs env steps, stages marked
+    DIR/summary.json            headline numbers (see ``SUMMARY_KEYS``)
+    DIR/trajectories/*.parquet  one row per training sample (see turnforge.data.store)
+    DIR/base_model/             the initial model (tiny recipes build it here)
+    DIR/checkpoints/bc/         after behaviour cloning (HF format)
+    DIR/checkpoints/last/       resumable: HF model + optimizer + counters
+    DIR/checkpoints/final/      the trained policy (HF format)
+
+``train(cfg, out, resume=True)`` on a directory with ``checkpoints/last`` continues
+from there: weights, optimizer state and counters are restored and every random stream
+is derived from (seed, stage, iteration), so the resumed run ends with the same weights
+as an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+import yaml
+
+from turnforge.config import TrainConfig, config_from_dict
+from turnforge.envs import make_batch
+from turnforge.errors import UserError
+from turnforge.policy.model import load_policy
+from turnforge.policy.tiny import build_tiny_model
+from turnforge.train.bc import run_bc
+from turnforge.train.checkpoint import TrainerState, load_trainer_state, save_model, save_resumable
+from turnforge.train.grpo import make_reference, run_grpo
+from turnforge.train.reporting import MetricsLog, Progress, plot_learning_curve
+from turnforge.train.session import Session
+
+SUMMARY_KEYS = ("recipe", "seed", "wall_seconds", "env_steps", "train_tokens", "eval_before_rl", "eval_after_rl")
+
+
+def _quiet_hf() -> None:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+
+
+def load_run_config(run_dir: Path) -> TrainConfig:
+    path = run_dir / "config.yaml"
+    if not path.exists():
+        raise UserError(f"--resume {str(run_dir)!r}: no config.yaml there; is it a turnforge run directory?")
+    return config_from_dict(yaml.safe_load(path.read_text()))
+
+
+def train(cfg: TrainConfig, out: str | Path, *, resume: bool = False, live: bool | None = None, stop_after: int | None = None) -> dict:
+    """Run the whole job; returns the summary dict (also written to ``out/summary.json``).
+
+    ``stop_after`` ends the process-level run after that many RL iterations in total,
+    leaving a resumable checkpoint (used to test resume; a real interruption works the
+    same from the last checkpoint).
+    """
+    _quiet_hf()
+    run_dir = Path(out)
+    torch.set_num_threads(cfg.threads)
+    torch.manual_seed(cfg.seed)
+
+    # 1. run directory, policy, envs
+    resumed = load_trainer_state(run_dir) if resume else None
+    if not resume:
+        if (run_dir / "checkpoints").exists():
+            raise UserError(f"output directory {str(run_dir)!r} already holds a run; use --resume {run_dir} or another --out")
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(), sort_keys=False))
+    if resumed is not None:
+        model_path, state, blob = resumed
+    else:
+        state, blob = TrainerState(), None
+        if cfg.model.path == "tiny":
+            model_path = run_dir / "base_model"
+            if not (model_path / "config.json").exists():
+                build_tiny_model(model_path, cfg.model.tiny)
+        else:
+            model_path = Path(cfg.model.path)
+    policy = load_policy(model_path, cfg.model.dtype)
+    policy.model.eval()
+    if blob is not None:
+        policy.version = int(blob["version"])
+    n_envs = max(cfg.rl.tasks_per_iteration * cfg.rl.group_size, min(cfg.eval.episodes, 256))
+    envs = make_batch(cfg.env.id, n_envs, **cfg.env.kwargs)
+    metrics = MetricsLog(run_dir, keep_until_env_steps=state.env_steps if resumed else None)
+    if not resumed:
+        (run_dir / "metrics.jsonl").write_text("")
+
+    with Progress(cfg.recipe, live=live) as progress:
+        s = Session(cfg, run_dir, policy, envs, metrics, progress, state, wall_offset=state.wall_seconds)
+        if resumed is not None:
+            progress.message(f"resuming {run_dir} at RL iteration {state.iteration} ({state.env_steps} env steps)")
+
+        # 2. behaviour cloning warm start, then the reference evaluation
+        if resumed is None:
+            state.bc = run_bc(s) if cfg.bc.enabled else {}
+            save_model(policy, run_dir / "checkpoints" / "bc")
+            state.eval_before_rl = s.evaluate("before-rl").as_dict()
+            state.wall_seconds = s.wall_seconds()
+            save_resumable(run_dir, policy, None, state)
+
+        # 3. GRPO
+        optimizer = torch.optim.AdamW(policy.model.parameters(), lr=cfg.rl.lr, weight_decay=0.0)
+        if blob is not None and blob.get("optimizer") is not None:
+            optimizer.load_state_dict(blob["optimizer"])
+        reference = None
+        if cfg.rl.kl_coef > 0:
+            reference = make_reference(load_policy(run_dir / "checkpoints" / "bc", cfg.model.dtype).model)
+        run_grpo(s, optimizer, reference, stop_after)
+        if state.iteration < cfg.rl.iterations:
+            metrics.close()
+            return {"stopped_after": state.iteration}
+
+        # 4. final evaluation, checkpoint, summary, plot
+        after = s.evaluate("after-rl").as_dict()
+        save_model(policy, run_dir / "checkpoints" / "final")
+        state.wall_seconds = s.wall_seconds()
+        summary = {
+            "recipe": cfg.recipe,
+            "seed": cfg.seed,
+            "wall_seconds": round(state.wall_seconds, 2),
+            "env_steps": state.env_steps,
+            "train_tokens": state.train_tokens,
+            "eval_before_rl": state.eval_before_rl,
+            "eval_after_rl": after,
+            "success_gain_points": round(100 * (after["success_rate"] - state.eval_before_rl["success_rate"]), 2),
+            "rl_iterations": state.iteration,
+            "policy_version": policy.version,
+            "skipped_steps": state.skipped_steps,
+            "bc": state.bc,
+            "env": {"id": cfg.env.id, **cfg.env.kwargs},
+            "model": cfg.model.path,
+            "num_parameters": sum(p.numel() for p in policy.model.parameters()),
+            "torch_threads": cfg.threads,
+        }
+        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        metrics.close()
+        plot_learning_curve(run_dir, f"{cfg.recipe} (seed {cfg.seed})")
+        progress.message(
+            f"done in {summary['wall_seconds']:.0f}s: held-out success {state.eval_before_rl['success_rate']:.3f} after BC -> "
+            f"{after['success_rate']:.3f} after RL ({summary['success_gain_points']:+.1f} points); run dir {run_dir}"
+        )
+    return summary

@@ -1,0 +1,44 @@
+"""What the stages of one run share: config, run directory, policy, envs, logs, counters."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from turnforge.config import TrainConfig
+from turnforge.envs.base import Env
+from turnforge.policy.model import Policy
+from turnforge.train.checkpoint import TrainerState
+from turnforge.train.evaluate import evaluate
+from turnforge.train.reporting import MetricsLog, Progress
+from turnforge.types import EvalResult
+
+
+@dataclass
+class Session:
+    cfg: TrainConfig
+    run_dir: Path
+    policy: Policy
+    envs: list[Env]
+    metrics: MetricsLog
+    progress: Progress
+    state: TrainerState
+    started: float = field(default_factory=time.time)
+    wall_offset: float = 0.0  # wall seconds of earlier (interrupted) parts of the run
+
+    def wall_seconds(self) -> float:
+        return self.wall_offset + time.time() - self.started
+
+    def evaluate(self, tag: str) -> EvalResult:
+        """Held-out evaluation, logged as an ``eval`` event at the current env step."""
+        e = self.cfg.eval
+        result, _ = evaluate(
+            self.policy, self.envs, self.cfg.rollout, episodes=e.episodes, split=e.split, temperature=e.temperature, seed=self.cfg.seed
+        )
+        self.metrics.log("eval", self.state.env_steps, tag=tag, iteration=self.state.iteration, **result.as_dict())
+        self.progress.message(
+            f"eval {tag}: success {result.success_rate:.3f}  return {result.mean_return:.2f}  "
+            f"invalid {result.invalid_action_rate:.3f}  turns {result.mean_turns:.1f}  ({result.episodes} {e.split} episodes)"
+        )
+        return result

@@ -1,0 +1,175 @@
+"""Typed records that cross module boundaries: tasks, env steps, turns, samples, trajectories.
+
+Data flows one way per iteration: ``Task`` -> env steps (``StepResult``) -> ``Turn`` records
+and token-exact ``Sample`` objects -> ``Trajectory`` -> trainer. Nothing here is a
+``dict[str, Any]``; free-form extras live in ``info`` mappings of scalars only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Mapping
+
+import numpy as np
+
+Split = Literal["train", "heldout"]
+SPLITS: tuple[str, ...] = ("train", "heldout")
+
+Scalar = float | int | str | bool
+
+
+class TokenAlignmentError(ValueError):
+    """Token ids, loss mask, logprobs and versions of a sample do not line up."""
+
+
+@dataclass(frozen=True)
+class Task:
+    """One procedurally generated level: ``(env_id, split, index)`` names it exactly.
+
+    Train and held-out tasks of an env are disjoint by content (each env checks the
+    generated level's split bucket), not only by index.
+    """
+
+    env_id: str
+    split: Split
+    index: int
+
+    @property
+    def task_id(self) -> str:
+        return f"{self.env_id}:{self.split}:{self.index}"
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What ``Env.step`` returns. ``terminated`` = the game ended (win or loss);
+    ``truncated`` = stopped from outside the game (step limit)."""
+
+    observation: str
+    reward: float
+    terminated: bool
+    truncated: bool
+    invalid_action: bool = False
+    success: bool = False
+    info: Mapping[str, Scalar] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One agent turn of an episode, as text (the token view lives in ``Sample``)."""
+
+    observation: str  # what the env showed before this turn's action (untruncated text)
+    action_text: str  # the decoded text of the generated ids (never re-tokenized for training)
+    reward: float
+    invalid_action: bool
+    anchor_key: str  # env state key before the action (for step-level credit)
+    obs_truncated_tokens: int = 0  # observation tokens cut by the context budget (0 = none)
+    generation_truncated: bool = False  # hit max_new_tokens before a stop token
+
+
+@dataclass(frozen=True, eq=False)
+class Sample:
+    """One training sequence, token-exact.
+
+    All four arrays have length T; a mismatch raises ``TokenAlignmentError`` at once.
+    ``loss_mask`` is 1 exactly on the action tokens (sampled by the policy, or written by
+    an expert in a demonstration) and 0 on context (prompt, env, template) tokens.
+    ``versions`` is the policy version that sampled each token, -1 where no policy
+    sampled it; ``logprobs`` are the sampling logprobs where ``versions >= 0``, NaN
+    elsewhere.
+    """
+
+    token_ids: np.ndarray  # [T] int64
+    loss_mask: np.ndarray  # [T] int8, 1 = action token (trained on)
+    logprobs: np.ndarray  # [T] float32, sampling logprobs where versions >= 0, NaN elsewhere
+    versions: np.ndarray  # [T] int32, -1 where not sampled by a policy (context, demonstrations)
+    trajectory_id: str
+    turn_index: int  # -1: the sample spans the whole episode (full-history context)
+
+    def __post_init__(self) -> None:
+        check_alignment(self.token_ids, self.loss_mask, self.logprobs, self.versions, where=self.trajectory_id)
+
+    def __len__(self) -> int:
+        return int(self.token_ids.shape[0])
+
+    @property
+    def num_action_tokens(self) -> int:
+        return int(self.loss_mask.sum())
+
+
+def check_alignment(
+    token_ids: np.ndarray, loss_mask: np.ndarray, logprobs: np.ndarray, versions: np.ndarray, where: str = ""
+) -> None:
+    """Raise ``TokenAlignmentError`` unless the four per-token arrays line up."""
+    lengths = {
+        "token_ids": token_ids.shape,
+        "loss_mask": loss_mask.shape,
+        "logprobs": logprobs.shape,
+        "versions": versions.shape,
+    }
+    if len({s for s in lengths.values()}) != 1 or token_ids.ndim != 1:
+        raise TokenAlignmentError(f"sample {where!r}: per-token arrays differ in shape: {lengths}")
+    context = loss_mask == 0
+    sampled = versions >= 0
+    if (versions[context] >= 0).any():
+        raise TokenAlignmentError(f"sample {where!r}: a context token (loss_mask 0) carries a policy version")
+    if not np.isnan(logprobs[context]).all():
+        raise TokenAlignmentError(f"sample {where!r}: a context token (loss_mask 0) carries a sampling logprob")
+    if not np.isfinite(logprobs[sampled]).all():
+        raise TokenAlignmentError(f"sample {where!r}: a sampled token (version >= 0) has no finite sampling logprob")
+
+
+@dataclass(frozen=True)
+class Trajectory:
+    """One episode: its turns as text, its samples as tokens, its outcome.
+
+    ``infra_failure`` is set when the machinery (env code, not the policy) failed; such
+    a trajectory is excluded from advantages and never scored as reward 0.
+    """
+
+    trajectory_id: str
+    task: Task
+    group_id: str  # trajectories of one group share a task (GRPO's G rollouts)
+    env_seed: int
+    turns: tuple[Turn, ...]
+    samples: tuple[Sample, ...]
+    episode_return: float
+    success: bool
+    terminated: bool
+    truncated: bool
+    truncation_reason: str | None  # "max_turns" | "context_budget" | "env" | None
+    policy_version: int
+    infra_failure: str | None = None
+
+    @property
+    def num_turns(self) -> int:
+        return len(self.turns)
+
+    @property
+    def num_invalid(self) -> int:
+        return sum(t.invalid_action for t in self.turns)
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    """Held-out (or train-split) evaluation of a policy on one env."""
+
+    env_id: str
+    split: str
+    episodes: int  # episodes scored (infra failures excluded)
+    success_rate: float
+    mean_return: float
+    invalid_action_rate: float  # invalid actions / all actions
+    mean_turns: float
+    infra_failures: int = 0
+
+    def as_dict(self) -> dict[str, Scalar]:
+        return {
+            "env_id": self.env_id,
+            "split": self.split,
+            "episodes": self.episodes,
+            "success_rate": self.success_rate,
+            "mean_return": self.mean_return,
+            "invalid_action_rate": self.invalid_action_rate,
+            "mean_turns": self.mean_turns,
+            "infra_failures": self.infra_failures,
+        }
