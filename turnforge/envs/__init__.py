@@ -1,6 +1,29 @@
 """Multi-turn text environments: the Env contract, the registry, check_env, built-in games."""
 
-from turnforge.envs.base import Env, EnvSnapshot, InvalidAction, Outcome
+from turnforge.envs.base import Env, EnvSnapshot, InvalidAction, Outcome, parse_choice, stable_hash
+from turnforge.envs.checker import EnvCheckError, check_env
+from turnforge.envs.gym_adapter import from_gymnasium, to_gymnasium
 from turnforge.envs.registry import list_envs, make, make_batch, register
 
-__all__ = ["Env", "EnvSnapshot", "InvalidAction", "Outcome", "list_envs", "make", "make_batch", "register"]
+# Built-ins are registered by "module:Class" strings, so a game's module is imported on first make().
+register("sokoban", "turnforge.envs.sokoban:SokobanEnv", dim=6, num_boxes=1)
+register("frozenlake", "turnforge.envs.frozenlake:FrozenLakeEnv", size=4, is_slippery=False)
+register("frozenlake-slippery", "turnforge.envs.frozenlake:FrozenLakeEnv", size=4, is_slippery=True)
+register("2048", "turnforge.envs.game2048:Game2048Env", size=4, target_tile=256)
+
+__all__ = [
+    "Env",
+    "EnvCheckError",
+    "EnvSnapshot",
+    "InvalidAction",
+    "Outcome",
+    "check_env",
+    "from_gymnasium",
+    "list_envs",
+    "make",
+    "make_batch",
+    "parse_choice",
+    "register",
+    "stable_hash",
+    "to_gymnasium",
+]

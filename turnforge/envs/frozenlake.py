@@ -15,6 +15,8 @@ import random
 from collections import deque
 from dataclasses import dataclass
 
+import numpy as np
+
 from turnforge.envs.base import Env, Outcome, parse_choice, stable_hash
 from turnforge.errors import UserError
 
@@ -47,14 +49,15 @@ class FrozenLakeLevel:
 
     def render(self, player: Pos) -> str:
         """Rows of 'P' player, '_' ice, 'O' hole, 'G' goal."""
-        rows = []
-        for r in range(self.size):
-            cells = ["O" if (r, c) in self.holes else "_" for c in range(self.size)]
-            cells[-1] = "G" if r == self.size - 1 else cells[-1]
-            if r == player[0]:
-                cells[player[1]] = "P"
-            rows.append("".join(cells))
-        return "\n".join(rows)
+
+        def cell(pos: Pos) -> str:
+            if pos == player:
+                return "P"
+            if pos == self.goal:
+                return "G"
+            return "O" if pos in self.holes else "_"
+
+        return "\n".join("".join(cell((r, c)) for c in range(self.size)) for r in range(self.size))
 
 
 @dataclass
@@ -85,26 +88,25 @@ def shortest_path(level: FrozenLakeLevel, start: Pos) -> list[int] | None:
     return None
 
 
-def slippery_policy(level: FrozenLakeLevel, gamma: float = 0.999, tol: float = 1e-9) -> dict[Pos, int]:
+def slippery_policy(level: FrozenLakeLevel, gamma: float = 0.999, tol: float = 1e-10) -> dict[Pos, int]:
     """Value iteration on slippery ice: per safe cell, the action that maximises the
     (discounted, gamma close to 1) probability of reaching the goal."""
     cells = [(r, c) for r in range(level.size) for c in range(level.size)]
-    safe = [p for p in cells if p not in level.holes and p != level.goal]
-    value = {p: 0.0 for p in cells}
-    value[level.goal] = 1.0
-
-    def q(pos: Pos, action: int) -> float:
-        outcomes = (action, *PERPENDICULAR[action])
-        return sum(value[level.move(pos, a)] for a in outcomes) / 3.0
-
-    for _ in range(10_000):
-        delta = 0.0
-        for pos in safe:
-            best = gamma * max(q(pos, a) for a in range(4))
-            delta, value[pos] = max(delta, abs(best - value[pos])), best
-        if delta < tol:
+    index = {pos: i for i, pos in enumerate(cells)}
+    # nxt[s, a, k]: the cell reached from s by action a when the ice sends it the k-th way
+    nxt = np.array([[[index[level.move(p, b)] for b in (a, *PERPENDICULAR[a])] for a in range(4)] for p in cells])
+    live = np.array([p not in level.holes and p != level.goal for p in cells])
+    value = np.zeros(len(cells))  # [S]
+    value[index[level.goal]] = 1.0
+    for _ in range(100_000):
+        q = value[nxt].mean(axis=2)  # [S, A]
+        new = np.where(live, gamma * q.max(axis=1), value)
+        done = np.abs(new - value).max() < tol
+        value = new
+        if done:
             break
-    return {pos: max(range(4), key=lambda a: q(pos, a)) for pos in safe}
+    best = value[nxt].mean(axis=2).argmax(axis=1)  # [S], first best action on ties
+    return {p: int(best[i]) for i, p in enumerate(cells) if live[i]}
 
 
 class FrozenLakeEnv(Env[FrozenLakeLevel]):

@@ -73,18 +73,21 @@ def render_board(board: Board) -> str:
 
 
 def heuristic(board: Board) -> float:
-    """Board value for the expert: empty cells, monotone rows/columns, the largest tile in a corner."""
+    """Board value for the expert, on log2 tile values: empty cells, monotone rows and
+    columns, pairs ready to merge, and the largest tile sitting in a corner."""
     n = len(board)
+    logs = [[v.bit_length() - 1 if v else 0 for v in row] for row in board]
     empty = sum(v == 0 for row in board for v in row)
-    mono = 0.0
-    for lines in (board, tuple(zip(*board))):
+    mono, merges = 0, 0
+    for lines in (logs, list(zip(*logs))):
         for line in lines:
-            inc = sum(max(b - a, 0) for a, b in zip(line, line[1:]))
-            dec = sum(max(a - b, 0) for a, b in zip(line, line[1:]))
-            mono -= min(inc, dec)  # penalise tiles that go up and down along a line
-    top = max(max(row) for row in board)
-    corner = top if top in (board[0][0], board[0][n - 1], board[n - 1][0], board[n - 1][n - 1]) else 0
-    return 2.0 * top * empty / n + mono + 2.0 * corner
+            steps = list(zip(line, line[1:]))
+            up, down = sum(max(b - a, 0) for a, b in steps), sum(max(a - b, 0) for a, b in steps)
+            mono -= min(up, down)  # penalise lines that go up and down
+            merges += sum(1 for a, b in steps if a and a == b)
+    top = max(max(row) for row in logs)
+    corner = top if top in (logs[0][0], logs[0][n - 1], logs[n - 1][0], logs[n - 1][n - 1]) else 0
+    return 2.7 * empty + mono + 0.7 * merges + 3.0 * corner
 
 
 class Game2048Env(Env[Board]):
@@ -183,4 +186,14 @@ def spawn(board: Board, rng: random.Random) -> Board:
     return _place(board, r, c, 2 if rng.random() < 0.9 else 4)
 
 
-__all__ = ["ACTIONS", "Game2048Env", "Game2048State", "can_move", "heuristic", "move", "render_board", "slide_row_left", "spawn"]
+__all__ = [
+    "ACTIONS",
+    "Game2048Env",
+    "Game2048State",
+    "can_move",
+    "heuristic",
+    "move",
+    "render_board",
+    "slide_row_left",
+    "spawn",
+]

@@ -56,7 +56,9 @@ class SokobanLevel:
     @classmethod
     def from_text(cls, text: str) -> SokobanLevel:
         """Parse a room in the render format (``#_.$*@+``; a space also means floor)."""
-        rows = [row for row in text.strip("\n").split("\n")]
+        rows = text.strip("\n").split("\n")
+        if len({len(row) for row in rows}) != 1:
+            raise ValueError("a Sokoban room must be rectangular (all rows of equal length)")
         walls, targets, boxes, players = set(), set(), set(), []
         for r, row in enumerate(rows):
             for c, ch in enumerate(row):
@@ -72,8 +74,7 @@ class SokobanLevel:
                     players.append((r, c))
         if len(players) != 1 or not boxes or len(boxes) != len(targets):
             raise ValueError("a Sokoban room needs one player and as many targets as boxes (at least one)")
-        width = max(len(row) for row in rows)
-        return cls(len(rows), width, frozenset(walls), frozenset(targets), frozenset(boxes), players[0])
+        return cls(len(rows), len(rows[0]), frozenset(walls), frozenset(targets), frozenset(boxes), players[0])
 
 
 @dataclass

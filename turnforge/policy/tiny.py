@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
@@ -56,6 +57,10 @@ class TinyModelConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
+    architecture: Literal["qwen2", "gpt2"] = Field(
+        "qwen2",
+        description="'qwen2' (rotary positions, as Qwen/Llama) or 'gpt2' (learned absolute positions)",
+    )
     vocab_size: int = Field(512, description="BPE vocabulary size (including special tokens)")
     hidden_size: int = Field(128, description="Width of the residual stream")
     intermediate_size: int = Field(384, description="Width of the MLP")
@@ -119,29 +124,49 @@ def default_corpus(samples_per_env: int = 20) -> list[str]:
 
 def build_tiny_model(out_dir: str | Path, cfg: TinyModelConfig | None = None, corpus: list[str] | None = None) -> Path:
     """Build and save a tiny Qwen2 model + tokenizer in HF format; returns ``out_dir``."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from transformers import GPT2Config, GPT2LMHeadModel, Qwen2Config, Qwen2ForCausalLM
 
     cfg = cfg or TinyModelConfig()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer(default_corpus() if corpus is None else corpus, cfg.vocab_size)
-    config = Qwen2Config(
-        vocab_size=len(tokenizer),
-        hidden_size=cfg.hidden_size,
-        intermediate_size=cfg.intermediate_size,
-        num_hidden_layers=cfg.num_hidden_layers,
-        num_attention_heads=cfg.num_attention_heads,
-        num_key_value_heads=cfg.num_key_value_heads,
-        max_position_embeddings=cfg.max_position_embeddings,
-        tie_word_embeddings=cfg.tie_word_embeddings,
-        bos_token_id=tokenizer.convert_tokens_to_ids(PAD_TOKEN),
-        eos_token_id=tokenizer.convert_tokens_to_ids(IM_END),
-        pad_token_id=tokenizer.convert_tokens_to_ids(PAD_TOKEN),
-        use_sliding_window=False,
-    )
+    special = {
+        "bos_token_id": tokenizer.convert_tokens_to_ids(PAD_TOKEN),
+        "eos_token_id": tokenizer.convert_tokens_to_ids(IM_END),
+        "pad_token_id": tokenizer.convert_tokens_to_ids(PAD_TOKEN),
+    }
+    if cfg.architecture == "qwen2":
+        config = Qwen2Config(
+            vocab_size=len(tokenizer),
+            hidden_size=cfg.hidden_size,
+            intermediate_size=cfg.intermediate_size,
+            num_hidden_layers=cfg.num_hidden_layers,
+            num_attention_heads=cfg.num_attention_heads,
+            num_key_value_heads=cfg.num_key_value_heads,
+            max_position_embeddings=cfg.max_position_embeddings,
+            tie_word_embeddings=cfg.tie_word_embeddings,
+            use_sliding_window=False,
+            **special,
+        )
+        model_cls = Qwen2ForCausalLM
+    else:
+        config = GPT2Config(
+            vocab_size=len(tokenizer),
+            n_embd=cfg.hidden_size,
+            n_inner=cfg.intermediate_size,
+            n_layer=cfg.num_hidden_layers,
+            n_head=cfg.num_attention_heads,
+            n_positions=cfg.max_position_embeddings,
+            tie_word_embeddings=cfg.tie_word_embeddings,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+            **special,
+        )
+        model_cls = GPT2LMHeadModel
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(cfg.seed)
-        model = Qwen2ForCausalLM(config)
+        model = model_cls(config)
     model.generation_config.eos_token_id = [config.eos_token_id]
     model.generation_config.pad_token_id = config.pad_token_id
     model.save_pretrained(out, safe_serialization=True)

@@ -57,7 +57,7 @@ def run_bc(s: Session) -> dict[str, float]:
             step(loss)
             n += 1
             s.state.train_tokens += batch.num_tokens
-            loss_value = float(loss)
+            loss_value = loss.item()
             s.progress.update(n, loss=loss_value, tokens_per_s=s.state.train_tokens / (time.time() - t0))
         s.metrics.log("bc_epoch", s.state.env_steps, epoch=epoch, loss=loss_value)
     policy.model.eval()

@@ -87,7 +87,7 @@ def run_grpo(
                     rl.clip_low, rl.clip_high, ref_logprobs=ref, kl_coef=rl.kl_coef,
                 )
                 step(out.loss)
-                losses.append(float(out.loss))
+                losses.append(out.loss.item())
                 clip_fracs.append(out.clip_fraction)
                 kls.append(out.approx_kl)
                 tokens += batch.num_tokens

@@ -1,0 +1,48 @@
+import math
+
+import torch
+
+from turnforge.algos import kl_k3, ppo_clip_loss, sft_loss
+
+
+def test_ppo_clip_loss_hand_computed():
+    # one sequence, 4 positions, the first is context (mask 0)
+    old = torch.tensor([[0.0, math.log(0.5), math.log(0.5), math.log(0.5)]])
+    new = torch.tensor([[0.0, math.log(0.5), math.log(0.75), math.log(0.25)]], requires_grad=True)
+    adv = torch.tensor([[0.0, 1.0, 1.0, -1.0]])
+    mask = torch.tensor([[0.0, 1.0, 1.0, 1.0]])
+    out = ppo_clip_loss(new, old, adv, mask, clip_low=0.2, clip_high=0.2)
+    # ratios 1, 1.5, 0.5 ; terms: min(1*1, 1*1)=1 ; min(1.5, 1.2)=1.2 ; min(-0.5, -0.8)=-0.8
+    # loss = -(1 + 1.2 - 0.8) / 3
+    assert math.isclose(out.loss.item(), -(1 + 1.2 - 0.8) / 3, rel_tol=1e-6)
+    assert math.isclose(out.clip_fraction, 2 / 3, rel_tol=1e-6)  # both clipped tokens lose their gradient
+    out.loss.backward()
+    # d/dlogp of -(ratio*A)/3 at the unclipped token = -ratio*A/3 = -1/3 ; clipped tokens: 0 ; context: 0
+    torch.testing.assert_close(new.grad, torch.tensor([[0.0, -1 / 3, 0.0, 0.0]]))
+
+
+def test_ppo_clip_higher_is_asymmetric():
+    old = torch.zeros(1, 2)
+    new = torch.log(torch.tensor([[1.25, 0.75]]))
+    adv = torch.tensor([[1.0, -1.0]])
+    mask = torch.ones(1, 2)
+    # clip_high 0.28 keeps 1.25 unclipped; clip_low 0.2 clips 0.75 -> 0.8
+    out = ppo_clip_loss(new, old, adv, mask, clip_low=0.2, clip_high=0.28)
+    assert math.isclose(out.loss.item(), -(1.25 - 0.8) / 2, rel_tol=1e-6)
+
+
+def test_kl_k3_and_reference_term():
+    logp = torch.log(torch.tensor([[0.5, 0.25]]))
+    ref = torch.log(torch.tensor([[0.25, 0.25]]))
+    k3 = kl_k3(logp, ref)
+    r = math.log(0.5)
+    torch.testing.assert_close(k3, torch.tensor([[math.exp(r) - r - 1, 0.0]]))
+    out = ppo_clip_loss(logp, logp.detach(), torch.zeros(1, 2), torch.ones(1, 2), ref_logprobs=ref, kl_coef=0.5)
+    assert math.isclose(out.loss.item(), 0.5 * float(k3.mean()), rel_tol=1e-6)
+
+
+def test_sft_loss_is_mean_nll_over_action_tokens():
+    logp = torch.log(torch.tensor([[0.9, 0.5, 0.25], [0.1, 0.1, 0.5]]))
+    mask = torch.tensor([[0.0, 1.0, 1.0], [0.0, 0.0, 1.0]])
+    expected = -(math.log(0.5) + math.log(0.25) + math.log(0.5)) / 3
+    assert math.isclose(float(sft_loss(logp, mask)), expected, rel_tol=1e-6)

@@ -1,0 +1,79 @@
+"""Explicit budgets: truncation with a visible marker, counted; overflow ends the episode."""
+
+from __future__ import annotations
+
+import torch
+
+from turnforge.config import RolloutConfig
+from turnforge.envs import make_batch
+from turnforge.rollout.runner import EpisodeRequest, ExpertActor, PolicyActor, rollout
+
+
+def _run(policy, cfg, actor=None, n=2, **env_kwargs):
+    envs = make_batch("test-echo", n, **env_kwargs)
+    reqs = [EpisodeRequest(envs[0].task("train", i), i, "g", f"t{i}") for i in range(n)]
+    actor = actor or PolicyActor(policy, cfg.max_new_tokens, 1.0, torch.Generator().manual_seed(0))
+    return rollout(actor, envs, reqs, cfg, policy)
+
+
+def test_long_observation_is_cut_by_tokens_with_marker_and_counted(tiny_policy):
+    cfg = RolloutConfig(context="window", max_turns=2, max_new_tokens=4, max_context_tokens=40)
+    trajs, stats = _run(tiny_policy, cfg, actor=ExpertActor(tiny_policy), max_obs_words=200)
+    marker = list(tiny_policy.chat.encode(cfg.truncation_marker))
+    cut_turns = [turn for t in trajs for turn in t.turns if turn.obs_truncated_tokens > 0]
+    assert cut_turns and stats.obs_truncations == len(cut_turns)
+    for t in trajs:
+        for s, turn in zip(t.samples, t.turns):
+            prompt = s.token_ids[s.loss_mask == 0].tolist()
+            assert len(prompt) + cfg.max_new_tokens <= cfg.max_context_tokens
+            if turn.obs_truncated_tokens:
+                text = tiny_policy.tokenizer.decode(prompt)
+                assert "[truncated]" in text
+                # the marker ids sit right before the template's user tail
+                tail = list(tiny_policy.chat.start("Say anything.")[1])
+                assert prompt[-len(tail) - len(marker): -len(tail)] == marker
+
+
+def test_full_history_overflow_ends_episode_as_context_budget(tiny_policy):
+    cfg = RolloutConfig(context="full_history", max_turns=10, max_new_tokens=4, max_context_tokens=60)
+    trajs, stats = _run(tiny_policy, cfg, actor=ExpertActor(tiny_policy), episode_len=10, max_obs_words=15)
+    assert stats.context_overflows >= 1
+    ended = [t for t in trajs if t.truncation_reason == "context_budget"]
+    assert len(ended) == stats.context_overflows
+    for t in trajs:
+        (s,) = t.samples
+        assert len(s) <= cfg.max_context_tokens
+
+
+def test_window_drops_oldest_history_first_and_counts_it(tiny_policy):
+    cfg = RolloutConfig(context="window", history_window=3, max_turns=4, max_new_tokens=4, max_context_tokens=70)
+    trajs, stats = _run(tiny_policy, cfg, actor=ExpertActor(tiny_policy), episode_len=4, max_obs_words=12)
+    assert stats.history_dropped > 0
+
+
+def test_max_turns_truncates_and_env_crash_is_infra_failure(tiny_policy):
+    cfg = RolloutConfig(max_turns=2, max_new_tokens=3, max_context_tokens=512)
+    trajs, stats = _run(tiny_policy, cfg, actor=ExpertActor(tiny_policy), n=5, episode_len=5, crash_on=2)
+    crashed = [t for t in trajs if t.infra_failure]
+    assert [t.task.index for t in crashed] == [0, 4] and stats.infra_failures == 2
+    assert "simulated env crash" in crashed[0].infra_failure
+    others = [t for t in trajs if not t.infra_failure]
+    assert all(t.truncation_reason == "max_turns" and t.num_turns == 2 for t in others)
+
+
+def test_invalid_actions_are_observations_not_errors(tiny_policy):
+    class SaysBad:
+        version = 0
+
+        def act(self, prompts, envs):
+            from turnforge.policy.generate import Generation
+
+            ids = tiny_policy.chat.encode("bad") + (tiny_policy.stop_ids[0],)
+            return [Generation(ids, tuple([-1.0] * len(ids)), True) for _ in prompts]
+
+    cfg = RolloutConfig(max_turns=3, max_new_tokens=4, max_context_tokens=512)
+    trajs, _ = _run(tiny_policy, cfg, actor=SaysBad())
+    for t in trajs:
+        assert t.num_invalid == 3 and not t.success
+        assert abs(t.episode_return - 3 * -0.1) < 1e-9
+        assert t.turns[1].observation.startswith("Invalid action")
