@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from turnforge.errors import UserError
+from turnforge.train.common import NonFiniteLoss
 
 app = typer.Typer(
     add_completion=False,
@@ -144,6 +145,9 @@ def main() -> None:
     except UserError as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
+    except NonFiniteLoss as err:
+        print(f"error: training stopped: {err}", file=sys.stderr)
+        sys.exit(1)
     except (typer.Abort, KeyboardInterrupt):
         print("interrupted; continue with: turnforge train --resume <run dir>", file=sys.stderr)
         sys.exit(130)

@@ -23,7 +23,7 @@ class Section(BaseModel):
 
 
 class ModelConfig(Section):
-    path: str = Field("tiny", description="'tiny' builds the tiny local Qwen2 model; otherwise a local HF model directory")
+    path: str | None = Field("tiny", description="'tiny' builds the tiny local Qwen2 model; otherwise a local HF model directory")
     tiny: TinyModelConfig = Field(default_factory=TinyModelConfig, description="Shape of the tiny model (path='tiny' only)")
     dtype: Literal["float32", "bfloat16"] = Field("float32", description="Weights dtype (float32 keeps CPU runs deterministic)")
 
@@ -63,6 +63,9 @@ class RLConfig(Section):
     minibatch_size: int = Field(256, ge=1, description="Samples per optimizer step")
     clip_low: float = Field(0.2, ge=0, description="PPO ratio clip below 1 (1 - clip_low)")
     clip_high: float = Field(0.2, ge=0, description="PPO ratio clip above 1 (1 + clip_high)")
+    loss_agg: Literal["token", "sequence", "episode"] = Field(
+        "token", description="Loss aggregation: every action token once, every sample once, or every episode once"
+    )
     kl_coef: float = Field(0.0, ge=0, description="Weight of the KL-to-reference loss term (0 = no reference model)")
     std_normalize: bool = Field(True, description="Divide group advantages by the group std")
     max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping norm")
@@ -92,6 +95,8 @@ class TrainConfig(Section):
 
     @model_validator(mode="after")
     def _consistent(self) -> "TrainConfig":
+        if self.model.path is None:
+            raise ValueError(f"recipe {self.recipe!r} needs model.path=/local/hf/model/dir (a directory saved with save_pretrained)")
         if self.rollout.max_new_tokens >= self.rollout.max_context_tokens:
             raise ValueError(
                 f"rollout.max_new_tokens ({self.rollout.max_new_tokens}) must be below "
@@ -187,7 +192,12 @@ def load_recipe_data(recipe: str) -> tuple[str, dict]:
 def load_config(recipe: str = "sokoban-tiny", overrides: list[str] | None = None) -> TrainConfig:
     """Recipe (name or path) + ``key=value`` overrides -> validated ``TrainConfig``."""
     name, data = load_recipe_data(recipe)
-    data = _merge({"recipe": name, **data}, parse_overrides(overrides or []))
+    extra = parse_overrides(overrides or [])
+    new_env = extra.get("env", {}).get("id") if isinstance(extra.get("env"), dict) else None
+    if new_env is not None and new_env != data.get("env", {}).get("id"):
+        # Another env: the recipe's env kwargs belonged to the old one.
+        data = {**data, "env": {"id": new_env, "kwargs": {}}}
+    data = _merge({"recipe": name, **data}, extra)
     return config_from_dict(data)
 
 

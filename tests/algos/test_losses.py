@@ -46,3 +46,24 @@ def test_sft_loss_is_mean_nll_over_action_tokens():
     mask = torch.tensor([[0.0, 1.0, 1.0], [0.0, 0.0, 1.0]])
     expected = -(math.log(0.5) + math.log(0.25) + math.log(0.5)) / 3
     assert math.isclose(float(sft_loss(logp, mask)), expected, rel_tol=1e-6)
+
+
+def test_aggregation_weights_hand_computed():
+    from turnforge.algos import aggregation_weights
+
+    action = torch.tensor([2, 4, 1])
+    episode = torch.tensor([6, 6, 1])  # samples 0 and 1 are turns of one 6-token episode
+    torch.testing.assert_close(aggregation_weights("token", action, episode), torch.ones(3))
+    torch.testing.assert_close(aggregation_weights("sequence", action, episode), torch.tensor([0.5, 0.25, 1.0]))
+    torch.testing.assert_close(aggregation_weights("episode", action, episode), torch.tensor([1 / 6, 1 / 6, 1.0]))
+
+
+def test_episode_aggregation_gives_each_episode_equal_weight():
+    # episode A: 3 tokens with advantage +1 ; episode B: 1 token with advantage -1 ; ratio 1
+    logp = torch.zeros(2, 3)
+    adv = torch.tensor([[1.0, 1.0, 1.0], [-1.0, 0.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
+    token = ppo_clip_loss(logp, logp, adv, mask)
+    episode = ppo_clip_loss(logp, logp, adv, mask, weights=torch.tensor([1 / 3, 1.0]))
+    assert math.isclose(token.loss.item(), -(3 - 1) / 4, rel_tol=1e-6)
+    assert math.isclose(episode.loss.item(), 0.0, abs_tol=1e-7)  # +1 and -1 episodes cancel

@@ -81,6 +81,9 @@ def test_full_history_is_concatenation_of_generated_and_context_pieces(tiny_poli
         if cur:
             runs.append(cur)
         assert [tok.decode(r, skip_special_tokens=True) for r in runs] == [turn.action_text for turn in t.turns]
+        # one end-of-message per message: a sampled stop token is not closed a second time
+        im_end = tok.convert_tokens_to_ids("<|im_end|>")
+        assert ids.count(im_end) == 2 * t.num_turns + 1  # system + every user message + every assistant turn
         # the first observation's content follows the head verbatim
         first = list(chat.encode(t.turns[0].observation))
         assert ids[len(head): len(head) + len(first)] == first

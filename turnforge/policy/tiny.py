@@ -64,7 +64,7 @@ class TinyModelConfig(BaseModel):
     vocab_size: int = Field(512, description="BPE vocabulary size (including special tokens)")
     hidden_size: int = Field(128, description="Width of the residual stream")
     intermediate_size: int = Field(384, description="Width of the MLP")
-    num_hidden_layers: int = Field(4, description="Transformer blocks")
+    num_hidden_layers: int = Field(2, description="Transformer blocks")
     num_attention_heads: int = Field(4, description="Query heads")
     num_key_value_heads: int = Field(2, description="Key/value heads (grouped-query attention)")
     max_position_embeddings: int = Field(4096, description="Longest context the model accepts")

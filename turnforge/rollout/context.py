@@ -125,11 +125,14 @@ class EpisodeContext:
         """Ids the policy conditions on for the next action."""
         return tuple(self._ids) if self.cfg.context == "full_history" else self._prompt
 
-    def act(self, ids: tuple[int, ...], logprobs: tuple[float, ...] | None, version: int, text: str) -> None:
+    def act(self, ids: tuple[int, ...], logprobs: tuple[float, ...] | None, version: int) -> None:
         """Record the action ids (exactly as generated) and the template's closing ids."""
         if logprobs is not None and len(logprobs) != len(ids):
             raise ValueError(f"{len(ids)} action ids but {len(logprobs)} logprobs")
-        action = _Action(ids, logprobs, version, self.chat.close_after(text))
+        # The closing text minus what the ids already hold (e.g. a sampled <|im_end|>): decode
+        # with special tokens kept so a sampled stop token is seen.
+        close = self.chat.close_after(self.chat.tokenizer.decode(ids, skip_special_tokens=False))
+        action = _Action(ids, logprobs, version, close)
         lp = list(logprobs) if logprobs is not None else [float("nan")] * len(ids)
         ver = version if logprobs is not None else -1
         if self.cfg.context == "full_history":

@@ -160,7 +160,7 @@ def rollout(
         for r, gen, text in zip(active, gens, texts):
             sampled = actor.version >= 0
             anchor = r.env.anchor_key()
-            r.ctx.act(gen.ids, gen.logprobs if sampled else None, actor.version, text)
+            r.ctx.act(gen.ids, gen.logprobs if sampled else None, actor.version)
             gen_tokens += len(gen.ids)
             gen_truncations += not gen.stopped
             try:

@@ -20,7 +20,7 @@ import time
 
 import torch
 
-from turnforge.algos import grpo, ppo_clip_loss
+from turnforge.algos import aggregation_weights, grpo, ppo_clip_loss
 from turnforge.data.store import write_trajectories
 from turnforge.envs.base import stable_hash
 from turnforge.policy.generate import token_logprobs
@@ -65,6 +65,7 @@ def run_grpo(
             std_normalize=rl.std_normalize,
         ).tolist()
         advantage = {t.trajectory_id: a for t, a in zip(ok, adv)}
+        episode_tokens = {t.trajectory_id: sum(x.num_action_tokens for x in t.samples) for t in ok}
         samples = [(x, advantage[t.trajectory_id]) for t in ok for x in t.samples]
         write_trajectories(s.run_dir / "trajectories" / f"rl_{it:05d}.parquet", trajs, stage="rl", iteration=it, advantages=advantage)
 
@@ -82,9 +83,14 @@ def run_grpo(
                 if reference is not None:
                     with torch.no_grad():
                         ref, _ = token_logprobs(reference, batch.ids, batch.attention, cfg.rollout.temperature)
+                weights = aggregation_weights(
+                    rl.loss_agg,
+                    torch.tensor([x.num_action_tokens for x, _ in chunk]),
+                    torch.tensor([episode_tokens[x.trajectory_id] for x, _ in chunk]),
+                )
                 out = ppo_clip_loss(
                     logprobs, batch.old_logprobs, batch.advantages, batch.mask,
-                    rl.clip_low, rl.clip_high, ref_logprobs=ref, kl_coef=rl.kl_coef,
+                    rl.clip_low, rl.clip_high, ref_logprobs=ref, kl_coef=rl.kl_coef, weights=weights,
                 )
                 step(out.loss)
                 losses.append(out.loss.item())

@@ -71,7 +71,11 @@ def train(cfg: TrainConfig, out: str | Path, *, resume: bool = False, live: bool
     torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
 
-    # 1. run directory, policy, envs
+    # 1. envs (first: a bad env id or option fails before any model work), run directory, policy
+    n_envs = max(cfg.rl.tasks_per_iteration * cfg.rl.group_size, min(cfg.eval.episodes, 256))
+    envs = make_batch(cfg.env.id, n_envs, **cfg.env.kwargs)
+    if cfg.model.path != "tiny" and not (Path(cfg.model.path) / "config.json").exists():
+        load_policy(cfg.model.path)  # raises the UserError that says what is wrong with the path
     resumed = load_trainer_state(run_dir) if resume else None
     if not resume:
         if (run_dir / "checkpoints").exists():
@@ -92,8 +96,6 @@ def train(cfg: TrainConfig, out: str | Path, *, resume: bool = False, live: bool
     policy.model.eval()
     if blob is not None:
         policy.version = int(blob["version"])
-    n_envs = max(cfg.rl.tasks_per_iteration * cfg.rl.group_size, min(cfg.eval.episodes, 256))
-    envs = make_batch(cfg.env.id, n_envs, **cfg.env.kwargs)
     metrics = MetricsLog(run_dir, keep_until_env_steps=state.env_steps if resumed else None)
     if not resumed:
         (run_dir / "metrics.jsonl").write_text("")

@@ -1,0 +1,137 @@
+"""The whole loop on a tiny model on CPU: BC -> eval -> GRPO -> eval -> checkpoint, resume."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow.parquet as pq
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from conftest import TINY_TEST_SHAPE
+from turnforge.config import load_config
+from turnforge.train.run import SUMMARY_KEYS, load_run_config, train
+
+pytestmark = pytest.mark.slow
+
+FAST = [
+    *[f"model.tiny.{k}={v}" for k, v in TINY_TEST_SHAPE.items()],
+    "bc.num_demos=8", "bc.epochs=2", "bc.batch_size=8",
+    "rl.iterations=3", "rl.tasks_per_iteration=3", "rl.group_size=2", "rl.minibatch_size=16",
+    "rollout.max_turns=6", "eval.episodes=6", "eval.every=1", "checkpoint_every=1",
+]
+
+
+def _weights(path):
+    return load_file(str(path / "model.safetensors"))
+
+
+def test_end_to_end_run_dir_contract(tmp_path):
+    out = tmp_path / "run"
+    summary = train(load_config("sokoban-tiny", FAST + ["rl.kl_coef=0.01"]), out, live=False)
+
+    # summary.json contract
+    on_disk = json.loads((out / "summary.json").read_text())
+    assert on_disk == summary
+    for key in SUMMARY_KEYS:
+        assert key in summary
+    for key in ("eval_before_rl", "eval_after_rl"):
+        assert {"success_rate", "mean_return", "episodes", "invalid_action_rate"} <= set(summary[key])
+        assert summary[key]["episodes"] == 6
+    assert summary["env_steps"] > 0 and summary["train_tokens"] > 0 and summary["rl_iterations"] == 3
+
+    # every trainable parameter changed between the initial and the final model
+    before, after = _weights(out / "base_model"), _weights(out / "checkpoints" / "final")
+    assert before.keys() == after.keys()
+    unchanged = [k for k in before if torch.equal(before[k], after[k])]
+    assert not unchanged, unchanged
+
+    # HF-format checkpoint loads with the Auto classes
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(out / "checkpoints" / "final")
+    tok = AutoTokenizer.from_pretrained(out / "checkpoints" / "final")
+    assert model.config.vocab_size == len(tok) and tok.chat_template
+
+    # trajectories: one row per sample, token columns aligned, logprobs null where not sampled
+    table = pq.read_table(out / "trajectories" / "rl_00000.parquet")
+    for col in ("task_id", "group_id", "token_ids", "logprobs", "loss_mask", "reward", "success", "num_turns", "policy_version"):
+        assert col in table.column_names
+    for row in table.to_pylist():
+        assert len(row["token_ids"]) == len(row["logprobs"]) == len(row["loss_mask"])
+        for lp, m in zip(row["logprobs"], row["loss_mask"]):
+            assert (lp is None) == (m == 0)
+    assert table.num_rows == sum(1 for _ in table.column("turn_index"))
+    demos = pq.read_table(out / "trajectories" / "bc_demos.parquet").to_pylist()
+    assert demos and all(all(lp is None for lp in r["logprobs"]) for r in demos)
+
+    # metrics, TensorBoard, plot, config snapshot
+    events = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    evals = [e for e in events if e["event"] == "eval"]
+    assert [e["tag"] for e in evals] == ["before-rl", "rl-1", "rl-2", "after-rl"]
+    assert any(p.name.startswith("events.out.tfevents") for p in (out / "tb").iterdir())
+    assert (out / "learning_curve.png").stat().st_size > 10_000
+    assert load_run_config(out).rl.iterations == 3
+
+
+def test_resume_ends_with_the_same_weights(tmp_path):
+    cfg = load_config("sokoban-tiny", FAST)
+    train(cfg, tmp_path / "a", live=False)
+    partial = train(cfg, tmp_path / "b", live=False, stop_after=1)
+    assert partial == {"stopped_after": 1}
+    assert not (tmp_path / "b" / "summary.json").exists()
+    train(load_run_config(tmp_path / "b"), tmp_path / "b", resume=True, live=False)
+    a, b = _weights(tmp_path / "a" / "checkpoints" / "final"), _weights(tmp_path / "b" / "checkpoints" / "final")
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    sa = json.loads((tmp_path / "a" / "summary.json").read_text())
+    sb = json.loads((tmp_path / "b" / "summary.json").read_text())
+    assert sa["eval_after_rl"] == sb["eval_after_rl"] and sa["env_steps"] == sb["env_steps"]
+    assert sa["train_tokens"] == sb["train_tokens"]
+    # metrics of the resumed run hold each RL iteration once
+    events = [json.loads(line) for line in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
+    assert [e["iteration"] for e in events if e["event"] == "rl_iter"] == [1, 2, 3]
+
+
+def test_env_crash_is_excluded_and_run_goes_on(tmp_path):
+    overrides = FAST + ["env.id=test-echo", "env.kwargs={crash_on: 1, episode_len: 2}", "bc.enabled=false"]
+    summary = train(load_config("sokoban-tiny", overrides), tmp_path / "run", live=False)
+    # tasks with index % 4 == 0 crash on their first step: excluded from eval, counted
+    assert summary["eval_after_rl"]["infra_failures"] == 2  # held-out tasks 0 and 4 of 6
+    assert summary["eval_after_rl"]["episodes"] == 4
+    table = pq.read_table(tmp_path / "run" / "trajectories" / "rl_00000.parquet").to_pylist()
+    crashed = [r for r in table if r["infra_failure"]]
+    assert all(r["advantage"] is None for r in crashed)
+    assert all(r["advantage"] is not None for r in table if not r["infra_failure"])
+
+
+def test_nan_loss_steps_are_skipped_then_the_run_stops(tmp_path, monkeypatch):
+    import turnforge.train.grpo as grpo_mod
+    from turnforge.train.common import NonFiniteLoss
+
+    real = grpo_mod.ppo_clip_loss
+
+    def nan_loss(*args, **kwargs):
+        out = real(*args, **kwargs)
+        return type(out)(out.loss * float("nan"), out.clip_fraction, out.approx_kl, out.kl_ref)
+
+    monkeypatch.setattr(grpo_mod, "ppo_clip_loss", nan_loss)
+    with pytest.raises(NonFiniteLoss, match="3 optimizer steps in a row had a NaN/inf loss"):
+        train(load_config("sokoban-tiny", FAST + ["rl.max_bad_steps=3"]), tmp_path / "run", live=False)
+    events = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert events[-1]["event"] in ("rl_iter", "eval")
+
+
+def test_any_local_hf_model_trains_through_the_hf_recipe(tmp_path):
+    """A GPT-2-architecture model saved on disk goes through the same command path."""
+    from turnforge.policy.tiny import TinyModelConfig, build_tiny_model
+
+    model_dir = build_tiny_model(tmp_path / "gpt2", TinyModelConfig(architecture="gpt2", **TINY_TEST_SHAPE))
+    overrides = [f"model.path={model_dir}", "bc.num_demos=4", "bc.epochs=1", "rl.iterations=1",
+                 "rl.tasks_per_iteration=2", "rl.group_size=2", "rollout.max_turns=3", "rollout.max_new_tokens=4",
+                 "eval.episodes=4", "rl.lr=0.001"]
+    summary = train(load_config("sokoban-hf", overrides), tmp_path / "run", live=False)
+    assert summary["model"] == str(model_dir) and summary["eval_after_rl"]["episodes"] == 4
+    before, after = _weights(model_dir), _weights(tmp_path / "run" / "checkpoints" / "final")
+    assert any(not torch.equal(before[k], after[k]) for k in before)

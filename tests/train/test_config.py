@@ -1,0 +1,52 @@
+"""Bad input gets one clear line naming the bad key/value and the valid choices."""
+
+from __future__ import annotations
+
+import pytest
+
+from turnforge.config import list_recipes, load_config, parse_overrides
+from turnforge.errors import UserError
+
+
+def test_default_recipe_loads_and_overrides_apply():
+    cfg = load_config("sokoban-tiny", ["rl.iterations=3", "env.kwargs.num_boxes=2", "rollout.context=full_history"])
+    assert cfg.recipe == "sokoban-tiny" and cfg.rl.iterations == 3
+    assert cfg.env.kwargs == {"dim": 6, "num_boxes": 2} and cfg.rollout.context == "full_history"
+    assert "sokoban-tiny" in list_recipes()
+
+
+@pytest.mark.parametrize(
+    "overrides, pattern",
+    [
+        (["rl.itertions=3"], r"unknown config key 'rl.itertions'; valid keys here: .*'iterations'"),
+        (["nope=1"], r"unknown config key 'nope'; valid keys here: .*'rollout'"),
+        (["rl.iterations=many"], r"bad value for 'rl.iterations' \('many'\)"),
+        (["rollout.context=everything"], r"bad value for 'rollout.context': .*'window' or 'full_history'"),
+        (["rollout.max_new_tokens=600", "rollout.max_context_tokens=512"], r"max_new_tokens \(600\) must be below"),
+        (["rl.iterations"], r"not key=value"),
+    ],
+)
+def test_bad_overrides(overrides, pattern):
+    with pytest.raises(UserError, match=pattern):
+        load_config("sokoban-tiny", overrides)
+
+
+def test_unknown_recipe_lists_choices():
+    with pytest.raises(UserError, match=r"unknown recipe 'sokobann'; valid recipes: .*'sokoban-tiny'"):
+        load_config("sokobann")
+
+
+def test_malformed_yaml_names_file_and_line(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("rl:\n  iterations: [1, 2\n")
+    with pytest.raises(UserError, match=r"malformed YAML in .*bad.yaml.* at line"):
+        load_config(str(bad))
+    missing = tmp_path / "missing.yaml"
+    with pytest.raises(UserError, match="does not exist"):
+        load_config(str(missing))
+
+
+def test_override_values_are_yaml_typed():
+    assert parse_overrides(["a.b=3", "a.c=0.5", "d=true", "e=[1, 2]", "f=text"]) == {
+        "a": {"b": 3, "c": 0.5}, "d": True, "e": [1, 2], "f": "text"
+    }
