@@ -21,7 +21,7 @@ train: setup
 	$(BIN)/turnforge train $(ARGS)
 
 test: setup
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -68,6 +68,9 @@ class RLConfig(Section):
     )
     kl_coef: float = Field(0.0, ge=0, description="Weight of the KL-to-reference loss term (0 = no reference model)")
     std_normalize: bool = Field(True, description="Divide group advantages by the group std")
+    skip_zero_variance_groups: bool = Field(
+        True, description="Leave groups whose returns are all equal (zero advantage) out of the update (DAPO's filter)"
+    )
     max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping norm")
     max_bad_steps: int = Field(3, ge=1, description="Consecutive NaN/inf losses before the run stops")
 

@@ -74,6 +74,22 @@ def test_end_to_end_run_dir_contract(tmp_path):
     assert (out / "learning_curve.png").stat().st_size > 10_000
     assert load_run_config(out).rl.iterations == 3
 
+    # turnforge eval on the final checkpoint prints and writes the eval dict
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "turnforge.cli", "eval", str(out / "checkpoints" / "final"), "--env", "sokoban",
+         "--episodes", "6", "--seed", "0", "--split", "heldout"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    written = json.loads((out / "checkpoints" / "final" / "eval_sokoban_heldout.json").read_text())
+    assert json.loads(proc.stdout) == written
+    # greedy evaluation of the same checkpoint on the same tasks equals the run's own final eval
+    assert written["success_rate"] == summary["eval_after_rl"]["success_rate"]
+    assert written["mean_return"] == summary["eval_after_rl"]["mean_return"]
+
 
 def test_resume_ends_with_the_same_weights(tmp_path):
     cfg = load_config("sokoban-tiny", FAST)

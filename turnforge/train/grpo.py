@@ -10,7 +10,9 @@ Departures from the GRPO paper: the reward is the episode return of a multi-turn
 episode, not a single response's score; the "old" logprobs of the ratio are the
 sampling logprobs recorded at rollout time (on CPU in float32 they equal the trainer's
 to ~1e-6, a test checks this); episodes that failed for infrastructure reasons are
-dropped from the group before normalising.
+dropped from the group before normalising. Groups whose returns are all equal have zero
+advantage everywhere; with ``skip_zero_variance_groups`` they are left out of the update
+(they would only dilute the token mean), never replaced by duplicated samples.
 """
 
 from __future__ import annotations
@@ -66,14 +68,16 @@ def run_grpo(
         ).tolist()
         advantage = {t.trajectory_id: a for t, a in zip(ok, adv)}
         episode_tokens = {t.trajectory_id: sum(x.num_action_tokens for x in t.samples) for t in ok}
-        samples = [(x, advantage[t.trajectory_id]) for t in ok for x in t.samples]
+        flat = {g for g in groups if len({t.episode_return for t in ok if t.group_id == g}) == 1}
+        trained = [t for t in ok if not (rl.skip_zero_variance_groups and t.group_id in flat)]
+        samples = [(x, advantage[t.trajectory_id]) for t in trained for x in t.samples]
         write_trajectories(s.run_dir / "trajectories" / f"rl_{it:05d}.parquet", trajs, stage="rl", iteration=it, advantages=advantage)
 
         # 3. update: PPO-clip, token-level aggregation, minibatches in a seeded order
         policy.model.train()
         t1 = time.time()
         order = rng(cfg.seed, "rl-shuffle", it).permutation(len(samples)).tolist()
-        losses, clip_fracs, kls, tokens = [], [], [], 0
+        losses, clip_fracs, kls, norms, tokens = [], [], [], [], 0
         for _ in range(rl.epochs):
             for b in range(0, len(order), rl.minibatch_size):
                 chunk = [samples[i] for i in order[b:b + rl.minibatch_size]]
@@ -92,7 +96,9 @@ def run_grpo(
                     logprobs, batch.old_logprobs, batch.advantages, batch.mask,
                     rl.clip_low, rl.clip_high, ref_logprobs=ref, kl_coef=rl.kl_coef, weights=weights,
                 )
-                step(out.loss)
+                norm = step(out.loss)
+                if norm is not None:
+                    norms.append(norm)
                 losses.append(out.loss.item())
                 clip_fracs.append(out.clip_fraction)
                 kls.append(out.approx_kl)
@@ -116,7 +122,9 @@ def run_grpo(
             "loss": sum(losses) / max(len(losses), 1),
             "clip_fraction": sum(clip_fracs) / max(len(clip_fracs), 1),
             "approx_kl": sum(kls) / max(len(kls), 1),
+            "grad_norm": sum(norms) / max(len(norms), 1),
             "samples": len(samples),
+            "zero_variance_groups": len(flat) / max(len(groups), 1),
             "rollout_seconds": round(t_rollout, 3),
             "update_seconds": round(t_update, 3),
             "gen_tokens_per_s": rstats.generated_tokens / max(t_rollout, 1e-9),
