@@ -11,7 +11,10 @@ from turnforge.errors import UserError
 def test_default_recipe_loads_and_overrides_apply():
     cfg = load_config("sokoban-tiny", ["rl.iterations=3", "env.kwargs.num_boxes=2", "rollout.context=full_history"])
     assert cfg.recipe == "sokoban-tiny" and cfg.rl.iterations == 3
-    assert cfg.env.kwargs == {"dim": 6, "num_boxes": 2} and cfg.rollout.context == "full_history"
+    assert cfg.env.kwargs == {"dim": 6, "num_boxes": 2, "invalid_action_penalty": -1.0}
+    assert cfg.rollout.context == "full_history"
+    # another env id drops the recipe env kwargs (they belonged to the old env)
+    assert load_config("sokoban-tiny", ["env.id=frozenlake"]).env.kwargs == {}
     assert "sokoban-tiny" in list_recipes()
 
 

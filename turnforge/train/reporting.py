@@ -126,6 +126,7 @@ def plot_learning_curve(run_dir: Path, title: str) -> Path:
         ys = [e[key] for e in evals]
         ax.plot(xs, ys, marker="o", color="tab:blue")
         ax.axvspan(0, bc_end, color="tab:orange", alpha=0.12, label="BC stage (expert env steps)")
+        ax.axvspan(bc_end, max(xs + [bc_end + 1]), color="tab:green", alpha=0.06, label="RL stage (GRPO rollouts)")
         ax.axvline(bc_end, color="tab:orange", linestyle="--")
         ax.set_xlabel("env steps (demonstrations + RL rollouts)")
         ax.set_ylabel(label)
