@@ -49,6 +49,11 @@ class RolloutConfig(Section):
 class BCConfig(Section):
     enabled: bool = Field(True, description="Run the behaviour-cloning warm start")
     num_demos: int = Field(40, ge=1, description="Expert episodes (on distinct train tasks) to clone")
+    expert_noise: float = Field(
+        0.0, ge=0, le=1,
+        description="Imperfect demonstrator: chance per turn of a uniformly random action instead of the expert's "
+        "(needs an env with action_names); all episodes are kept, failed ones included",
+    )
     epochs: int = Field(4, ge=1, description="Passes over the demonstration samples")
     batch_size: int = Field(32, ge=1, description="Samples per gradient step")
     lr: float = Field(1e-3, gt=0, description="AdamW learning rate")
@@ -67,7 +72,14 @@ class RLConfig(Section):
         "token", description="Loss aggregation: every action token once, every sample once, or every episode once"
     )
     kl_coef: float = Field(0.0, ge=0, description="Weight of the KL-to-reference loss term (0 = no reference model)")
-    std_normalize: bool = Field(True, description="Divide group advantages by the group std")
+    advantage: Literal["grpo", "rloo", "reinforce_pp", "gigpo"] = Field(
+        "grpo",
+        description="Critic-free estimator: grpo (group-normalised episode return), rloo (leave-one-out baseline), "
+        "reinforce_pp (group baseline, batch std), gigpo (grpo plus step-level anchor-state groups)",
+    )
+    gamma: float = Field(0.95, ge=0, le=1, description="Discount of per-turn rewards in step returns (gigpo)")
+    gigpo_omega: float = Field(1.0, ge=0, description="Weight of GiGPO's step-level advantage")
+    std_normalize: bool = Field(True, description="Divide group advantages by the group std (grpo, gigpo)")
     skip_zero_variance_groups: bool = Field(
         True, description="Leave groups whose returns are all equal (zero advantage) out of the update (DAPO's filter)"
     )

@@ -1,6 +1,30 @@
 """Pure functions for the math: advantage estimators and losses."""
 
-from turnforge.algos.advantages import grpo
+from turnforge.algos.advantages import (
+    decoupled_gae,
+    discounted_returns,
+    gae,
+    gigpo,
+    grpo,
+    length_adaptive_lam,
+    reinforce_pp,
+    rloo,
+)
 from turnforge.algos.losses import PolicyLossOutput, aggregation_weights, kl_k3, masked_mean, ppo_clip_loss, sft_loss
 
-__all__ = ["aggregation_weights", "grpo", "kl_k3", "masked_mean", "ppo_clip_loss", "sft_loss", "PolicyLossOutput"]
+__all__ = [
+    "aggregation_weights",
+    "decoupled_gae",
+    "discounted_returns",
+    "gae",
+    "gigpo",
+    "grpo",
+    "kl_k3",
+    "length_adaptive_lam",
+    "masked_mean",
+    "ppo_clip_loss",
+    "reinforce_pp",
+    "rloo",
+    "sft_loss",
+    "PolicyLossOutput",
+]

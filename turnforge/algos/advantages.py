@@ -40,3 +40,178 @@ def grpo(rewards: torch.Tensor, group_ids: torch.Tensor, std_normalize: bool = T
         std = torch.sqrt(sq / (counts - 1).clamp(min=1))[inverse]
         adv = centred / (std + eps)
     return torch.where(n > 1, adv, torch.zeros_like(adv)).to(torch.float32)
+
+
+def _group_index(group_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(inverse, counts)``: a dense index 0..G-1 of each element's group, and group sizes."""
+    _, inverse, counts = torch.unique(group_ids, return_inverse=True, return_counts=True)
+    return inverse, counts
+
+
+def rloo(rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
+    """RLOO advantage per episode: ``r_i - mean_{j != i, j in g} r_j``.
+
+    Equal to ``n / (n - 1) * (r_i - mean_g)``; a group of one gets 0.
+    """
+    _check_rewards(rewards, group_ids)
+    r = rewards.to(torch.float64)
+    inverse, counts = _group_index(group_ids)
+    sums = torch.zeros(len(counts), dtype=torch.float64).index_add_(0, inverse, r)
+    n = counts[inverse].to(torch.float64)
+    others = (sums[inverse] - r) / (n - 1).clamp(min=1)
+    return torch.where(n > 1, r - others, torch.zeros_like(r)).to(torch.float32)
+
+
+def reinforce_pp(rewards: torch.Tensor, group_ids: torch.Tensor | None = None, eps: float = 1e-6) -> torch.Tensor:
+    """REINFORCE++ advantage per episode: returns normalised over the whole batch,
+    ``(r - mean_batch) / (std_batch + eps)`` (unbiased std).
+
+    With ``group_ids`` this is REINFORCE++-baseline: the group mean is subtracted first,
+    then the batch std divides (the std is global, not per group, unlike GRPO).
+    Departure from the paper: its KL penalty is folded into the token rewards before
+    normalising; here the KL to the reference is a loss term (``rl.kl_coef``).
+    """
+    if group_ids is None:
+        group_ids = torch.zeros_like(rewards, dtype=torch.long)
+    _check_rewards(rewards, group_ids)
+    if rewards.numel() < 2:
+        return torch.zeros_like(rewards, dtype=torch.float32)
+    r = rewards.to(torch.float64)
+    inverse, counts = _group_index(group_ids)
+    sums = torch.zeros(len(counts), dtype=torch.float64).index_add_(0, inverse, r)
+    centred = r - (sums / counts)[inverse]
+    return (centred / (centred.std(unbiased=True) + eps)).to(torch.float32)
+
+
+def discounted_returns(step_rewards: torch.Tensor, episode_ids: torch.Tensor, gamma: float) -> torch.Tensor:
+    """``R_t = sum_{k >= t} gamma^(k - t) r_k`` within each episode.
+
+    Flat per-step tensors ``[S]``; the steps of an episode must be contiguous and in order.
+    """
+    _check_contiguous(episode_ids)
+    r = step_rewards.to(torch.float64)
+    out = torch.zeros_like(r)
+    running = 0.0
+    for i in range(len(r) - 1, -1, -1):
+        if i == len(r) - 1 or episode_ids[i + 1] != episode_ids[i]:
+            running = 0.0
+        running = float(r[i]) + gamma * running
+        out[i] = running
+    return out
+
+
+def _check_contiguous(episode_ids: torch.Tensor) -> None:
+    starts = torch.ones(len(episode_ids), dtype=torch.bool)
+    starts[1:] = episode_ids[1:] != episode_ids[:-1]
+    if int(starts.sum()) != len(torch.unique(episode_ids)):
+        raise ValueError("episode_ids: the steps of each episode must be contiguous and in order")
+
+
+def _normalise_within(values: torch.Tensor, group_ids: torch.Tensor, std_normalize: bool, eps: float) -> torch.Tensor:
+    """``(x - mean_g) / F`` per group, ``F`` = unbiased std + eps or 1; 0 for groups of one."""
+    return grpo(values, group_ids, std_normalize=std_normalize, eps=eps).to(torch.float64)
+
+
+def gigpo(
+    step_rewards: torch.Tensor,
+    episode_ids: torch.Tensor,
+    group_ids: torch.Tensor,
+    anchor_ids: torch.Tensor,
+    gamma: float = 0.95,
+    omega: float = 1.0,
+    std_normalize: bool = True,
+    eps: float = 1e-6,
+) -> torch.Tensor:
+    """GiGPO (group-in-group) advantage per step ``[S]``: ``A^E + omega * A^S``.
+
+    Flat per-step tensors: ``step_rewards`` float, ``episode_ids`` / ``group_ids`` /
+    ``anchor_ids`` int, with the steps of each episode contiguous and in order. ``A^E`` is
+    GRPO on episode returns (sum of the episode's step rewards) within the episode group.
+    ``A^S`` normalises the discounted step return ``R_t`` within the anchor group: the
+    steps of one episode group whose env state (``anchor_ids``) is equal, across and
+    within episodes. A step alone in its anchor group gets ``A^S = 0``.
+    """
+    tensors = {"step_rewards": step_rewards, "episode_ids": episode_ids, "group_ids": group_ids, "anchor_ids": anchor_ids}
+    shapes = {k: tuple(v.shape) for k, v in tensors.items()}
+    if any(len(s) != 1 for s in shapes.values()) or len(set(shapes.values())) != 1:
+        raise ValueError(f"gigpo: step_rewards, episode_ids, group_ids, anchor_ids must be 1-D of one length; got {shapes}")
+    if step_rewards.numel() == 0:
+        raise ValueError("gigpo: no steps (empty step_rewards)")
+    _check_rewards(step_rewards, group_ids)
+    _check_contiguous(episode_ids)
+    ep_inverse, _ = _group_index(episode_ids)
+    n_ep = int(ep_inverse.max()) + 1
+    r = step_rewards.to(torch.float64)
+    ep_return = torch.zeros(n_ep, dtype=torch.float64).index_add_(0, ep_inverse, r)
+    ep_group = torch.zeros(n_ep, dtype=torch.long).index_copy_(0, ep_inverse, group_ids.long())
+    if not torch.equal(ep_group[ep_inverse], group_ids.long()):
+        raise ValueError("gigpo: group_ids differ between steps of one episode")
+    a_episode = _normalise_within(ep_return, ep_group, std_normalize, eps)[ep_inverse]
+    step_return = discounted_returns(r, episode_ids, gamma)
+    anchor_group = torch.unique(torch.stack([group_ids.long(), anchor_ids.long()], 1), dim=0, return_inverse=True)[1]
+    a_step = _normalise_within(step_return, anchor_group, std_normalize, eps)
+    return (a_episode + omega * a_step).to(torch.float32)
+
+
+def gae(
+    rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float, lam: float | torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalised advantage estimation over the action tokens of padded sequences.
+
+    ``rewards``, ``values``, ``mask``: float ``[B, T]``; ``lam`` a float or a ``[B]`` tensor
+    (one lambda per sequence). The recursion visits only positions where ``mask == 1``, in
+    order: the "next value" of the last action token of turn k is the value at the first
+    action token of turn k+1, and the value after the last action token is 0. Rewards at
+    positions with ``mask == 0`` are skipped with them (put a turn's reward on its last
+    action token). Returns ``(advantages, returns)``, both 0 where ``mask == 0``;
+    ``returns = advantages + values`` elsewhere.
+    """
+    shapes = {"rewards": tuple(rewards.shape), "values": tuple(values.shape), "mask": tuple(mask.shape)}
+    if rewards.ndim != 2 or len(set(shapes.values())) != 1:
+        raise ValueError(f"gae: rewards, values, mask must be [B, T] tensors of one shape; got {shapes}")
+    batch = rewards.shape[0]
+    lam_t = torch.as_tensor(lam, dtype=torch.float64)
+    if lam_t.ndim == 0:
+        lam_t = lam_t.expand(batch)
+    if tuple(lam_t.shape) != (batch,):
+        raise ValueError(f"gae: lam must be a float or a [B] = [{batch}] tensor; got shape {tuple(lam_t.shape)}")
+    if not torch.isfinite(rewards).all() or not torch.isfinite(values).all():
+        raise ValueError("gae: rewards or values contain NaN/inf")
+    r, v, m = rewards.to(torch.float64), values.to(torch.float64), mask.bool()
+    adv = torch.zeros_like(r)
+    next_value = torch.zeros(batch, dtype=torch.float64)
+    next_adv = torch.zeros(batch, dtype=torch.float64)
+    for t in range(r.shape[1] - 1, -1, -1):
+        delta = r[:, t] + gamma * next_value - v[:, t]
+        a = delta + gamma * lam_t * next_adv
+        here = m[:, t]
+        adv[:, t] = torch.where(here, a, torch.zeros_like(a))
+        next_value = torch.where(here, v[:, t], next_value)
+        next_adv = torch.where(here, a, next_adv)
+    returns = torch.where(m, adv + v, torch.zeros_like(v))
+    return adv.to(rewards.dtype), returns.to(rewards.dtype)
+
+
+def length_adaptive_lam(mask: torch.Tensor, alpha: float = 0.05) -> torch.Tensor:
+    """VAPO's per-sequence lambda ``1 - 1 / (alpha * length)`` clamped to [0, 1], ``length``
+    = the number of action tokens (``mask == 1``) of each sequence. ``[B, T]`` -> ``[B]``."""
+    if alpha <= 0:
+        raise ValueError(f"length_adaptive_lam: alpha must be > 0; got {alpha}")
+    length = mask.to(torch.float64).sum(dim=1)
+    lam = 1.0 - 1.0 / (alpha * length.clamp(min=1e-12))
+    return lam.clamp(0.0, 1.0)
+
+
+def decoupled_gae(
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    gamma: float,
+    lam_policy: float | torch.Tensor = 0.95,
+    lam_critic: float | torch.Tensor = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """VAPO's decoupled GAE: policy advantages with ``lam_policy``, critic targets (returns)
+    with ``lam_critic`` (1.0 = unbiased Monte-Carlo targets). Returns ``(advantages, returns)``."""
+    advantages, _ = gae(rewards, values, mask, gamma, lam_policy)
+    _, returns = gae(rewards, values, mask, gamma, lam_critic)
+    return advantages, returns

@@ -35,6 +35,7 @@ SCHEMA = pa.schema(
         ("turn_reward", pa.float32()),
         ("reward", pa.float32()),
         ("advantage", pa.float32()),
+        ("turn_advantages", pa.list_(pa.float32())),
         ("success", pa.bool_()),
         ("num_turns", pa.int32()),
         ("policy_version", pa.int32()),
@@ -50,9 +51,13 @@ def write_trajectories(
     *,
     stage: str,
     iteration: int,
-    advantages: dict[str, float] | None = None,
+    advantages: dict[str, Sequence[float]] | None = None,
 ) -> int:
-    """Write the samples of ``trajectories`` to ``path`` (Parquet); returns the row count."""
+    """Write the samples of ``trajectories`` to ``path`` (Parquet); returns the row count.
+
+    ``advantages`` maps a trajectory id to the advantage of each of its turns: the row's
+    ``advantage`` is its turn's value (null for a whole-episode sample whose turns differ),
+    ``turn_advantages`` the whole list."""
     rows: dict[str, list] = {name: [] for name in SCHEMA.names}
     for traj in trajectories:
         for s in traj.samples:
@@ -72,7 +77,9 @@ def write_trajectories(
             rows["action_text"].append(turn.action_text if turn else None)
             rows["turn_reward"].append(turn.reward if turn else None)
             rows["reward"].append(traj.episode_return)
-            rows["advantage"].append(None if advantages is None else advantages.get(traj.trajectory_id))
+            per_turn = None if advantages is None else advantages.get(traj.trajectory_id)
+            rows["advantage"].append(_sample_advantage(per_turn, s.turn_index))
+            rows["turn_advantages"].append(None if per_turn is None else [float(a) for a in per_turn])
             rows["success"].append(traj.success)
             rows["num_turns"].append(traj.num_turns)
             rows["policy_version"].append(traj.policy_version)
@@ -83,6 +90,14 @@ def write_trajectories(
     path.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(table, path)
     return table.num_rows
+
+
+def _sample_advantage(per_turn: Sequence[float] | None, turn_index: int) -> float | None:
+    if per_turn is None or len(per_turn) == 0:
+        return None
+    if turn_index >= 0:
+        return float(per_turn[turn_index])
+    return float(per_turn[0]) if len(set(np.asarray(per_turn).tolist())) == 1 else None
 
 
 def read_trajectories(path: str | Path) -> pa.Table:

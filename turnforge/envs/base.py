@@ -88,6 +88,9 @@ class Env(ABC, Generic[LevelT]):
     heldout_fraction: float = 0.1
     #: How many generated levels to keep in memory (generation may run a solver).
     level_cache_size: int = 4096
+    #: The action texts of a small discrete action set, or () when actions are open text
+    #: (tool calls, code). Noisy demonstrators draw their random actions from it.
+    action_names: tuple[str, ...] = ()
 
     def __init__(self, *, invalid_action_penalty: float = -0.1, max_steps: int = 100) -> None:
         self.invalid_action_penalty = float(invalid_action_penalty)

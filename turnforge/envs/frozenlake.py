@@ -113,6 +113,8 @@ class FrozenLakeEnv(Env[FrozenLakeLevel]):
     """FrozenLake on a random ``size`` x ``size`` map; reward ``success_reward`` at the
     goal, 0 otherwise (a hole ends the episode with 0)."""
 
+    action_names = ACTIONS
+
     def __init__(
         self,
         *,

@@ -93,6 +93,8 @@ def heuristic(board: Board) -> float:
 class Game2048Env(Env[Board]):
     """2048 with success at ``target_tile``; reward per move = sum of merged tile values."""
 
+    action_names = ACTIONS
+
     def __init__(
         self,
         *,

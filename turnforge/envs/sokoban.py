@@ -163,6 +163,8 @@ class SokobanEnv(Env[SokobanLevel]):
     and the player start on distinct cells.
     """
 
+    action_names = ACTIONS
+
     #: Most BFS states the generator and the expert visit per solve.
     solver_budget: int = 200_000
     #: Room layouts tried per level seed before giving up.

@@ -16,6 +16,7 @@ episodes of one call (the async per-trajectory scheduler comes with the EnvPool)
 
 from __future__ import annotations
 
+import random
 import traceback
 from dataclasses import dataclass
 from typing import Protocol, Sequence
@@ -25,6 +26,7 @@ import torch
 
 from turnforge.config import RolloutConfig
 from turnforge.envs.base import Env
+from turnforge.errors import UserError
 from turnforge.policy.generate import Generation, sample
 from turnforge.policy.model import Policy
 from turnforge.rollout.context import ContextOverflow, EpisodeContext
@@ -73,17 +75,34 @@ class PolicyActor:
 
 class ExpertActor:
     """The env's expert policy, written as the tokens the LM should produce: the action
-    text's ids followed by the first stop id. Logprobs are NaN (nothing was sampled)."""
+    text's ids followed by the first stop id. Logprobs are NaN (nothing was sampled).
+
+    With ``noise > 0`` it is an imperfect demonstrator: at each turn, with probability
+    ``noise``, it plays a uniformly random action of ``env.action_names`` instead of the
+    expert's (which may be the expert's by chance), drawn from ``rng``.
+    """
 
     version = -1
 
-    def __init__(self, policy: Policy) -> None:
-        self.policy = policy
+    def __init__(self, policy: Policy, noise: float = 0.0, rng: random.Random | None = None) -> None:
+        if not 0.0 <= noise <= 1.0:
+            raise ValueError(f"noise must be in [0, 1]; got {noise}")
+        self.policy, self.noise, self.rng = policy, noise, rng or random.Random(0)
+        self.random_actions = 0  # turns where the random action replaced the expert's
 
     def act(self, prompts, envs):
         out = []
         for env in envs:
-            ids = self.policy.chat.encode(env.expert_action()) + (self.policy.stop_ids[0],)
+            text = env.expert_action()
+            if self.noise > 0 and self.rng.random() < self.noise:
+                if not env.action_names:
+                    raise UserError(
+                        f"a noisy demonstrator needs an env with a discrete action set (Env.action_names); "
+                        f"{type(env).__name__} has none: set bc.expert_noise=0"
+                    )
+                text = self.rng.choice(env.action_names)
+                self.random_actions += 1
+            ids = self.policy.chat.encode(text) + (self.policy.stop_ids[0],)
             out.append(Generation(ids, tuple([float("nan")] * len(ids)), True))
         return out
 

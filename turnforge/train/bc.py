@@ -8,6 +8,7 @@ and template tokens are context.
 
 from __future__ import annotations
 
+import random
 import time
 
 import torch
@@ -25,21 +26,26 @@ def run_bc(s: Session) -> dict[str, float]:
     cfg, bc = s.cfg, s.cfg.bc
     policy, envs = s.policy, s.envs
 
-    # 1. demonstrations: the expert plays distinct train tasks
-    demos = []
+    # 1. demonstrations: the expert (with bc.expert_noise, an imperfect one) plays distinct train tasks
+    demos, random_actions = [], 0
     for start in range(0, bc.num_demos, len(envs)):
         requests = [
             EpisodeRequest(envs[0].task("train", i), stable_hash(cfg.seed, "demo", i), f"demo-{i}", f"demo-{i}")
             for i in range(start, min(bc.num_demos, start + len(envs)))
         ]
-        trajs, _ = rollout(ExpertActor(policy), envs, requests, cfg.rollout, policy)
+        expert = ExpertActor(policy, bc.expert_noise, random.Random(stable_hash(cfg.seed, "demo-noise", start)))
+        trajs, _ = rollout(expert, envs, requests, cfg.rollout, policy)
+        random_actions += expert.random_actions
         demos.extend(t for t in trajs if t.infra_failure is None)
     write_trajectories(s.run_dir / "trajectories" / "bc_demos.parquet", demos, stage="bc", iteration=0)
     samples = [x for t in demos for x in t.samples]
     demo_steps = sum(t.num_turns for t in demos)
     s.state.env_steps += demo_steps
     demo_success = sum(t.success for t in demos) / max(len(demos), 1)
-    s.progress.message(f"bc: {len(demos)} expert episodes, {demo_steps} steps, {len(samples)} samples, expert success {demo_success:.2f}")
+    s.progress.message(
+        f"bc: {len(demos)} demonstrations, {demo_steps} steps ({random_actions} random), {len(samples)} samples, "
+        f"demonstrator success {demo_success:.2f}"
+    )
 
     # 2. supervised fine-tuning on action tokens
     optimizer = torch.optim.AdamW(policy.model.parameters(), lr=bc.lr, weight_decay=0.0)
@@ -68,6 +74,8 @@ def run_bc(s: Session) -> dict[str, float]:
         "demo_env_steps": demo_steps,
         "demo_samples": len(samples),
         "expert_success_rate": demo_success,
+        "expert_noise": bc.expert_noise,
+        "demo_random_actions": random_actions,
         "final_loss": loss_value,
         "optimizer_steps": n,
         "skipped_steps": step.skipped,

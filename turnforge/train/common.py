@@ -36,10 +36,10 @@ class Batch:
         return int(self.attention.sum())
 
 
-def collate(samples: Sequence[Sample], pad_id: int, advantages: Sequence[float] | None = None) -> Batch:
-    """Right-pad samples into tensors; ``advantages`` (one per sample) broadcast to action tokens."""
+def collate(samples: Sequence[Sample], pad_id: int, advantages: Sequence[float | np.ndarray] | None = None) -> Batch:
+    """Right-pad samples into tensors. ``advantages`` holds one entry per sample: a float
+    (put on all its action tokens) or a per-token array of the sample's length."""
     ids, attention = pad_right([s.token_ids for s in samples], pad_id)
-    width = ids.shape[1]
     mask = torch.zeros(ids.shape, dtype=torch.float32)
     old = torch.zeros(ids.shape, dtype=torch.float32)
     for i, s in enumerate(samples):
@@ -48,7 +48,9 @@ def collate(samples: Sequence[Sample], pad_id: int, advantages: Sequence[float] 
         old[i, :n] = torch.from_numpy(np.nan_to_num(s.logprobs, nan=0.0))
     adv = torch.zeros(ids.shape, dtype=torch.float32)
     if advantages is not None:
-        adv = mask * torch.as_tensor(list(advantages), dtype=torch.float32)[:, None].expand(-1, width)
+        for i, (s, a) in enumerate(zip(samples, advantages)):
+            adv[i, :len(s)] = torch.as_tensor(np.broadcast_to(np.asarray(a, np.float32), (len(s),)).copy())
+        adv = adv * mask
     return Batch(ids, attention, mask, old, adv)
 
 

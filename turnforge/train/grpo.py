@@ -1,10 +1,12 @@
-"""Stage 2, GRPO for multi-turn episodes.
+"""Stage 2, GRPO-family RL for multi-turn episodes.
 
-Each iteration: G rollouts of each of ``tasks_per_iteration`` fresh train tasks; each
-episode's return is normalised within its group (``turnforge.algos.grpo``) and that
-advantage is put on every action token of the episode (all turns); then PPO-clip
-updates with token-level loss aggregation, optionally with a k3 KL term to the
-reference (the BC policy).
+Each iteration: G rollouts of each of ``tasks_per_iteration`` fresh train tasks; a
+critic-free estimator (``rl.advantage``) scores each turn against the group: ``grpo``
+normalises the episode return within its group (``turnforge.algos.grpo``) and puts that
+advantage on every action token of the episode (all turns); ``gigpo`` adds a step-level
+term from the turns of the group that acted in the same env state; ``rloo`` and
+``reinforce_pp`` change the baseline and scale. Then PPO-clip updates with the chosen
+loss aggregation, optionally with a k3 KL term to the reference (the BC policy).
 
 Departures from the GRPO paper: the reward is the episode return of a multi-turn
 episode, not a single response's score; the "old" logprobs of the ratio are the
@@ -20,15 +22,17 @@ from __future__ import annotations
 import copy
 import time
 
+import numpy as np
 import torch
 
-from turnforge.algos import aggregation_weights, grpo, ppo_clip_loss
+from turnforge.algos import aggregation_weights, ppo_clip_loss
 from turnforge.data.store import write_trajectories
 from turnforge.envs.base import stable_hash
 from turnforge.policy.generate import token_logprobs
 from turnforge.rollout.runner import EpisodeRequest, PolicyActor, rollout
 from turnforge.train.checkpoint import save_resumable
 from turnforge.train.common import GuardedStep, collate, generator, rng
+from turnforge.train.credit import sample_advantage, turn_advantages
 from turnforge.train.session import Session
 
 
@@ -58,20 +62,16 @@ def run_grpo(
         trajs, rstats = rollout(actor, envs, requests, cfg.rollout, policy)
         t_rollout = time.time() - t0
 
-        # 2. advantages: episode return normalised within its group (infra failures excluded)
+        # 2. advantages per turn (turnforge.train.credit), infra failures excluded; groups
+        #    whose advantages are all zero carry no signal and may be left out
         ok = [t for t in trajs if t.infra_failure is None]
-        groups = {g: i for i, g in enumerate(dict.fromkeys(t.group_id for t in ok))}
-        adv = grpo(
-            torch.tensor([t.episode_return for t in ok]),
-            torch.tensor([groups[t.group_id] for t in ok]),
-            std_normalize=rl.std_normalize,
-        ).tolist()
-        advantage = {t.trajectory_id: a for t, a in zip(ok, adv)}
+        per_turn = turn_advantages(ok, rl)
+        groups = {t.group_id for t in ok}
+        flat = {g for g in groups if all(np.all(np.abs(per_turn[t.trajectory_id]) < 1e-8) for t in ok if t.group_id == g)}
         episode_tokens = {t.trajectory_id: sum(x.num_action_tokens for x in t.samples) for t in ok}
-        flat = {g for g in groups if len({t.episode_return for t in ok if t.group_id == g}) == 1}
         trained = [t for t in ok if not (rl.skip_zero_variance_groups and t.group_id in flat)]
-        samples = [(x, advantage[t.trajectory_id]) for t in trained for x in t.samples]
-        write_trajectories(s.run_dir / "trajectories" / f"rl_{it:05d}.parquet", trajs, stage="rl", iteration=it, advantages=advantage)
+        samples = [(x, sample_advantage(x, per_turn[t.trajectory_id])) for t in trained for x in t.samples]
+        write_trajectories(s.run_dir / "trajectories" / f"rl_{it:05d}.parquet", trajs, stage="rl", iteration=it, advantages=per_turn)
 
         # 3. update: PPO-clip, token-level aggregation, minibatches in a seeded order
         policy.model.train()

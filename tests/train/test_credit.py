@@ -1,0 +1,65 @@
+"""Trajectories -> per-turn advantages -> per-token advantages on samples."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from turnforge.config import RLConfig, RolloutConfig
+from turnforge.envs import make_batch
+from turnforge.rollout.runner import EpisodeRequest, ExpertActor, rollout
+from turnforge.train.common import collate
+from turnforge.train.credit import sample_advantage, turn_advantages
+from turnforge.types import Task, Trajectory, Turn
+
+
+def _traj(tid, group, rewards, anchors):
+    turns = tuple(Turn("obs", "a", r, False, k) for r, k in zip(rewards, anchors))
+    return Trajectory(tid, Task("test-echo", "train", 0), group, 0, turns, (), float(sum(rewards)), False, True, False, None, 0)
+
+
+def test_gigpo_turn_advantages_from_anchor_keys():
+    # the GiGPO golden case of tests/algos/test_estimators.py, with string anchor keys
+    trajs = [_traj("A", "g0", [0, 1], ["s", "t"]), _traj("B", "g0", [0, 0, 0], ["s", "u", "t"]), _traj("C", "g1", [2], ["s"])]
+    adv = turn_advantages(trajs, RLConfig(advantage="gigpo", gamma=0.5, std_normalize=False))
+    np.testing.assert_allclose(adv["A"], [0.75, 1.0], atol=1e-6)
+    np.testing.assert_allclose(adv["B"], [-0.75, -0.5, -1.0], atol=1e-6)
+    np.testing.assert_allclose(adv["C"], [0.0])
+
+
+@pytest.mark.parametrize("method, expected", [("grpo", [0.5, -0.5, 0.0]), ("rloo", [1.0, -1.0, 0.0])])
+def test_episode_estimators_repeat_on_every_turn(method, expected):
+    trajs = [_traj("A", "g0", [0, 1], "st"), _traj("B", "g0", [0, 0, 0], "sut"), _traj("C", "g1", [2], "s")]
+    adv = turn_advantages(trajs, RLConfig(advantage=method, std_normalize=False))
+    for (tid, n), a in zip([("A", 2), ("B", 3), ("C", 1)], expected):
+        np.testing.assert_allclose(adv[tid], [a] * n, atol=1e-6)
+
+
+@pytest.mark.parametrize("context", ["window", "full_history"])
+def test_sample_advantages_put_each_turn_on_its_action_tokens(tiny_policy, context):
+    cfg = RolloutConfig(context=context, max_turns=4, max_new_tokens=4, max_context_tokens=512)
+    envs = make_batch("test-echo", 1, episode_len=3, max_obs_words=5)
+    (traj,), _ = rollout(ExpertActor(tiny_policy), envs, [EpisodeRequest(envs[0].task("train", 0), 0, "g", "t")], cfg, tiny_policy)
+    per_turn = np.array([1.0, -2.0, 3.0], np.float32)
+    advs = [sample_advantage(s, per_turn) for s in traj.samples]
+    batch = collate(traj.samples, tiny_policy.pad_id, advs)
+    # every action token carries its own turn's advantage, every other token 0
+    expected = []
+    for s in traj.samples:
+        turn = np.cumsum(np.diff(np.concatenate([[0], s.loss_mask])) == 1) - 1
+        k = turn if s.turn_index < 0 else np.full(len(s), s.turn_index)
+        expected.append(np.where(s.loss_mask == 1, per_turn[np.clip(k, 0, None)], 0.0))
+    got = [batch.advantages[i, :len(s)].numpy() for i, s in enumerate(traj.samples)]
+    for g, e in zip(got, expected):
+        np.testing.assert_allclose(g, e)
+    assert sorted({float(x) for g in got for x in g} - {0.0}) == [-2.0, 1.0, 3.0]
+
+
+def test_sample_advantage_rejects_turn_count_mismatch(tiny_policy):
+    cfg = RolloutConfig(context="full_history", max_turns=4, max_new_tokens=4, max_context_tokens=512)
+    envs = make_batch("test-echo", 1, episode_len=3, max_obs_words=5)
+    (traj,), _ = rollout(ExpertActor(tiny_policy), envs, [EpisodeRequest(envs[0].task("train", 0), 0, "g", "t")], cfg, tiny_policy)
+    with pytest.raises(ValueError, match="3 runs of action tokens but 2 turns"):
+        sample_advantage(traj.samples[0], np.zeros(2, np.float32))
+    assert torch.is_tensor(collate(traj.samples, tiny_policy.pad_id).advantages)
