@@ -72,6 +72,11 @@ class RLConfig(Section):
         "token", description="Loss aggregation: every action token once, every sample once, or every episode once"
     )
     kl_coef: float = Field(0.0, ge=0, description="Weight of the KL-to-reference loss term (0 = no reference model)")
+    kl_estimator: Literal["k1", "k2", "k3"] = Field("k3", description="Per-token KL estimator of the reference term")
+    dual_clip: float | None = Field(
+        None, gt=1, description="Dual-clip bound c > 1 on the loss of negative-advantage tokens (None = off)"
+    )
+    entropy_coef: float = Field(0.0, ge=0, description="Weight of the entropy bonus (0 = none; entropy is logged anyway)")
     advantage: Literal["grpo", "rloo", "reinforce_pp", "gigpo"] = Field(
         "grpo",
         description="Critic-free estimator: grpo (group-normalised episode return), rloo (leave-one-out baseline), "

@@ -67,3 +67,33 @@ def test_episode_aggregation_gives_each_episode_equal_weight():
     episode = ppo_clip_loss(logp, logp, adv, mask, weights=torch.tensor([1 / 3, 1.0]))
     assert math.isclose(token.loss.item(), -(3 - 1) / 4, rel_tol=1e-6)
     assert math.isclose(episode.loss.item(), 0.0, abs_tol=1e-7)  # +1 and -1 episodes cancel
+
+
+def test_kl_estimators_k1_k2_k3():
+    from turnforge.algos import kl_estimate
+
+    logp = torch.log(torch.tensor([0.5, 0.25]))
+    ref = torch.log(torch.tensor([0.25, 0.5]))
+    d = math.log(2)  # logp - ref = +ln2, -ln2
+    torch.testing.assert_close(kl_estimate(logp, ref, "k1"), torch.tensor([d, -d]))
+    torch.testing.assert_close(kl_estimate(logp, ref, "k2"), torch.tensor([d * d / 2, d * d / 2]))
+    # k3 = exp(ref - logp) - (ref - logp) - 1: [0.5 + ln2 - 1, 2 - ln2 - 1]
+    torch.testing.assert_close(kl_estimate(logp, ref, "k3"), torch.tensor([d - 0.5, 1 - d]))
+
+
+def test_dual_clip_bounds_negative_advantage_loss_and_its_gradient():
+    old = torch.zeros(1, 2)
+    new = torch.log(torch.tensor([[5.0, 5.0]])).requires_grad_(True)
+    adv = torch.tensor([[-1.0, 1.0]])
+    out = ppo_clip_loss(new, old, adv, torch.ones(1, 2), 0.2, 0.2, dual_clip=3.0)
+    # token 0: min(5 * -1, 1.2 * -1) = -5, dual clip max(-5, 3 * -1) = -3 ; token 1: min(5, 1.2) = 1.2
+    assert math.isclose(out.loss.item(), -(-3.0 + 1.2) / 2, rel_tol=1e-6)
+    out.loss.backward()
+    torch.testing.assert_close(new.grad, torch.zeros(1, 2))  # both tokens are on a clipped branch
+
+
+def test_entropy_bonus_is_subtracted():
+    z = torch.zeros(1, 2)
+    ent = torch.tensor([[1.0, 3.0]])
+    out = ppo_clip_loss(z, z, z, torch.tensor([[0.0, 1.0]]), entropy=ent, entropy_coef=0.1)
+    assert math.isclose(out.loss.item(), -0.3, rel_tol=1e-6)

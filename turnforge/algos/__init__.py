@@ -10,7 +10,7 @@ from turnforge.algos.advantages import (
     reinforce_pp,
     rloo,
 )
-from turnforge.algos.losses import PolicyLossOutput, aggregation_weights, kl_k3, masked_mean, ppo_clip_loss, sft_loss
+from turnforge.algos.losses import PolicyLossOutput, aggregation_weights, kl_estimate, kl_k3, masked_mean, ppo_clip_loss, sft_loss
 
 __all__ = [
     "aggregation_weights",
@@ -19,6 +19,7 @@ __all__ = [
     "gae",
     "gigpo",
     "grpo",
+    "kl_estimate",
     "kl_k3",
     "length_adaptive_lam",
     "masked_mean",

@@ -32,6 +32,22 @@ def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
     return torch.exp(r) - r - 1
 
 
+def kl_estimate(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: str = "k3") -> torch.Tensor:
+    """Per-token estimate of KL(pi || ref) from tokens sampled from pi (Schulman's k1/k2/k3).
+
+    ``k1 = logp - ref`` (unbiased, can be negative), ``k2 = (logp - ref)^2 / 2`` (biased, low
+    variance, >= 0), ``k3 = exp(ref - logp) - (ref - logp) - 1`` (unbiased, >= 0).
+    """
+    log_ratio = logprobs - ref_logprobs
+    if kind == "k1":
+        return log_ratio
+    if kind == "k2":
+        return 0.5 * log_ratio**2
+    if kind == "k3":
+        return kl_k3(logprobs, ref_logprobs)
+    raise ValueError(f"unknown KL estimator {kind!r}; valid: 'k1', 'k2', 'k3'")
+
+
 def ppo_clip_loss(
     logprobs: torch.Tensor,  # [B, T] current policy
     old_logprobs: torch.Tensor,  # [B, T] behaviour (sampling) logprobs
@@ -42,9 +58,20 @@ def ppo_clip_loss(
     ref_logprobs: torch.Tensor | None = None,  # [B, T]
     kl_coef: float = 0.0,
     weights: torch.Tensor | None = None,  # [B] or [B, T] per-token loss weights (None = token-level)
+    dual_clip: float | None = None,
+    kl_estimator: str = "k3",
+    entropy: torch.Tensor | None = None,  # [B, T] entropy of the current policy at each position
+    entropy_coef: float = 0.0,
 ) -> PolicyLossOutput:
     """PPO-clip surrogate ``-min(ratio * A, clip(ratio, 1 - clip_low, 1 + clip_high) * A)``,
-    weighted mean over action tokens, plus ``kl_coef * k3(pi, ref)`` if a reference is given."""
+    weighted mean over action tokens, plus ``kl_coef * KL(pi, ref)`` (estimator ``k1``/``k2``/
+    ``k3``) if a reference is given, minus ``entropy_coef * entropy``.
+
+    ``dual_clip = c > 1`` (Ye et al. 2020) bounds the loss of negative-advantage tokens whose
+    ratio has exploded: for ``A < 0`` the objective is ``max(min(...), c * A)``.
+    """
+    if dual_clip is not None and dual_clip <= 1:
+        raise ValueError(f"dual_clip must be > 1; got {dual_clip}")
     mask = mask.to(logprobs.dtype)
     w = mask if weights is None else mask * (weights[:, None] if weights.ndim == 1 else weights)
     old = torch.where(mask.bool(), old_logprobs, logprobs.detach())
@@ -52,12 +79,16 @@ def ppo_clip_loss(
     ratio = torch.exp(log_ratio)
     unclipped = ratio * advantages
     clipped = torch.clamp(ratio, 1 - clip_low, 1 + clip_high) * advantages
-    per_token = -torch.minimum(unclipped, clipped)
-    loss = masked_mean(per_token, w)
+    objective = torch.minimum(unclipped, clipped)
+    if dual_clip is not None:
+        objective = torch.where(advantages < 0, torch.maximum(objective, dual_clip * advantages), objective)
+    loss = masked_mean(-objective, w)
     kl_ref = torch.zeros(())
     if ref_logprobs is not None and kl_coef > 0:
-        kl_ref = masked_mean(kl_k3(logprobs, ref_logprobs), w)
+        kl_ref = masked_mean(kl_estimate(logprobs, ref_logprobs, kl_estimator), w)
         loss = loss + kl_coef * kl_ref
+    if entropy is not None and entropy_coef > 0:
+        loss = loss - entropy_coef * masked_mean(entropy, w)
     with torch.no_grad():
         # tokens whose gradient the clip cut off (the clipped branch won the min)
         was_clipped = (((ratio > 1 + clip_high) & (advantages > 0)) | ((ratio < 1 - clip_low) & (advantages < 0))) & mask.bool()

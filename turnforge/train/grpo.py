@@ -25,7 +25,7 @@ import time
 import numpy as np
 import torch
 
-from turnforge.algos import aggregation_weights, ppo_clip_loss
+from turnforge.algos import aggregation_weights, masked_mean, ppo_clip_loss
 from turnforge.data.store import write_trajectories
 from turnforge.envs.base import stable_hash
 from turnforge.policy.generate import token_logprobs
@@ -77,12 +77,14 @@ def run_grpo(
         policy.model.train()
         t1 = time.time()
         order = rng(cfg.seed, "rl-shuffle", it).permutation(len(samples)).tolist()
-        losses, clip_fracs, kls, norms, tokens = [], [], [], [], 0
+        losses, clip_fracs, kls, norms, entropies, ref_kls, tokens = [], [], [], [], [], [], 0
         for _ in range(rl.epochs):
             for b in range(0, len(order), rl.minibatch_size):
                 chunk = [samples[i] for i in order[b:b + rl.minibatch_size]]
                 batch = collate([x for x, _ in chunk], policy.pad_id, [a for _, a in chunk])
-                logprobs, _ = token_logprobs(policy.model, batch.ids, batch.attention, cfg.rollout.temperature)
+                logprobs, entropy = token_logprobs(
+                    policy.model, batch.ids, batch.attention, cfg.rollout.temperature, with_entropy=True
+                )
                 ref = None
                 if reference is not None:
                     with torch.no_grad():
@@ -95,6 +97,7 @@ def run_grpo(
                 out = ppo_clip_loss(
                     logprobs, batch.old_logprobs, batch.advantages, batch.mask,
                     rl.clip_low, rl.clip_high, ref_logprobs=ref, kl_coef=rl.kl_coef, weights=weights,
+                    dual_clip=rl.dual_clip, kl_estimator=rl.kl_estimator, entropy=entropy, entropy_coef=rl.entropy_coef,
                 )
                 norm = step(out.loss)
                 if norm is not None:
@@ -102,6 +105,8 @@ def run_grpo(
                 losses.append(out.loss.item())
                 clip_fracs.append(out.clip_fraction)
                 kls.append(out.approx_kl)
+                entropies.append(float(masked_mean(entropy.detach(), batch.mask)))
+                ref_kls.append(out.kl_ref)
                 tokens += batch.num_tokens
         policy.model.eval()
         policy.version += 1
@@ -122,9 +127,14 @@ def run_grpo(
             "loss": sum(losses) / max(len(losses), 1),
             "clip_fraction": sum(clip_fracs) / max(len(clip_fracs), 1),
             "approx_kl": sum(kls) / max(len(kls), 1),
+            "kl_ref": sum(ref_kls) / max(len(ref_kls), 1),
+            "entropy": sum(entropies) / max(len(entropies), 1),
             "grad_norm": sum(norms) / max(len(norms), 1),
             "samples": len(samples),
             "zero_variance_groups": len(flat) / max(len(groups), 1),
+            "group_return_std": float(np.mean([np.std([t.episode_return for t in ok if t.group_id == g], ddof=1) for g in groups]))
+            if groups else 0.0,
+            "action_tokens_per_turn": sum(episode_tokens.values()) / max(sum(t.num_turns for t in ok), 1),
             "rollout_seconds": round(t_rollout, 3),
             "update_seconds": round(t_update, 3),
             "gen_tokens_per_s": rstats.generated_tokens / max(t_rollout, 1e-9),
