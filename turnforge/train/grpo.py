@@ -73,7 +73,7 @@ def run_grpo(
         samples = [(x, sample_advantage(x, per_turn[t.trajectory_id])) for t in trained for x in t.samples]
         write_trajectories(s.run_dir / "trajectories" / f"rl_{it:05d}.parquet", trajs, stage="rl", iteration=it, advantages=per_turn)
 
-        # 3. update: PPO-clip, token-level aggregation, minibatches in a seeded order
+        # 3. update: PPO-clip with rl.loss_agg aggregation, minibatches in a seeded order
         policy.model.train()
         t1 = time.time()
         order = rng(cfg.seed, "rl-shuffle", it).permutation(len(samples)).tolist()
