@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 
 from turnforge.config import RLConfig, RolloutConfig
 from turnforge.envs import make_batch
@@ -62,4 +61,3 @@ def test_sample_advantage_rejects_turn_count_mismatch(tiny_policy):
     (traj,), _ = rollout(ExpertActor(tiny_policy), envs, [EpisodeRequest(envs[0].task("train", 0), 0, "g", "t")], cfg, tiny_policy)
     with pytest.raises(ValueError, match="3 runs of action tokens but 2 turns"):
         sample_advantage(traj.samples[0], np.zeros(2, np.float32))
-    assert torch.is_tensor(collate(traj.samples, tiny_policy.pad_id).advantages)

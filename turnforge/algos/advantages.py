@@ -29,7 +29,7 @@ def grpo(rewards: torch.Tensor, group_ids: torch.Tensor, std_normalize: bool = T
     """
     _check_rewards(rewards, group_ids)
     rewards = rewards.to(torch.float64)
-    _, inverse, counts = torch.unique(group_ids, return_inverse=True, return_counts=True)
+    inverse, counts = _group_index(group_ids)
     sums = torch.zeros(len(counts), dtype=torch.float64).index_add_(0, inverse, rewards)
     mean = sums / counts
     centred = rewards - mean[inverse]
