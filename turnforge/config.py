@@ -60,7 +60,11 @@ class BCConfig(Section):
 
 
 class RLConfig(Section):
-    iterations: int = Field(30, ge=0, description="GRPO iterations (rollout + update)")
+    iterations: int = Field(30, ge=0, description="RL iterations (rollout + update)")
+    max_env_steps: int | None = Field(
+        None, ge=1, description="Also stop RL once the run's env steps reach this (None = run all iterations); "
+        "gives methods an equal env-step budget"
+    )
     tasks_per_iteration: int = Field(16, ge=1, description="Distinct train tasks per iteration")
     group_size: int = Field(8, ge=2, description="Rollouts per task (G); advantages are normalised within the group")
     lr: float = Field(2e-4, gt=0, description="AdamW learning rate")
@@ -77,12 +81,21 @@ class RLConfig(Section):
         None, gt=1, description="Dual-clip bound c > 1 on the loss of negative-advantage tokens (None = off)"
     )
     entropy_coef: float = Field(0.0, ge=0, description="Weight of the entropy bonus (0 = none; entropy is logged anyway)")
-    advantage: Literal["grpo", "rloo", "reinforce_pp", "gigpo"] = Field(
+    advantage: Literal["grpo", "rloo", "reinforce_pp", "gigpo", "gae", "mc_grpo"] = Field(
         "grpo",
-        description="Critic-free estimator: grpo (group-normalised episode return), rloo (leave-one-out baseline), "
-        "reinforce_pp (group baseline, batch std), gigpo (grpo plus step-level anchor-state groups)",
+        description="Credit assignment: grpo (group-normalised episode return), rloo (leave-one-out baseline), "
+        "reinforce_pp (group baseline, batch std), gigpo (grpo plus step-level anchor-state groups), "
+        "gae (PPO: GAE over turns with state values from the critic section), "
+        "mc_grpo (G sampled actions at one state scored by Monte-Carlo Q values, normalised within the state)",
     )
-    gamma: float = Field(0.95, ge=0, le=1, description="Discount of per-turn rewards in step returns (gigpo)")
+    shaping: Literal["none", "potential"] = Field(
+        "none",
+        description="Reward shaping: 'potential' adds shaping_coef * (gamma * Phi(s') - Phi(s)) to each turn's reward, "
+        "Phi = the env's potential() (keeps optimal policies; Ng et al. 1999)",
+    )
+    shaping_coef: float = Field(1.0, ge=0, description="Scale of the potential-based shaping term")
+    mc_grpo_states: int = Field(64, ge=1, description="States per iteration that mc_grpo samples G actions at")
+    gamma: float = Field(0.95, ge=0, le=1, description="Discount per turn (gigpo step returns, gae, mc_grpo, shaping)")
     gigpo_omega: float = Field(1.0, ge=0, description="Weight of GiGPO's step-level advantage")
     std_normalize: bool = Field(True, description="Divide group advantages by the group std (grpo, gigpo)")
     skip_zero_variance_groups: bool = Field(
@@ -90,6 +103,48 @@ class RLConfig(Section):
     )
     max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping norm")
     max_bad_steps: int = Field(3, ge=1, description="Consecutive NaN/inf losses before the run stops")
+
+
+class CriticConfig(Section):
+    """State values for rl.advantage=gae: a learned critic, Monte-Carlo rollouts, or a blend."""
+
+    enabled: bool = Field(False, description="Train a value model V_phi (turnforge.critic.value)")
+    init: Literal["policy", "random"] = Field(
+        "policy", description="Critic trunk: a copy of the policy after BC, or the same architecture freshly initialised"
+    )
+    lr: float = Field(5e-4, gt=0, description="AdamW learning rate of the critic")
+    epochs: int = Field(2, ge=1, description="Passes of critic updates over each iteration's turns")
+    minibatch_size: int = Field(128, ge=1, description="Samples per critic optimizer step")
+    value_clip: float | None = Field(
+        2.0, gt=0, description="Clipped value loss: bound on |V - V_old| in reward units (None = plain squared error)"
+    )
+    lam_policy: float = Field(0.95, ge=0, le=1, description="GAE lambda of the policy's advantages")
+    lam_critic: float = Field(
+        1.0, ge=0, le=1, description="GAE lambda of the critic's targets (VAPO's decoupled GAE: 1.0 = Monte-Carlo returns)"
+    )
+    length_adaptive: bool = Field(
+        False, description="VAPO's length-adaptive lambda for the policy: 1 - 1/(alpha * turns of the episode)"
+    )
+    alpha: float = Field(
+        0.5, gt=0, description="Length-adaptive alpha; lengths here count turns, so VAPO's token-level 0.05 becomes ~0.5"
+    )
+    whiten_advantages: bool = Field(True, description="Normalise GAE advantages to mean 0, std 1 over the batch")
+    pretrain_episodes: int = Field(
+        0, ge=0, description="Value pretraining: episodes of the BC policy whose Monte-Carlo returns the critic fits "
+        "before RL (0 = none)"
+    )
+    pretrain_max_steps: int = Field(300, ge=1, description="Value pretraining: most optimizer steps")
+    pretrain_target_ev: float = Field(
+        0.6, le=1, description="Value pretraining stops once explained variance on held-back states reaches this"
+    )
+    mc_weight: float = Field(
+        0.0, ge=0, le=1, description="MC-critic weight w: V = (1 - w) V_phi + w V_MC (1 = Monte-Carlo values only)"
+    )
+    mc_rollouts: int = Field(4, ge=1, description="Monte-Carlo rollouts (M) per state from its env snapshot")
+    mc_policy: Literal["random", "bc"] = Field(
+        "random", description="Who plays the Monte-Carlo rollouts: uniform random actions, or the frozen BC policy"
+    )
+    mc_workers: int = Field(1, ge=1, description="Processes for random-policy Monte-Carlo rollouts")
 
 
 class EvalConfig(Section):
@@ -108,7 +163,8 @@ class TrainConfig(Section):
     env: EnvConfig = Field(default_factory=EnvConfig, description="Environment")
     rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="Rollout budgets and context")
     bc: BCConfig = Field(default_factory=BCConfig, description="Behaviour-cloning warm start")
-    rl: RLConfig = Field(default_factory=RLConfig, description="GRPO stage")
+    rl: RLConfig = Field(default_factory=RLConfig, description="RL stage")
+    critic: CriticConfig = Field(default_factory=CriticConfig, description="State values for PPO/GAE (rl.advantage=gae)")
     eval: EvalConfig = Field(default_factory=EvalConfig, description="Held-out evaluation")
     checkpoint_every: int = Field(5, ge=1, description="Save a resumable checkpoint every N RL iterations")
     threads: int = Field(2, ge=1, description="torch intra-op threads (fixed for determinism)")
@@ -122,7 +178,30 @@ class TrainConfig(Section):
                 f"rollout.max_new_tokens ({self.rollout.max_new_tokens}) must be below "
                 f"rollout.max_context_tokens ({self.rollout.max_context_tokens})"
             )
+        conflict = incompatible_options(self)
+        if conflict:
+            raise ValueError(conflict)
         return self
+
+
+def incompatible_options(cfg: TrainConfig) -> str | None:
+    """One line naming two options that do not work together, or None."""
+    rl, critic = cfg.rl, cfg.critic
+    if rl.advantage == "gae" and not critic.enabled and critic.mc_weight == 0:
+        return "rl.advantage=gae needs state values: set critic.enabled=true (learned critic) or critic.mc_weight=1 (MC-critic)"
+    if rl.advantage != "gae" and critic.enabled:
+        return f"critic.enabled=true is only used by rl.advantage=gae (got rl.advantage={rl.advantage})"
+    if rl.advantage != "gae" and critic.mc_weight > 0:
+        return f"critic.mc_weight={critic.mc_weight} is only used by rl.advantage=gae (mc_grpo always uses Monte-Carlo values)"
+    if not critic.enabled and 0 < critic.mc_weight < 1:
+        return f"critic.mc_weight={critic.mc_weight} blends with a learned critic but critic.enabled=false; set one of them"
+    if critic.pretrain_episodes > 0 and not critic.enabled:
+        return "critic.pretrain_episodes > 0 pretrains the learned critic, but critic.enabled=false"
+    if rl.advantage == "mc_grpo" and cfg.rollout.context == "full_history":
+        return "rl.advantage=mc_grpo samples actions at single states and needs rollout.context=window (got full_history)"
+    if rl.advantage == "mc_grpo" and rl.shaping != "none":
+        return "rl.shaping=potential does not apply to rl.advantage=mc_grpo (its Q values come from env rollouts)"
+    return None
 
 
 # ---------------------------------------------------------------------- loading

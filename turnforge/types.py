@@ -8,9 +8,12 @@ and token-exact ``Sample`` objects -> ``Trajectory`` -> trainer. Nothing here is
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, Mapping
+from typing import TYPE_CHECKING, Literal, Mapping
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from turnforge.envs.base import EnvSnapshot
 
 Split = Literal["train", "heldout"]
 SPLITS: tuple[str, ...] = ("train", "heldout")
@@ -64,6 +67,8 @@ class Turn:
     anchor_key: str  # env state key before the action (for step-level credit)
     obs_truncated_tokens: int = 0  # observation tokens cut by the context budget (0 = none)
     generation_truncated: bool = False  # hit max_new_tokens before a stop token
+    potential: float = 0.0  # env.potential() before the action (reward shaping)
+    next_potential: float = 0.0  # env.potential() after the step; 0 when the step terminated the episode
 
 
 @dataclass(frozen=True, eq=False)
@@ -124,6 +129,10 @@ class Trajectory:
 
     ``infra_failure`` is set when the machinery (env code, not the policy) failed; such
     a trajectory is excluded from advantages and never scored as reward 0.
+
+    ``snapshots`` (only with ``rollout(..., keep_snapshots=True)``) holds the env snapshot
+    taken before each turn's action, one per turn; they live in memory only and are
+    never written by the trajectory store.
     """
 
     trajectory_id: str
@@ -139,6 +148,7 @@ class Trajectory:
     truncation_reason: str | None  # "max_turns" | "context_budget" | "env" | None
     policy_version: int
     infra_failure: str | None = None
+    snapshots: tuple[EnvSnapshot, ...] = field(default=(), repr=False, compare=False)  # [num_turns] or ()
 
     @property
     def num_turns(self) -> int:

@@ -123,7 +123,7 @@ def test_env_crash_is_excluded_and_run_goes_on(tmp_path):
 
 
 def test_nan_loss_steps_are_skipped_then_the_run_stops(tmp_path, monkeypatch):
-    import turnforge.train.grpo as grpo_mod
+    import turnforge.train.rl as grpo_mod
     from turnforge.train.common import NonFiniteLoss
 
     real = grpo_mod.ppo_clip_loss

@@ -146,3 +146,14 @@ def test_bad_config_is_a_user_error():
         make("sokoban", dim=3)
     with pytest.raises(UserError, match="num_boxes"):
         make("sokoban", num_boxes=9)
+
+
+def test_potential_counts_box_distances_and_deadlocks(env):
+    room(env, "#######\n#@_$_.#\n#######")
+    assert env.potential() == -2.0  # box 2 cells from the target
+    env.step("Right")  # walk up to the box
+    assert env.potential() == -2.0
+    env.step("Right")  # push: one cell closer
+    assert env.potential() == -1.0
+    room(env, "#####\n#$__#\n#_@.#\n#####")  # box in a corner: dead, counts 2 * dim
+    assert env.potential() == -2.0 * env.dim

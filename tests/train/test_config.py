@@ -27,6 +27,15 @@ def test_default_recipe_loads_and_overrides_apply():
         (["rollout.context=everything"], r"bad value for 'rollout.context': .*'window' or 'full_history'"),
         (["rollout.max_new_tokens=600", "rollout.max_context_tokens=512"], r"max_new_tokens \(600\) must be below"),
         (["rl.iterations"], r"not key=value"),
+        # incompatible options: one line naming both
+        (["rl.advantage=gae"], r"rl.advantage=gae needs state values: set critic.enabled=true .* or critic.mc_weight=1"),
+        (["critic.enabled=true"], r"critic.enabled=true is only used by rl.advantage=gae \(got rl.advantage=grpo\)"),
+        (["critic.mc_weight=0.5"], r"critic.mc_weight=0.5 is only used by rl.advantage=gae"),
+        (["rl.advantage=gae", "critic.mc_weight=0.5"], r"critic.mc_weight=0.5 blends with a learned critic but critic.enabled=false"),
+        (["rl.advantage=gae", "critic.mc_weight=1", "critic.pretrain_episodes=8"], r"critic.pretrain_episodes > 0 .* critic.enabled=false"),
+        (["rl.advantage=mc_grpo", "rollout.context=full_history"], r"rl.advantage=mc_grpo .* rollout.context=window"),
+        (["rl.advantage=mc_grpo", "rl.shaping=potential"], r"rl.shaping=potential does not apply to rl.advantage=mc_grpo"),
+        (["rl.advantage=ppo"], r"bad value for 'rl.advantage': .*'gae' or 'mc_grpo'"),
     ],
 )
 def test_bad_overrides(overrides, pattern):

@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from turnforge.config import RLConfig, RolloutConfig
+from turnforge.config import CriticConfig, RLConfig, RolloutConfig
 from turnforge.envs import make_batch
 from turnforge.rollout.runner import EpisodeRequest, ExpertActor, rollout
 from turnforge.train.common import collate
-from turnforge.train.credit import sample_advantage, turn_advantages
+from turnforge.train.credit import gae_turn_advantages, monte_carlo_returns, sample_advantage, turn_advantages, turn_rewards
 from turnforge.types import Task, Trajectory, Turn
 
 
@@ -61,3 +61,44 @@ def test_sample_advantage_rejects_turn_count_mismatch(tiny_policy):
     (traj,), _ = rollout(ExpertActor(tiny_policy), envs, [EpisodeRequest(envs[0].task("train", 0), 0, "g", "t")], cfg, tiny_policy)
     with pytest.raises(ValueError, match="3 runs of action tokens but 2 turns"):
         sample_advantage(traj.samples[0], np.zeros(2, np.float32))
+
+
+def _shaped(tid, group, rewards, potentials, next_potentials):
+    turns = tuple(
+        Turn("obs", "a", r, False, f"s{k}", potential=p, next_potential=q)
+        for k, (r, p, q) in enumerate(zip(rewards, potentials, next_potentials))
+    )
+    return Trajectory(tid, Task("test-echo", "train", 0), group, 0, turns, (), float(sum(rewards)), False, True, False, None, 0)
+
+
+def test_potential_shaping_of_turn_rewards():
+    t = _shaped("A", "g", [0.0, 1.0], [-3.0, -2.0], [-2.0, 0.0])
+    rl = RLConfig(shaping="potential", gamma=0.5)
+    # r + gamma * Phi(s') - Phi(s): 0 + 0.5 * -2 + 3 = 2; 1 + 0 + 2 = 3
+    np.testing.assert_allclose(turn_rewards(t, rl, 0.5), [2.0, 3.0])
+    # episode-level estimators shape with gamma 1: the sum telescopes to R + Phi(s_T) - Phi(s_0) = 1 + 0 + 3
+    assert turn_rewards(t, rl, 1.0).sum() == pytest.approx(4.0)
+    np.testing.assert_allclose(turn_rewards(t, RLConfig(gamma=0.5), 0.5), [0.0, 1.0])  # shaping off
+    np.testing.assert_allclose(turn_rewards(t, RLConfig(shaping="potential", shaping_coef=0.5), 1.0), [0.5, 2.0])
+
+
+def test_gae_over_turns_hand_computed():
+    trajs = [_traj("A", "g0", [0.0, 1.0], "st"), _traj("B", "g0", [2.0], "s")]
+    values = {"A": np.array([0.2, 0.4]), "B": np.array([1.0])}
+    rl = RLConfig(advantage="gae", gamma=0.5)
+    critic = CriticConfig(enabled=True, lam_policy=0.5, lam_critic=1.0, whiten_advantages=False)
+    adv, ret = gae_turn_advantages(trajs, values, rl, critic)
+    # A: delta_1 = 1 - 0.4 = 0.6; delta_0 = 0 + 0.5 * 0.4 - 0.2 = 0; A_0 = 0 + 0.5 * 0.5 * 0.6 = 0.15
+    np.testing.assert_allclose(adv["A"], [0.15, 0.6], atol=1e-6)
+    np.testing.assert_allclose(adv["B"], [1.0], atol=1e-6)
+    # critic targets with lambda 1: the discounted returns 0 + 0.5 * 1 and 1
+    np.testing.assert_allclose(ret["A"], [0.5, 1.0], atol=1e-6)
+    np.testing.assert_allclose(ret["B"], [2.0], atol=1e-6)
+    np.testing.assert_allclose(monte_carlo_returns(trajs, rl)["A"], [0.5, 1.0])
+    white, _ = gae_turn_advantages(trajs, values, rl, critic.model_copy(update={"whiten_advantages": True}))
+    flat = np.concatenate([white["A"], white["B"]])
+    assert flat.mean() == pytest.approx(0.0, abs=1e-6) and flat.std(ddof=1) == pytest.approx(1.0, abs=1e-5)
+    # length-adaptive: lambda = 1 - 1 / (alpha * turns) = 1 - 1 / (1 * 2) = 0.5 for A, 0 for B
+    la = critic.model_copy(update={"length_adaptive": True, "alpha": 1.0, "lam_policy": 0.0})
+    adv_la, _ = gae_turn_advantages(trajs, values, rl, la)
+    np.testing.assert_allclose(adv_la["A"], [0.15, 0.6], atol=1e-6)

@@ -10,12 +10,23 @@ from turnforge.algos.advantages import (
     reinforce_pp,
     rloo,
 )
-from turnforge.algos.losses import PolicyLossOutput, aggregation_weights, kl_estimate, kl_k3, masked_mean, ppo_clip_loss, sft_loss
+from turnforge.algos.losses import (
+    PolicyLossOutput,
+    aggregation_weights,
+    explained_variance,
+    kl_estimate,
+    kl_k3,
+    masked_mean,
+    ppo_clip_loss,
+    sft_loss,
+    value_loss,
+)
 
 __all__ = [
     "aggregation_weights",
     "decoupled_gae",
     "discounted_returns",
+    "explained_variance",
     "gae",
     "gigpo",
     "grpo",
@@ -27,5 +38,6 @@ __all__ = [
     "reinforce_pp",
     "rloo",
     "sft_loss",
+    "value_loss",
     "PolicyLossOutput",
 ]

@@ -119,3 +119,38 @@ def aggregation_weights(mode: str, action_tokens: torch.Tensor, episode_action_t
 def sft_loss(logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Negative log-likelihood of the action tokens, token-level mean."""
     return -masked_mean(logprobs, mask.to(logprobs.dtype))
+
+
+def value_loss(
+    values: torch.Tensor,  # [B, T] current critic
+    old_values: torch.Tensor,  # [B, T] critic at rollout time
+    returns: torch.Tensor,  # [B, T] targets
+    mask: torch.Tensor,  # [B, T] 1 where a value is trained
+    clip: float | None = None,
+) -> torch.Tensor:
+    """PPO's clipped value loss ``0.5 * max((V - R)^2, (V_old + clip(V - V_old, -c, c) - R)^2)``,
+    mean over masked positions; ``clip=None`` gives the plain ``0.5 * (V - R)^2``."""
+    shapes = {k: tuple(v.shape) for k, v in {"values": values, "old_values": old_values, "returns": returns, "mask": mask}.items()}
+    if len(set(shapes.values())) != 1:
+        raise ValueError(f"value_loss: values, old_values, returns, mask must have one shape; got {shapes}")
+    mask = mask.to(values.dtype)
+    loss = (values - returns) ** 2
+    if clip is not None:
+        clipped = old_values + torch.clamp(values - old_values, -clip, clip)
+        loss = torch.maximum(loss, (clipped - returns) ** 2)
+    return 0.5 * masked_mean(loss, mask)
+
+
+def explained_variance(predicted: torch.Tensor, target: torch.Tensor, mask: torch.Tensor | None = None) -> float:
+    """``1 - Var(target - predicted) / Var(target)`` over masked positions: 1 = perfect, 0 = no
+    better than predicting the mean, < 0 = worse. NaN when the target has no variance."""
+    if mask is not None:
+        keep = mask.bool()
+        predicted, target = predicted[keep], target[keep]
+    predicted, target = predicted.double().flatten(), target.double().flatten()
+    if target.numel() < 2:
+        return float("nan")
+    var = target.var(unbiased=False)
+    if var <= 0:
+        return float("nan")
+    return float(1 - (target - predicted).var(unbiased=False) / var)

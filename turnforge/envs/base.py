@@ -137,6 +137,11 @@ class Env(ABC, Generic[LevelT]):
     def apply(self, action: Any) -> Outcome:
         """Advance ``self.state`` by one valid action."""
 
+    def potential(self) -> float:
+        """Potential Phi of the current state for potential-based reward shaping (Ng et al.
+        1999); higher = closer to success. 0 by default (no shaping)."""
+        return 0.0
+
     def expert_action(self) -> str:
         """The expert's next action text from the current state (for demonstrations)."""
         raise NotImplementedError(f"{type(self).__name__} has no expert policy")

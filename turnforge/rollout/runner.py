@@ -6,9 +6,15 @@ samples from the LM, ``ExpertActor`` asks each env's expert (demonstrations go t
 the same context code as rollouts, so BC trains on exactly the prompts RL will see).
 
 Finished episodes leave the batch at once (no generation for finished envs). An env
-that raises inside ``reset``/``step`` ends its episode as an infrastructure failure
-(``Trajectory.infra_failure``), which the trainer excludes from advantages and metrics;
-the other episodes go on.
+that raises inside ``reset``/``restore``/``step`` ends its episode as an infrastructure
+failure (``Trajectory.infra_failure``), which the trainer excludes from advantages and
+metrics; the other episodes go on.
+
+An episode may start from an env snapshot (``EpisodeRequest.start``) instead of a reset:
+it plays on from that state (step counter included), but its context starts there, so
+the policy does not see the turns the original episode played before it. Each turn
+records the env's shaping potential before and after its step (``Turn.potential``,
+``Turn.next_potential``), and with ``keep_snapshots`` the snapshot before its action.
 
 Departure from an asynchronous engine: turns are batched in lock-step across the
 episodes of one call (the async per-trajectory scheduler comes with the EnvPool).
@@ -18,14 +24,14 @@ from __future__ import annotations
 
 import random
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol, Sequence
 
 import numpy as np
 import torch
 
 from turnforge.config import RolloutConfig
-from turnforge.envs.base import Env
+from turnforge.envs.base import Env, EnvSnapshot
 from turnforge.errors import UserError
 from turnforge.policy.generate import Generation, sample
 from turnforge.policy.model import Policy
@@ -35,12 +41,24 @@ from turnforge.types import Task, Trajectory, Turn
 
 @dataclass(frozen=True)
 class EpisodeRequest:
-    """One episode to play: which task, which env seed, which GRPO group."""
+    """One episode to play: which task, which env seed, which GRPO group.
+
+    With ``start`` the env is restored to that snapshot (``env_seed`` is then only a
+    label: the snapshot carries the env's RNG) and the episode plays on from there.
+    ``max_turns`` overrides ``RolloutConfig.max_turns`` for this episode (e.g. the turns
+    left of a budget when starting mid-episode).
+    """
 
     task: Task
     env_seed: int
     group_id: str
     trajectory_id: str
+    start: EnvSnapshot | None = None
+    max_turns: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_turns is not None and self.max_turns < 1:
+            raise ValueError(f"EpisodeRequest.max_turns must be >= 1 or None; got {self.max_turns}")
 
 
 class Actor(Protocol):
@@ -114,6 +132,8 @@ class _Running:
     ctx: EpisodeContext
     observation: str
     turns: list[Turn]
+    max_turns: int
+    snapshots: list[EnvSnapshot] = field(default_factory=list)
     ret: float = 0.0
     success: bool = False
     terminated: bool = False
@@ -144,8 +164,13 @@ def rollout(
     requests: Sequence[EpisodeRequest],
     cfg: RolloutConfig,
     policy: Policy,
+    *,
+    keep_snapshots: bool = False,
 ) -> tuple[list[Trajectory], RolloutStats]:
-    """Play ``requests`` (one env of ``envs`` each, same order) to the end."""
+    """Play ``requests`` (one env of ``envs`` each, same order) to the end.
+
+    With ``keep_snapshots`` each trajectory records the env snapshot taken before each
+    turn's action (``Trajectory.snapshots``, one per turn)."""
     if len(envs) < len(requests):
         raise ValueError(f"{len(requests)} episodes need as many envs, got {len(envs)}")
     tokenizer, chat = policy.tokenizer, policy.chat
@@ -154,15 +179,21 @@ def rollout(
     for req, env in zip(requests, envs):
         system = env.instructions if cfg.include_instructions else None
         ctx = EpisodeContext(chat, cfg, system, marker, req.trajectory_id)
-        run = _Running(req, env, ctx, "", [])
+        run = _Running(req, env, ctx, "", [], req.max_turns or cfg.max_turns)
         try:
-            run.observation = env.reset(seed=req.env_seed, task=req.task)
+            if req.start is None:
+                run.observation = env.reset(seed=req.env_seed, task=req.task)
+            else:
+                env.restore(req.start)
+                if env.done:
+                    raise ValueError("the start snapshot is of a finished episode")
+                run.observation = env.render()
         except Exception:
-            run.failure, run.done = _describe("reset", req), True
+            run.failure, run.done = _describe("reset" if req.start is None else "restore", req), True
         running.append(run)
 
     obs_truncations = overflows = gen_truncations = gen_tokens = 0
-    for turn_index in range(cfg.max_turns):
+    for turn_index in range(max((r.max_turns for r in running), default=0)):
         active = [r for r in running if not r.done]
         for r in active:
             try:
@@ -183,18 +214,28 @@ def rollout(
             gen_tokens += len(gen.ids)
             gen_truncations += not gen.stopped
             try:
+                snapshot = r.env.snapshot() if keep_snapshots else None
+                potential = r.env.potential()
                 step = r.env.step(text)
+                next_potential = 0.0 if step.terminated else r.env.potential()  # terminal states have Phi = 0
             except Exception:
                 r.failure, r.done = _describe("step", r.request), True
                 continue
-            r.turns.append(Turn(r.observation, text, step.reward, step.invalid_action, anchor, r.cut, not gen.stopped))
+            r.turns.append(
+                Turn(
+                    r.observation, text, step.reward, step.invalid_action, anchor, r.cut, not gen.stopped,
+                    potential=potential, next_potential=next_potential,
+                )
+            )
+            if snapshot is not None:
+                r.snapshots.append(snapshot)
             r.ret += step.reward
             r.observation = step.observation
             if step.terminated or step.truncated:
                 r.done, r.success = True, step.success
                 r.terminated, r.truncated = step.terminated, step.truncated
                 r.reason = "env" if step.truncated else None
-            elif turn_index == cfg.max_turns - 1:
+            elif turn_index == r.max_turns - 1:
                 r.done, r.truncated, r.reason = True, True, "max_turns"
 
     trajectories = []
@@ -215,6 +256,7 @@ def rollout(
                 truncation_reason=r.reason,
                 policy_version=actor.version,
                 infra_failure=r.failure,
+                snapshots=tuple(r.snapshots),
             )
         )
     stats = RolloutStats(

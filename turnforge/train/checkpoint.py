@@ -27,12 +27,14 @@ class TrainerState:
 
     stage: str = "bc"  # last completed stage: "bc" or "rl"
     iteration: int = 0  # completed RL iterations
-    env_steps: int = 0
+    env_steps: int = 0  # turns the policy played (rollouts, demonstrations)
+    mc_env_steps: int = 0  # env steps of Monte-Carlo critic rollouts (counted apart)
     train_tokens: int = 0
     wall_seconds: float = 0.0
     skipped_steps: int = 0
     eval_before_rl: dict[str, Any] | None = None
     bc: dict[str, Any] = field(default_factory=dict)
+    value_pretrain: dict[str, Any] = field(default_factory=dict)
 
 
 def save_model(policy: Policy, path: Path) -> Path:
@@ -42,12 +44,17 @@ def save_model(policy: Policy, path: Path) -> Path:
     return path
 
 
-def save_resumable(run_dir: Path, policy: Policy, optimizer: torch.optim.Optimizer | None, state: TrainerState) -> Path:
+def save_resumable(
+    run_dir: Path, policy: Policy, optimizer: torch.optim.Optimizer | None, state: TrainerState, extra: dict | None = None
+) -> Path:
+    """Write ``checkpoints/last`` atomically; ``extra`` (e.g. the critic's state dicts) goes
+    into ``trainer_state.pt`` beside the optimizer state."""
     final = run_dir / "checkpoints" / "last"
     tmp = run_dir / "checkpoints" / "last.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     save_model(policy, tmp)
-    torch.save({"optimizer": optimizer.state_dict() if optimizer else None, "version": policy.version}, tmp / "trainer_state.pt")
+    blob = {"optimizer": optimizer.state_dict() if optimizer else None, "version": policy.version, **(extra or {})}
+    torch.save(blob, tmp / "trainer_state.pt")
     (tmp / "trainer_state.json").write_text(json.dumps(asdict(state), indent=2) + "\n")
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)

@@ -3,7 +3,14 @@
 The math lives in ``turnforge.algos`` (pure tensor functions); this module only turns
 ``Trajectory`` records into the flat tensors those functions take and maps the result back
 onto samples. Episode-level estimators (grpo, rloo, reinforce_pp) give every turn of an
-episode the same value; GiGPO gives each turn its own.
+episode the same value; GiGPO and GAE give each turn its own.
+
+Reward shaping (``rl.shaping=potential``) happens here, on the per-turn rewards every
+estimator reads: ``r_k + c * (gamma * Phi(s_k+1) - Phi(s_k))`` with ``Phi`` the env's
+``potential()`` (0 at terminal states). Step-level estimators (gigpo, gae) use
+``rl.gamma``; episode-level ones sum rewards undiscounted, so they shape with gamma = 1,
+where the sum telescopes to ``Phi(s_T) - Phi(s_0)`` and cannot change which policy is
+optimal (Ng et al. 1999).
 """
 
 from __future__ import annotations
@@ -13,9 +20,19 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from turnforge.algos import gigpo, grpo, reinforce_pp, rloo
-from turnforge.config import RLConfig
+from turnforge.algos import decoupled_gae, discounted_returns, gigpo, grpo, length_adaptive_lam, reinforce_pp, rloo
+from turnforge.config import CriticConfig, RLConfig
 from turnforge.types import Sample, Trajectory
+
+
+def turn_rewards(traj: Trajectory, rl: RLConfig, gamma: float) -> np.ndarray:
+    """The per-turn rewards the estimators see: the env's, plus potential-based shaping."""
+    r = np.array([turn.reward for turn in traj.turns], np.float64)
+    if rl.shaping == "potential":
+        phi = np.array([turn.potential for turn in traj.turns], np.float64)
+        phi_next = np.array([turn.next_potential for turn in traj.turns], np.float64)
+        r = r + rl.shaping_coef * (gamma * phi_next - phi)
+    return r
 
 
 def turn_advantages(trajs: Sequence[Trajectory], rl: RLConfig) -> dict[str, np.ndarray]:
@@ -30,7 +47,7 @@ def turn_advantages(trajs: Sequence[Trajectory], rl: RLConfig) -> dict[str, np.n
         anchors: dict[str, int] = {}
         steps = [(e, t, turn) for e, t in enumerate(trajs) for turn in t.turns]
         adv = gigpo(
-            torch.tensor([turn.reward for _, _, turn in steps], dtype=torch.float64),
+            torch.from_numpy(np.concatenate([turn_rewards(t, rl, rl.gamma) for t in trajs])),
             torch.tensor([e for e, _, _ in steps]),
             torch.tensor([groups[t.group_id] for _, t, _ in steps]),
             torch.tensor([anchors.setdefault(turn.anchor_key, len(anchors)) for _, _, turn in steps]),
@@ -43,7 +60,7 @@ def turn_advantages(trajs: Sequence[Trajectory], rl: RLConfig) -> dict[str, np.n
             out[t.trajectory_id] = adv[k:k + t.num_turns]
             k += t.num_turns
         return out
-    returns = torch.tensor([t.episode_return for t in trajs], dtype=torch.float64)
+    returns = torch.tensor([turn_rewards(t, rl, 1.0).sum() for t in trajs], dtype=torch.float64)
     if rl.advantage == "grpo":
         per_episode = grpo(returns, group_of, std_normalize=rl.std_normalize)
     elif rl.advantage == "rloo":
@@ -51,6 +68,50 @@ def turn_advantages(trajs: Sequence[Trajectory], rl: RLConfig) -> dict[str, np.n
     else:  # reinforce_pp: the group mean as baseline, the batch std as scale
         per_episode = reinforce_pp(returns, group_of)
     return {t.trajectory_id: np.full(t.num_turns, float(a), np.float32) for t, a in zip(trajs, per_episode)}
+
+
+def gae_turn_advantages(
+    trajs: Sequence[Trajectory], values: dict[str, np.ndarray], rl: RLConfig, critic: CriticConfig
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """GAE over the turns of each episode: ``(advantages, critic targets)`` per turn.
+
+    Episodes become rows of a ``[E, K]`` tensor (K = most turns) with a mask on real
+    turns; VAPO's decoupled GAE gives the policy ``lam_policy`` (per episode with
+    ``length_adaptive``) and the critic ``lam_critic``. An episode cut by the turn limit
+    is treated as ended (value 0 after it): the agent's horizon is ``max_turns``, so no
+    reward can follow. With ``whiten_advantages`` the advantages are normalised over all
+    turns of the batch.
+    """
+    if not trajs:
+        return {}, {}
+    k = max(t.num_turns for t in trajs)
+    shape = (len(trajs), k)
+    r, v, m = torch.zeros(shape, dtype=torch.float64), torch.zeros(shape, dtype=torch.float64), torch.zeros(shape)
+    for i, t in enumerate(trajs):
+        n = t.num_turns
+        r[i, :n] = torch.from_numpy(turn_rewards(t, rl, rl.gamma))
+        v[i, :n] = torch.from_numpy(np.asarray(values[t.trajectory_id], np.float64))
+        m[i, :n] = 1.0
+    lam_policy = length_adaptive_lam(m, critic.alpha) if critic.length_adaptive else critic.lam_policy
+    adv, ret = decoupled_gae(r, v, m.double(), rl.gamma, lam_policy, critic.lam_critic)
+    if critic.whiten_advantages:
+        real = adv[m.bool()]
+        if real.numel() > 1:
+            adv = torch.where(m.bool(), (adv - real.mean()) / (real.std() + 1e-8), adv)
+    adv_out = {t.trajectory_id: adv[i, :t.num_turns].numpy().astype(np.float32) for i, t in enumerate(trajs)}
+    ret_out = {t.trajectory_id: ret[i, :t.num_turns].numpy().astype(np.float32) for i, t in enumerate(trajs)}
+    return adv_out, ret_out
+
+
+def monte_carlo_returns(trajs: Sequence[Trajectory], rl: RLConfig) -> dict[str, np.ndarray]:
+    """Discounted return from every turn (``sum_j>=k gamma^(j-k) r_j``, shaped like the
+    estimators see it): the critic's pretraining targets."""
+    return {
+        t.trajectory_id: discounted_returns(
+            torch.from_numpy(turn_rewards(t, rl, rl.gamma)), torch.zeros(t.num_turns, dtype=torch.long), rl.gamma
+        ).numpy().astype(np.float32)
+        for t in trajs
+    }
 
 
 def sample_advantage(sample: Sample, per_turn: np.ndarray) -> float | np.ndarray:

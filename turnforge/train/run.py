@@ -1,4 +1,4 @@
-"""One training run, top to bottom: set-up -> BC warm start -> eval -> GRPO -> eval -> save.
+"""One training run, top to bottom: set-up -> BC warm start -> eval -> critic -> RL -> eval -> save.
 
 Run directory layout::
 
@@ -36,7 +36,8 @@ from turnforge.policy.model import load_policy
 from turnforge.policy.tiny import build_tiny_model
 from turnforge.train.bc import run_bc
 from turnforge.train.checkpoint import TrainerState, load_trainer_state, save_model, save_resumable
-from turnforge.train.grpo import make_reference, run_grpo
+from turnforge.critic.value import build_value_model
+from turnforge.train.rl import Critic, budget_spent, make_reference, pretrain_values, run_rl
 from turnforge.train.reporting import MetricsLog, Progress, plot_learning_curve
 from turnforge.train.session import Session
 
@@ -113,19 +114,33 @@ def train(cfg: TrainConfig, out: str | Path, *, resume: bool = False, live: bool
             state.wall_seconds = s.wall_seconds()
             save_resumable(run_dir, policy, None, state)
 
-        # 3. GRPO
+        # 3. the critic (rl.advantage=gae with critic.enabled): the BC policy's trunk plus a
+        #    value head, pretrained on Monte-Carlo returns of the BC policy
+        critic = None
+        if cfg.critic.enabled:
+            model = build_value_model(policy.model, cfg.critic.init, cfg.seed)
+            critic = Critic(model, torch.optim.AdamW(model.parameters(), lr=cfg.critic.lr, weight_decay=0.0))
+            if blob is not None and blob.get("critic") is not None:
+                critic.model.load_state_dict(blob["critic"])
+                critic.optimizer.load_state_dict(blob["critic_optimizer"])
+            elif cfg.critic.pretrain_episodes > 0:
+                state.value_pretrain = pretrain_values(s, critic)
+
+        # 4. RL
         optimizer = torch.optim.AdamW(policy.model.parameters(), lr=cfg.rl.lr, weight_decay=0.0)
         if blob is not None and blob.get("optimizer") is not None:
             optimizer.load_state_dict(blob["optimizer"])
-        reference = None
-        if cfg.rl.kl_coef > 0:
-            reference = make_reference(load_policy(run_dir / "checkpoints" / "bc", cfg.model.dtype).model)
-        run_grpo(s, optimizer, reference, stop_after)
-        if state.iteration < cfg.rl.iterations:
+        bc_policy = None
+        if cfg.rl.kl_coef > 0 or (cfg.critic.mc_policy == "bc" and (cfg.rl.advantage == "mc_grpo" or cfg.critic.mc_weight > 0)):
+            bc_policy = load_policy(run_dir / "checkpoints" / "bc", cfg.model.dtype)
+            bc_policy.model = make_reference(bc_policy.model)
+        reference = bc_policy.model if bc_policy is not None and cfg.rl.kl_coef > 0 else None
+        run_rl(s, optimizer, reference, critic, bc_policy, stop_after)
+        if state.iteration < cfg.rl.iterations and not budget_spent(s):
             metrics.close()
             return {"stopped_after": state.iteration}
 
-        # 4. final evaluation, checkpoint, summary, plot
+        # 5. final evaluation, checkpoint, summary, plot
         after = s.evaluate("after-rl").as_dict()
         save_model(policy, run_dir / "checkpoints" / "final")
         state.wall_seconds = s.wall_seconds()
@@ -134,6 +149,7 @@ def train(cfg: TrainConfig, out: str | Path, *, resume: bool = False, live: bool
             "seed": cfg.seed,
             "wall_seconds": round(state.wall_seconds, 2),
             "env_steps": state.env_steps,
+            "mc_env_steps": state.mc_env_steps,
             "train_tokens": state.train_tokens,
             "eval_before_rl": state.eval_before_rl,
             "eval_after_rl": after,
@@ -141,7 +157,9 @@ def train(cfg: TrainConfig, out: str | Path, *, resume: bool = False, live: bool
             "rl_iterations": state.iteration,
             "policy_version": policy.version,
             "skipped_steps": state.skipped_steps,
+            "advantage": cfg.rl.advantage,
             "bc": state.bc,
+            "value_pretrain": state.value_pretrain,
             "env": {"id": cfg.env.id, **cfg.env.kwargs},
             "model": cfg.model.path,
             "num_parameters": sum(p.numel() for p in policy.model.parameters()),

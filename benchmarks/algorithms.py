@@ -1,0 +1,186 @@
+"""Credit-assignment ablation: the default tiny Sokoban setup trained with each RL method
+from the same behaviour-cloning start, at an equal env-step budget, over several seeds.
+
+    python benchmarks/algorithms.py                       # all methods, 3 seeds
+    python benchmarks/algorithms.py --methods grpo gigpo --seeds 0 1 --jobs 2
+
+Per seed, the BC stage of the default recipe runs once (``bc-<seed>/``); every method then
+starts RL from that checkpoint (``model.path=.../checkpoints/bc``, ``bc.enabled=false``)
+with the same seed, so methods differ only in credit assignment. RL stops at
+``--env-steps`` policy env steps (value-pretraining episodes count; Monte-Carlo critic
+rollouts are counted apart as ``mc_env_steps``, they are simulator steps without the
+policy). Writes to ``--out`` (default ``benchmarks/results``):
+
+- ``algorithms.json``: one record per run ``{method, seed, heldout_success, env_steps,
+  wall_seconds, ...}`` plus its held-out learning curve;
+- ``algorithms.md``: held-out success mean ± std over seeds, env steps and wall time to
+  the success threshold (median over the seeds that reached it);
+- ``algorithms.png``: mean held-out success against env steps per method.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+METHODS: dict[str, list[str]] = {
+    "grpo": [],
+    "gigpo": ["rl.advantage=gigpo"],
+    "ppo_gae": ["rl.advantage=gae", "critic.enabled=true", "critic.lam_critic=0.95"],
+    "ppo_vapo": [
+        "rl.advantage=gae", "critic.enabled=true", "critic.lam_critic=1.0", "critic.length_adaptive=true",
+        "critic.pretrain_episodes=256",
+    ],
+    "mc_critic": ["rl.advantage=gae", "critic.mc_weight=1.0", "critic.mc_rollouts=4"],
+    "mc_grpo": ["rl.advantage=mc_grpo", "rl.mc_grpo_states=128", "critic.mc_rollouts=4"],
+}
+LABELS = {
+    "grpo": "GRPO (Dr.GRPO centring)",
+    "gigpo": "GiGPO",
+    "ppo_gae": "PPO + GAE (critic)",
+    "ppo_vapo": "PPO + decoupled, length-adaptive GAE + value pretraining",
+    "mc_critic": "PPO + GAE on MC-critic values (random rollouts)",
+    "mc_grpo": "MC-GRPO (Q_MC of G actions per state)",
+}
+
+
+def _train(args: tuple[str, list[str], str]) -> dict:
+    recipe, overrides, out = args
+    from turnforge.config import load_config
+    from turnforge.train.run import train
+
+    if (Path(out) / "summary.json").exists():
+        return json.loads((Path(out) / "summary.json").read_text())
+    return train(load_config(recipe, overrides), out, live=False)
+
+
+def _curve(run_dir: Path) -> list[dict]:
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x]
+    start = rows[0]["time"] if rows else 0.0
+    return [
+        {"env_steps": r["env_steps"], "success": r["success_rate"], "seconds": round(r["time"] - start, 1)}
+        for r in rows if r["event"] == "eval"
+    ]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
+    ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    ap.add_argument("--env-steps", type=int, default=25_000, help="policy env steps of RL per run")
+    ap.add_argument("--threshold", type=float, default=0.40, help="held-out success counted as reached")
+    ap.add_argument("--jobs", type=int, default=2, help="runs in parallel (each with torch threads=1)")
+    ap.add_argument("--work", default="/tmp/turnforge-bench-algorithms", help="run directories")
+    ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    ap.add_argument("--recipe", default="sokoban-tiny")
+    args = ap.parse_args()
+    work, out = Path(args.work), Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    common = ["threads=1", "eval.every=5", f"rl.max_env_steps={args.env_steps}", "rl.iterations=1000"]
+
+    t0 = time.time()
+    with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+        # 1. one BC start per seed
+        bc_jobs = [(args.recipe, [f"seed={s}", "threads=1", "rl.iterations=0"], str(work / f"bc-{s}")) for s in args.seeds]
+        list(pool.map(_train, bc_jobs))
+        print(f"BC starts done in {time.time() - t0:.0f}s", flush=True)
+        # 2. every method from each seed's BC checkpoint
+        runs = [(m, s) for s in args.seeds for m in args.methods]
+        jobs = [
+            (
+                args.recipe,
+                [f"seed={s}", f"model.path={work / f'bc-{s}' / 'checkpoints' / 'bc'}", "bc.enabled=false", *common, *METHODS[m]],
+                str(work / f"{m}-{s}"),
+            )
+            for m, s in runs
+        ]
+        summaries = list(pool.map(_train, jobs))
+
+    records = []
+    for (m, s), summary in zip(runs, summaries):
+        curve = _curve(work / f"{m}-{s}")
+        reached = next((p for p in curve if p["success"] >= args.threshold), None)
+        records.append({
+            "method": m,
+            "seed": s,
+            "heldout_success": summary["eval_after_rl"]["success_rate"],
+            "heldout_success_before_rl": summary["eval_before_rl"]["success_rate"],
+            "env_steps": summary["env_steps"],
+            "mc_env_steps": summary.get("mc_env_steps", 0),
+            "wall_seconds": summary["wall_seconds"],
+            "rl_iterations": summary["rl_iterations"],
+            "env_steps_to_threshold": reached["env_steps"] if reached else None,
+            "seconds_to_threshold": reached["seconds"] if reached else None,
+            "curve": curve,
+        })
+        print(f"{m:10s} seed {s}: {records[-1]['heldout_success_before_rl']:.3f} -> {records[-1]['heldout_success']:.3f} "
+              f"({summary['wall_seconds']:.0f}s)", flush=True)
+    (out / "algorithms.json").write_text(json.dumps(records, indent=1) + "\n")
+    table = markdown(records, args)
+    (out / "algorithms.md").write_text(table)
+    plot(records, out / "algorithms.png", args.threshold)
+    print(table)
+    print(f"total {time.time() - t0:.0f}s; wrote {out}/algorithms.json, .md, .png")
+
+
+def markdown(records: list[dict], args: argparse.Namespace) -> str:
+    def med(xs: list) -> str:
+        xs = [x for x in xs if x is not None]
+        return f"{statistics.median(xs):,.0f}" if xs else "—"
+
+    lines = [
+        f"Held-out success on {args.recipe} (200 held-out episodes per evaluation, sampled at T=1), "
+        f"RL budget {args.env_steps:,} policy env steps, seeds {', '.join(map(str, args.seeds))}; "
+        f"threshold {args.threshold:.2f}.",
+        "",
+        "| method | before RL | after RL (mean ± std) | gain (points) | env steps | MC env steps | wall s | "
+        "env steps to threshold | wall s to threshold | reached |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for m in dict.fromkeys(r["method"] for r in records):
+        rs = [r for r in records if r["method"] == m]
+        after = [r["heldout_success"] for r in rs]
+        before = [r["heldout_success_before_rl"] for r in rs]
+        std = statistics.stdev(after) if len(after) > 1 else 0.0
+        gain = 100 * (statistics.mean(after) - statistics.mean(before))
+        reached = [r for r in rs if r["env_steps_to_threshold"] is not None]
+        lines.append(
+            f"| {LABELS[m]} | {statistics.mean(before):.3f} | {statistics.mean(after):.3f} ± {std:.3f} | {gain:+.1f} | "
+            f"{med([r['env_steps'] for r in rs])} | {med([r['mc_env_steps'] for r in rs])} | {med([r['wall_seconds'] for r in rs])} | "
+            f"{med([r['env_steps_to_threshold'] for r in reached])} | {med([r['seconds_to_threshold'] for r in reached])} | "
+            f"{len(reached)}/{len(rs)} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def plot(records: list[dict], path: Path, threshold: float) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for m in dict.fromkeys(r["method"] for r in records):
+        curves = [r["curve"] for r in records if r["method"] == m]
+        n = min(len(c) for c in curves)
+        x = np.mean([[p["env_steps"] for p in c[:n]] for c in curves], axis=0)
+        y = np.array([[p["success"] for p in c[:n]] for c in curves])
+        ax.plot(x, y.mean(0), marker="o", label=LABELS[m])
+        ax.fill_between(x, y.min(0), y.max(0), alpha=0.12)
+    ax.axhline(threshold, color="grey", ls=":", lw=1)
+    ax.set_xlabel("policy env steps (RL, incl. value pretraining)")
+    ax.set_ylabel("held-out success (mean over seeds; band = min..max)")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,293 @@
+"""Stage 2, RL for multi-turn episodes: GRPO family, PPO with a critic, MC-GRPO.
+
+Each iteration, top to bottom:
+
+1. rollout: G episodes of each of ``tasks_per_iteration`` fresh train tasks;
+2. credit (``rl.advantage``), infrastructure failures excluded:
+   - critic-free (``turnforge.train.credit.turn_advantages``): ``grpo`` normalises the
+     episode return within its group and puts it on every turn; ``gigpo`` adds a
+     step-level term from the turns of the group that acted in the same env state;
+     ``rloo`` and ``reinforce_pp`` change the baseline and scale;
+   - ``gae``: state values V(s_k) per turn from the learned critic, Monte-Carlo
+     rollouts from env snapshots, or their blend (``critic`` section), then GAE over
+     the turns of each episode (decoupled lambdas, optionally length-adaptive);
+   - ``mc_grpo``: the rollouts only supply states; at ``mc_grpo_states`` of them the
+     policy samples G actions, each scored by ``Q_MC(s, a) = r + gamma V_MC(s')``
+     from env snapshots, normalised within the state's group (``turnforge.train.mc``);
+3. policy update: PPO-clip with the chosen loss aggregation, optional KL term to the
+   reference (the BC policy), entropy bonus, dual clip;
+4. critic update (``gae`` with a learned critic): clipped value loss on the targets;
+5. log, evaluate, checkpoint.
+
+Departures from the GRPO paper: the reward is the return of a multi-turn episode, not a
+single response's score; the "old" logprobs of the ratio are the sampling logprobs
+recorded at rollout time (on CPU in float32 they equal the trainer's to ~1e-6, a test
+checks this). Groups whose advantages are all zero carry no signal; with
+``skip_zero_variance_groups`` they are left out of the update (they would only dilute
+the token mean), never replaced by duplicated samples.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from turnforge.algos import aggregation_weights, explained_variance, masked_mean, ppo_clip_loss
+from turnforge.critic.value import ValueModel, pretrain_critic, sample_targets, turn_values, update_critic
+from turnforge.data.store import write_trajectories
+from turnforge.envs.base import stable_hash
+from turnforge.policy.generate import token_logprobs
+from turnforge.policy.model import Policy
+from turnforge.rollout.runner import EpisodeRequest, PolicyActor, rollout
+from turnforge.train.checkpoint import save_resumable
+from turnforge.train.common import GuardedStep, collate, generator, rng
+from turnforge.train.credit import gae_turn_advantages, monte_carlo_returns, sample_advantage, turn_advantages
+from turnforge.train.mc import mc_grpo_batch, mc_turn_values
+from turnforge.train.session import Session
+from turnforge.types import Sample
+
+
+@dataclass
+class Critic:
+    """The learned value model and its optimizer (``critic.enabled``)."""
+
+    model: ValueModel
+    optimizer: torch.optim.Optimizer
+
+
+def run_rl(
+    s: Session,
+    optimizer: torch.optim.Optimizer,
+    reference: torch.nn.Module | None,
+    critic: Critic | None = None,
+    bc_policy: Policy | None = None,
+    stop_after: int | None = None,
+) -> None:
+    """RL iterations until ``rl.iterations`` (or ``stop_after`` in total, leaving a resumable
+    checkpoint). ``reference``: frozen BC model for the KL term; ``bc_policy``: frozen BC
+    policy for Monte-Carlo rollouts with ``critic.mc_policy=bc``."""
+    cfg, rl = s.cfg, s.cfg.rl
+    policy, envs = s.policy, s.envs
+    step = GuardedStep(policy.model, optimizer, rl.max_grad_norm, rl.max_bad_steps)
+    step.skipped = s.state.skipped_steps
+    s.progress.stage("rl", rl.iterations)
+    uses_mc = rl.advantage == "mc_grpo" or (rl.advantage == "gae" and cfg.critic.mc_weight > 0)
+
+    end = rl.iterations if stop_after is None else min(rl.iterations, stop_after)
+    while s.state.iteration < end and not budget_spent(s):
+        it = s.state.iteration
+        t0 = time.time()
+
+        # 1. rollout: G episodes of each task, all with distinct env seeds
+        task_ids = rng(cfg.seed, "rl-tasks", it).integers(0, 2**31 - 1, rl.tasks_per_iteration)
+        requests = [
+            EpisodeRequest(envs[0].task("train", int(t)), stable_hash(cfg.seed, "rl", it, k, g), f"{it}-{k}", f"rl-{it}-{k}-{g}")
+            for k, t in enumerate(task_ids)
+            for g in range(rl.group_size)
+        ]
+        actor = PolicyActor(policy, cfg.rollout.max_new_tokens, cfg.rollout.temperature, generator(cfg.seed, "rl-sample", it))
+        trajs, rstats = rollout(actor, envs, requests, cfg.rollout, policy, keep_snapshots=uses_mc)
+        ok = [t for t in trajs if t.infra_failure is None]
+        t_rollout = time.time() - t0
+
+        # 2. credit: per-turn advantages (plus critic targets for gae), or MC-GRPO's state groups
+        t1 = time.time()
+        extra: dict[str, float] = {}
+        values = targets = None
+        if rl.advantage == "gae":
+            values = turn_values(critic.model, ok, policy.pad_id) if critic else {t.trajectory_id: np.zeros(t.num_turns) for t in ok}
+            if cfg.critic.mc_weight > 0:
+                v_mc, mc_stats = mc_turn_values(s, ok, it, bc_policy)
+                w = cfg.critic.mc_weight
+                values = {k: (1 - w) * values[k] + w * v_mc[k] for k in values}
+                extra.update(mc_stats)
+            per_turn, targets = gae_turn_advantages(ok, values, rl, cfg.critic)
+        else:
+            per_turn = turn_advantages(ok, rl) if rl.advantage != "mc_grpo" else {}
+        if rl.advantage == "mc_grpo":
+            batch_samples, group_of, mc_stats = mc_grpo_batch(s, ok, it, bc_policy)
+            extra.update(mc_stats)
+        else:
+            batch_samples = [(x, sample_advantage(x, per_turn[t.trajectory_id])) for t in ok for x in t.samples]
+            group_of = {x.trajectory_id: t.group_id for t in ok for x in t.samples}
+        groups = set(group_of.values())
+        flat = {g for g in groups if all(np.all(np.abs(a) < 1e-8) for x, a in batch_samples if group_of[x.trajectory_id] == g)}
+        samples = [(x, a) for x, a in batch_samples if not (rl.skip_zero_variance_groups and group_of[x.trajectory_id] in flat)]
+        write_trajectories(s.run_dir / "trajectories" / f"rl_{it:05d}.parquet", trajs, stage="rl", iteration=it, advantages=per_turn or None)
+        t_credit = time.time() - t1
+
+        # 3. policy update: PPO-clip with rl.loss_agg aggregation, minibatches in a seeded order
+        t2 = time.time()
+        stats = ppo_update(s, samples, optimizer, step, reference, it)
+        policy.version += 1
+
+        # 4. critic update on the GAE targets (clipped value loss)
+        if critic is not None and values is not None and targets is not None:
+            data = [(x, tgt, old) for (x, tgt), (_, old) in zip(sample_targets(ok, targets), sample_targets(ok, values))]
+            upd = update_critic(
+                critic.model, critic.optimizer, data, policy.pad_id, epochs=cfg.critic.epochs,
+                minibatch_size=cfg.critic.minibatch_size, clip=cfg.critic.value_clip, max_grad_norm=rl.max_grad_norm,
+                order_rng=rng(cfg.seed, "critic-shuffle", it),
+            )
+            extra.update(value_loss=upd.loss, explained_variance=upd.explained_variance)
+        elif values is not None and targets is not None:  # MC-only values: how well they predict the targets
+            v = np.concatenate([values[t.trajectory_id] for t in ok]) if ok else np.zeros(0)
+            g = np.concatenate([targets[t.trajectory_id] for t in ok]) if ok else np.zeros(0)
+            extra["explained_variance"] = explained_variance(torch.as_tensor(v), torch.as_tensor(g))
+        t_update = time.time() - t2
+
+        # 5. log, evaluate, checkpoint
+        s.state.iteration = it + 1
+        s.state.env_steps += rstats.turns
+        s.state.mc_env_steps += int(extra.get("mc_env_steps", 0))
+        s.state.train_tokens += stats["tokens"]
+        s.state.skipped_steps = step.skipped
+        n_ok = max(len(ok), 1)
+        returns_by_group = {g: [t.episode_return for t in ok if t.group_id == g] for g in {t.group_id for t in ok}}
+        record = {
+            "iteration": it + 1,
+            "reward": sum(t.episode_return for t in ok) / n_ok,
+            "success": sum(t.success for t in ok) / n_ok,
+            "invalid_action_rate": sum(t.num_invalid for t in ok) / max(sum(t.num_turns for t in ok), 1),
+            "mean_turns": sum(t.num_turns for t in ok) / n_ok,
+            **{k: v for k, v in stats.items() if k != "tokens"},
+            "samples": len(samples),
+            "zero_variance_groups": len(flat) / max(len(groups), 1),
+            "group_return_std": float(np.mean([np.std(r, ddof=1) for r in returns_by_group.values() if len(r) > 1] or [0.0])),
+            "action_tokens_per_turn": sum(x.num_action_tokens for t in ok for x in t.samples) / max(sum(t.num_turns for t in ok), 1),
+            **extra,
+            "rollout_seconds": round(t_rollout, 3),
+            "credit_seconds": round(t_credit, 3),
+            "update_seconds": round(t_update, 3),
+            "gen_tokens_per_s": rstats.generated_tokens / max(t_rollout, 1e-9),
+            "train_tokens_per_s": stats["tokens"] / max(t_update, 1e-9),
+            "obs_truncations": rstats.obs_truncations,
+            "context_overflows": rstats.context_overflows,
+            "generation_truncations": rstats.generation_truncations,
+            "infra_failures": rstats.infra_failures,
+            "skipped_steps": step.skipped,
+            "policy_version": policy.version,
+        }
+        s.metrics.log("rl_iter", s.state.env_steps, **record)
+        s.progress.update(
+            it + 1, reward=record["reward"], success=record["success"], loss=record["loss"],
+            tokens_per_s=(stats["tokens"] + rstats.generated_tokens) / max(time.time() - t0, 1e-9),
+        )
+        last = it + 1 == end or budget_spent(s)
+        if cfg.eval.every and (it + 1) % cfg.eval.every == 0 and not last and it + 1 < rl.iterations:
+            s.evaluate(f"rl-{it + 1}")
+        if (it + 1) % cfg.checkpoint_every == 0 or last:
+            s.state.stage = "rl"
+            s.state.wall_seconds = s.wall_seconds()
+            save_resumable(s.run_dir, policy, optimizer, s.state, critic_state(critic))
+
+
+def budget_spent(s: Session) -> bool:
+    """``rl.max_env_steps`` reached (never, without one)."""
+    return s.cfg.rl.max_env_steps is not None and s.state.env_steps >= s.cfg.rl.max_env_steps
+
+
+def ppo_update(
+    s: Session,
+    samples: list[tuple[Sample, float | np.ndarray]],
+    optimizer: torch.optim.Optimizer,
+    step: GuardedStep,
+    reference: torch.nn.Module | None,
+    it: int,
+) -> dict[str, float]:
+    """``rl.epochs`` passes of PPO-clip minibatch steps over ``(sample, advantage)`` pairs."""
+    cfg, rl, policy = s.cfg, s.cfg.rl, s.policy
+    episode_tokens: dict[str, int] = {}
+    for x, _ in samples:
+        episode_tokens[x.trajectory_id] = episode_tokens.get(x.trajectory_id, 0) + x.num_action_tokens
+    policy.model.train()
+    order = rng(cfg.seed, "rl-shuffle", it).permutation(len(samples)).tolist()
+    losses, clip_fracs, kls, norms, entropies, ref_kls, tokens = [], [], [], [], [], [], 0
+    for _ in range(rl.epochs):
+        for b in range(0, len(order), rl.minibatch_size):
+            chunk = [samples[i] for i in order[b:b + rl.minibatch_size]]
+            batch = collate([x for x, _ in chunk], policy.pad_id, [a for _, a in chunk])
+            logprobs, entropy = token_logprobs(policy.model, batch.ids, batch.attention, cfg.rollout.temperature, with_entropy=True)
+            ref = None
+            if reference is not None:
+                with torch.no_grad():
+                    ref, _ = token_logprobs(reference, batch.ids, batch.attention, cfg.rollout.temperature)
+            weights = aggregation_weights(
+                rl.loss_agg,
+                torch.tensor([x.num_action_tokens for x, _ in chunk]),
+                torch.tensor([episode_tokens[x.trajectory_id] for x, _ in chunk]),
+            )
+            out = ppo_clip_loss(
+                logprobs, batch.old_logprobs, batch.advantages, batch.mask,
+                rl.clip_low, rl.clip_high, ref_logprobs=ref, kl_coef=rl.kl_coef, weights=weights,
+                dual_clip=rl.dual_clip, kl_estimator=rl.kl_estimator, entropy=entropy, entropy_coef=rl.entropy_coef,
+            )
+            norm = step(out.loss)
+            if norm is not None:
+                norms.append(norm)
+            losses.append(out.loss.item())
+            clip_fracs.append(out.clip_fraction)
+            kls.append(out.approx_kl)
+            entropies.append(float(masked_mean(entropy.detach(), batch.mask)))
+            ref_kls.append(out.kl_ref)
+            tokens += batch.num_tokens
+    policy.model.eval()
+
+    def mean(xs: list[float]) -> float:
+        return sum(xs) / max(len(xs), 1)
+
+    return {
+        "loss": mean(losses), "clip_fraction": mean(clip_fracs), "approx_kl": mean(kls), "kl_ref": mean(ref_kls),
+        "entropy": mean(entropies), "grad_norm": mean(norms), "tokens": tokens,
+    }
+
+
+def pretrain_values(s: Session, critic: Critic) -> dict[str, float]:
+    """Value pretraining: the BC policy plays ``critic.pretrain_episodes`` train episodes
+    (sampled at the rollout temperature); the critic regresses their discounted returns
+    until the held-back explained variance reaches ``critic.pretrain_target_ev`` or the
+    step budget runs out. The episodes count as env steps."""
+    cfg, c, policy = s.cfg, s.cfg.critic, s.policy
+    trajs = []
+    for start in range(0, c.pretrain_episodes, len(s.envs)):
+        idx = range(start, min(c.pretrain_episodes, start + len(s.envs)))
+        task_ids = rng(cfg.seed, "value-pretrain-tasks", start).integers(0, 2**31 - 1, len(idx))
+        requests = [
+            EpisodeRequest(s.envs[0].task("train", int(t)), stable_hash(cfg.seed, "value-pretrain", i), f"vp-{i}", f"vp-{i}")
+            for i, t in zip(idx, task_ids)
+        ]
+        actor = PolicyActor(policy, cfg.rollout.max_new_tokens, cfg.rollout.temperature, generator(cfg.seed, "value-pretrain", start))
+        out, rstats = rollout(actor, s.envs, requests, cfg.rollout, policy)
+        trajs.extend(t for t in out if t.infra_failure is None)
+        s.state.env_steps += rstats.turns
+    s.progress.message(f"value pretraining on {len(trajs)} BC episodes ({sum(t.num_turns for t in trajs)} states)")
+    stats = pretrain_critic(
+        critic.model, critic.optimizer, sample_targets(trajs, monte_carlo_returns(trajs, cfg.rl)), policy.pad_id,
+        max_steps=c.pretrain_max_steps, target_ev=c.pretrain_target_ev, minibatch_size=c.minibatch_size,
+        max_grad_norm=cfg.rl.max_grad_norm, seed=cfg.seed,
+    )
+    stats["episodes"] = len(trajs)
+    s.metrics.log("value_pretrain", s.state.env_steps, **stats)
+    s.progress.message(
+        f"value pretraining: explained variance {stats['explained_variance']:.3f} after {stats['steps']} steps"
+    )
+    return stats
+
+
+def critic_state(critic: Critic | None) -> dict | None:
+    """What a resumable checkpoint keeps of the critic."""
+    if critic is None:
+        return None
+    return {"critic": critic.model.state_dict(), "critic_optimizer": critic.optimizer.state_dict()}
+
+
+def make_reference(policy_model: torch.nn.Module) -> torch.nn.Module:
+    """A frozen copy of the current policy (the BC policy) for the KL term."""
+    ref = copy.deepcopy(policy_model).eval()
+    for p in ref.parameters():
+        p.requires_grad_(False)
+    return ref
