@@ -21,6 +21,7 @@ policy). Writes to ``--out`` (default ``benchmarks/results``):
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import sys
@@ -30,6 +31,7 @@ from pathlib import Path
 
 METHODS: dict[str, list[str]] = {
     "grpo": [],
+    "grpo_shaped": ["rl.shaping=potential", "rl.shaping_coef=0.5"],
     "gigpo": ["rl.advantage=gigpo"],
     "ppo_gae": ["rl.advantage=gae", "critic.enabled=true", "critic.lam_critic=0.95"],
     "ppo_vapo": [
@@ -41,6 +43,7 @@ METHODS: dict[str, list[str]] = {
 }
 LABELS = {
     "grpo": "GRPO (Dr.GRPO centring)",
+    "grpo_shaped": "GRPO + potential shaping (c = 0.5)",
     "gigpo": "GiGPO",
     "ppo_gae": "PPO + GAE (critic)",
     "ppo_vapo": "PPO + decoupled, length-adaptive GAE + value pretraining",
@@ -49,14 +52,20 @@ LABELS = {
 }
 
 
-def _train(args: tuple[str, list[str], str]) -> dict:
+def _train(args: tuple[str, list[str], str]) -> dict | None:
+    """One run (skipped when its summary exists); None, with the error printed, if it failed."""
     recipe, overrides, out = args
     from turnforge.config import load_config
     from turnforge.train.run import train
 
     if (Path(out) / "summary.json").exists():
         return json.loads((Path(out) / "summary.json").read_text())
-    return train(load_config(recipe, overrides), out, live=False)
+    try:
+        with open(Path(out).with_suffix(".log"), "w") as log, contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
+            return train(load_config(recipe, overrides), out, live=False)
+    except Exception as err:  # one failed run must not lose the others
+        print(f"run {out} failed: {type(err).__name__}: {err}", flush=True)
+        return None
 
 
 def _curve(run_dir: Path) -> list[dict]:
@@ -81,6 +90,7 @@ def main() -> None:
     args = ap.parse_args()
     work, out = Path(args.work), Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    work.mkdir(parents=True, exist_ok=True)
     common = ["threads=1", "eval.every=5", f"rl.max_env_steps={args.env_steps}", "rl.iterations=1000"]
 
     t0 = time.time()
@@ -103,6 +113,8 @@ def main() -> None:
 
     records = []
     for (m, s), summary in zip(runs, summaries):
+        if summary is None:
+            continue
         curve = _curve(work / f"{m}-{s}")
         reached = next((p for p in curve if p["success"] >= args.threshold), None)
         records.append({

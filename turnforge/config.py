@@ -77,6 +77,11 @@ class RLConfig(Section):
     )
     kl_coef: float = Field(0.0, ge=0, description="Weight of the KL-to-reference loss term (0 = no reference model)")
     kl_estimator: Literal["k1", "k2", "k3"] = Field("k3", description="Per-token KL estimator of the reference term")
+    kl_mode: Literal["loss", "reward"] = Field(
+        "loss",
+        description="'loss': kl_coef * KL is a loss term; 'reward': kl_coef * KL summed over a turn's action tokens "
+        "(at rollout time) is subtracted from that turn's reward before credit assignment",
+    )
     dual_clip: float | None = Field(
         None, gt=1, description="Dual-clip bound c > 1 on the loss of negative-advantage tokens (None = off)"
     )
@@ -199,6 +204,10 @@ def incompatible_options(cfg: TrainConfig) -> str | None:
         return "critic.pretrain_episodes > 0 pretrains the learned critic, but critic.enabled=false"
     if rl.advantage == "mc_grpo" and cfg.rollout.context == "full_history":
         return "rl.advantage=mc_grpo samples actions at single states and needs rollout.context=window (got full_history)"
+    if rl.advantage == "mc_grpo" and critic.mc_policy != "random":
+        return "rl.advantage=mc_grpo scores actions with random-policy rollouts; critic.mc_policy=bc is for rl.advantage=gae"
+    if rl.advantage == "mc_grpo" and rl.kl_mode == "reward":
+        return "rl.kl_mode=reward penalises episode turns; rl.advantage=mc_grpo scores single actions: use rl.kl_mode=loss"
     if rl.advantage == "mc_grpo" and rl.shaping != "none":
         return "rl.shaping=potential does not apply to rl.advantage=mc_grpo (its Q values come from env rollouts)"
     return None

@@ -18,6 +18,7 @@ pytestmark = pytest.mark.slow
 
 METHODS = {
     "gigpo-shaped": ["rl.advantage=gigpo", "rl.shaping=potential", "rl.shaping_coef=0.5"],
+    "grpo-kl-reward": ["rl.kl_coef=0.05", "rl.kl_mode=reward", "rl.kl_estimator=k1"],
     "ppo-vapo": [
         "rl.advantage=gae", "critic.enabled=true", "critic.length_adaptive=true", "critic.pretrain_episodes=6",
         "critic.pretrain_max_steps=4", "critic.minibatch_size=8",
@@ -47,6 +48,8 @@ def test_method_trains_end_to_end(tmp_path, method):
         assert all("value_loss" in e and "explained_variance" in e for e in iters)
     if "critic.mc_weight" in " ".join(METHODS[method]) or method == "mc-grpo":
         assert all(e["mc_states"] > 0 for e in iters) and summary["mc_env_steps"] > 0
+    if method == "grpo-kl-reward":
+        assert all("kl_penalty_per_turn" in e and e["kl_ref"] == 0 for e in iters)
     if method == "ppo-vapo":
         (pre,) = _events(run, "value_pretrain")
         assert pre["steps"] <= 4 and pre["episodes"] == 6 and summary["value_pretrain"]["steps"] == pre["steps"]

@@ -34,6 +34,8 @@ def test_default_recipe_loads_and_overrides_apply():
         (["rl.advantage=gae", "critic.mc_weight=0.5"], r"critic.mc_weight=0.5 blends with a learned critic but critic.enabled=false"),
         (["rl.advantage=gae", "critic.mc_weight=1", "critic.pretrain_episodes=8"], r"critic.pretrain_episodes > 0 .* critic.enabled=false"),
         (["rl.advantage=mc_grpo", "rollout.context=full_history"], r"rl.advantage=mc_grpo .* rollout.context=window"),
+        (["rl.advantage=mc_grpo", "critic.mc_policy=bc"], r"rl.advantage=mc_grpo scores actions with random-policy rollouts"),
+        (["rl.advantage=mc_grpo", "rl.kl_mode=reward"], r"rl.kl_mode=reward penalises episode turns"),
         (["rl.advantage=mc_grpo", "rl.shaping=potential"], r"rl.shaping=potential does not apply to rl.advantage=mc_grpo"),
         (["rl.advantage=ppo"], r"bad value for 'rl.advantage': .*'gae' or 'mc_grpo'"),
     ],

@@ -102,3 +102,37 @@ def test_gae_over_turns_hand_computed():
     la = critic.model_copy(update={"length_adaptive": True, "alpha": 1.0, "lam_policy": 0.0})
     adv_la, _ = gae_turn_advantages(trajs, values, rl, la)
     np.testing.assert_allclose(adv_la["A"], [0.15, 0.6], atol=1e-6)
+
+
+def test_kl_reward_penalty_is_summed_per_turn_and_subtracted(tiny_policy):
+    import copy
+
+    import torch
+
+    from turnforge.algos import kl_estimate
+    from turnforge.policy.generate import token_logprobs
+    from turnforge.rollout.runner import PolicyActor
+    from turnforge.train.rl import kl_penalties
+
+    cfg = RolloutConfig(context="full_history", max_turns=3, max_new_tokens=3, max_context_tokens=512)
+    envs = make_batch("test-echo", 2, episode_len=3, max_obs_words=5)
+    actor = PolicyActor(tiny_policy, 3, 1.0, torch.Generator().manual_seed(0))
+    requests = [EpisodeRequest(envs[0].task("train", i), i, "g", f"t{i}") for i in range(2)]
+    trajs, _ = rollout(actor, envs, requests, cfg, tiny_policy)
+    reference = copy.deepcopy(tiny_policy.model)
+    with torch.no_grad():
+        for p in reference.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    pen = kl_penalties(reference, trajs, tiny_policy.pad_id, 1.0, "k1", coef=0.5)
+    for t in trajs:
+        (x,) = t.samples
+        ids = torch.as_tensor(x.token_ids)[None]
+        with torch.no_grad():
+            ref, _ = token_logprobs(reference, ids, torch.ones_like(ids))
+        k1 = kl_estimate(torch.as_tensor(x.logprobs)[None], ref, "k1")[0].numpy()
+        runs = np.cumsum(np.diff(np.concatenate([[0], x.loss_mask])) == 1) - 1
+        expected = [0.5 * k1[(x.loss_mask == 1) & (runs == k)].sum() for k in range(t.num_turns)]
+        np.testing.assert_allclose(pen[t.trajectory_id], expected, rtol=1e-4, atol=1e-6)
+        assert np.all(pen[t.trajectory_id] != 0)
+        rewards = np.array([turn.reward for turn in t.turns])
+        np.testing.assert_allclose(turn_rewards(t, RLConfig(), 1.0, pen), rewards - pen[t.trajectory_id])

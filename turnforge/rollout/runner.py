@@ -27,7 +27,6 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Protocol, Sequence
 
-import numpy as np
 import torch
 
 from turnforge.config import RolloutConfig
@@ -209,11 +208,11 @@ def rollout(
         texts = tokenizer.batch_decode([g.ids for g in gens], skip_special_tokens=True)
         for r, gen, text in zip(active, gens, texts):
             sampled = actor.version >= 0
-            anchor = r.env.anchor_key()
             r.ctx.act(gen.ids, gen.logprobs if sampled else None, actor.version)
             gen_tokens += len(gen.ids)
             gen_truncations += not gen.stopped
             try:
+                anchor = r.env.anchor_key()
                 snapshot = r.env.snapshot() if keep_snapshots else None
                 potential = r.env.potential()
                 step = r.env.step(text)

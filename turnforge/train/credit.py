@@ -25,9 +25,15 @@ from turnforge.config import CriticConfig, RLConfig
 from turnforge.types import Sample, Trajectory
 
 
-def turn_rewards(traj: Trajectory, rl: RLConfig, gamma: float) -> np.ndarray:
-    """The per-turn rewards the estimators see: the env's, plus potential-based shaping."""
+Penalties = dict[str, np.ndarray]  # trajectory_id -> [num_turns], subtracted from turn rewards
+
+
+def turn_rewards(traj: Trajectory, rl: RLConfig, gamma: float, penalties: Penalties | None = None) -> np.ndarray:
+    """The per-turn rewards the estimators see: the env's, plus potential-based shaping,
+    minus ``penalties`` (the KL penalty of ``rl.kl_mode=reward``)."""
     r = np.array([turn.reward for turn in traj.turns], np.float64)
+    if penalties is not None:
+        r = r - penalties[traj.trajectory_id]
     if rl.shaping == "potential":
         phi = np.array([turn.potential for turn in traj.turns], np.float64)
         phi_next = np.array([turn.next_potential for turn in traj.turns], np.float64)
@@ -35,7 +41,7 @@ def turn_rewards(traj: Trajectory, rl: RLConfig, gamma: float) -> np.ndarray:
     return r
 
 
-def turn_advantages(trajs: Sequence[Trajectory], rl: RLConfig) -> dict[str, np.ndarray]:
+def turn_advantages(trajs: Sequence[Trajectory], rl: RLConfig, penalties: Penalties | None = None) -> dict[str, np.ndarray]:
     """Advantage of every turn of every trajectory (``trajectory_id -> [num_turns]``).
 
     ``trajs`` must hold no infrastructure failures (they are excluded before this)."""
@@ -47,7 +53,7 @@ def turn_advantages(trajs: Sequence[Trajectory], rl: RLConfig) -> dict[str, np.n
         anchors: dict[str, int] = {}
         steps = [(e, t, turn) for e, t in enumerate(trajs) for turn in t.turns]
         adv = gigpo(
-            torch.from_numpy(np.concatenate([turn_rewards(t, rl, rl.gamma) for t in trajs])),
+            torch.from_numpy(np.concatenate([turn_rewards(t, rl, rl.gamma, penalties) for t in trajs])),
             torch.tensor([e for e, _, _ in steps]),
             torch.tensor([groups[t.group_id] for _, t, _ in steps]),
             torch.tensor([anchors.setdefault(turn.anchor_key, len(anchors)) for _, _, turn in steps]),
@@ -60,7 +66,7 @@ def turn_advantages(trajs: Sequence[Trajectory], rl: RLConfig) -> dict[str, np.n
             out[t.trajectory_id] = adv[k:k + t.num_turns]
             k += t.num_turns
         return out
-    returns = torch.tensor([turn_rewards(t, rl, 1.0).sum() for t in trajs], dtype=torch.float64)
+    returns = torch.tensor([turn_rewards(t, rl, 1.0, penalties).sum() for t in trajs], dtype=torch.float64)
     if rl.advantage == "grpo":
         per_episode = grpo(returns, group_of, std_normalize=rl.std_normalize)
     elif rl.advantage == "rloo":
@@ -71,7 +77,11 @@ def turn_advantages(trajs: Sequence[Trajectory], rl: RLConfig) -> dict[str, np.n
 
 
 def gae_turn_advantages(
-    trajs: Sequence[Trajectory], values: dict[str, np.ndarray], rl: RLConfig, critic: CriticConfig
+    trajs: Sequence[Trajectory],
+    values: dict[str, np.ndarray],
+    rl: RLConfig,
+    critic: CriticConfig,
+    penalties: Penalties | None = None,
 ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """GAE over the turns of each episode: ``(advantages, critic targets)`` per turn.
 
@@ -89,7 +99,7 @@ def gae_turn_advantages(
     r, v, m = torch.zeros(shape, dtype=torch.float64), torch.zeros(shape, dtype=torch.float64), torch.zeros(shape)
     for i, t in enumerate(trajs):
         n = t.num_turns
-        r[i, :n] = torch.from_numpy(turn_rewards(t, rl, rl.gamma))
+        r[i, :n] = torch.from_numpy(turn_rewards(t, rl, rl.gamma, penalties))
         v[i, :n] = torch.from_numpy(np.asarray(values[t.trajectory_id], np.float64))
         m[i, :n] = 1.0
     lam_policy = length_adaptive_lam(m, critic.alpha) if critic.length_adaptive else critic.lam_policy
@@ -114,17 +124,25 @@ def monte_carlo_returns(trajs: Sequence[Trajectory], rl: RLConfig) -> dict[str, 
     }
 
 
+def action_turns(sample: Sample) -> np.ndarray:
+    """Per token: the turn whose action it belongs to (the sample's ``turn_index`` for a
+    per-turn sample, the k-th run of action tokens for a whole episode), -1 on context."""
+    mask = sample.loss_mask.astype(bool)
+    if sample.turn_index >= 0:
+        return np.where(mask, sample.turn_index, -1)
+    starts = mask & ~np.concatenate([[False], mask[:-1]])
+    return np.where(mask, np.cumsum(starts) - 1, -1)
+
+
 def sample_advantage(sample: Sample, per_turn: np.ndarray) -> float | np.ndarray:
     """The advantage of one sample: its turn's value (one sample per turn), or, for a
     whole-episode sample, a per-token array with turn k's value on the k-th run of action
     tokens."""
     if sample.turn_index >= 0:
         return float(per_turn[sample.turn_index])
-    mask = sample.loss_mask.astype(bool)
-    starts = np.flatnonzero(mask & ~np.concatenate([[False], mask[:-1]]))
-    if len(starts) != len(per_turn):
+    turn = action_turns(sample)
+    if turn.max(initial=-1) + 1 != len(per_turn):
         raise ValueError(
-            f"sample {sample.trajectory_id!r}: {len(starts)} runs of action tokens but {len(per_turn)} turns"
+            f"sample {sample.trajectory_id!r}: {turn.max(initial=-1) + 1} runs of action tokens but {len(per_turn)} turns"
         )
-    run = np.cumsum(np.isin(np.arange(len(mask)), starts)) - 1
-    return np.where(mask, np.asarray(per_turn, np.float32)[np.clip(run, 0, None)], 0.0).astype(np.float32)
+    return np.where(turn >= 0, np.asarray(per_turn, np.float32)[np.clip(turn, 0, None)], 0.0).astype(np.float32)

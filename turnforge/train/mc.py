@@ -8,8 +8,9 @@ env snapshots, on top of the estimators in ``turnforge.critic.mc``.
   actions or by the frozen BC policy (``critic.mc_policy``).
 - ``mc_grpo_batch``: MC-GRPO. At ``rl.mc_grpo_states`` states drawn from the rollouts,
   the current policy samples G actions from the state's prompt; each distinct action is
-  scored once by ``Q_MC(s, a) = r + gamma * V_MC(s')`` (``V_MC = 0`` after a terminal
-  step); Q values are normalised within the state's group like GRPO rewards.
+  scored once by ``Q_MC(s, a) = mean_m [r_m + gamma * G_m(s'_m)]`` with random-policy
+  tails (``mc_q_values``); Q values are normalised within the state's group like GRPO
+  rewards.
 
 Departures from ProAct: its MC-Critic calibrates a learned value with rollouts of the
 policy being trained; here the rollout policy is random or the frozen BC policy (cheap
@@ -26,7 +27,7 @@ import numpy as np
 import torch
 
 from turnforge.algos import grpo
-from turnforge.critic.mc import MCEstimate, mc_values, mc_values_policy
+from turnforge.critic.mc import MCEstimate, mc_q_values, mc_values, mc_values_policy
 from turnforge.envs.base import EnvSnapshot, stable_hash
 from turnforge.policy.generate import sample
 from turnforge.policy.model import Policy
@@ -92,7 +93,7 @@ def mc_turn_values(
 
 
 def mc_grpo_batch(
-    s: Session, trajs: Sequence[Trajectory], it: int, bc_policy: Policy | None = None
+    s: Session, trajs: Sequence[Trajectory], it: int
 ) -> tuple[list[tuple[Sample, float]], dict[str, str], dict[str, float]]:
     """MC-GRPO samples with their advantages, each sample's group, and counters to log."""
     cfg, rl, policy = s.cfg, s.cfg.rl, s.policy
@@ -113,26 +114,18 @@ def mc_grpo_batch(
     )
     texts = policy.tokenizer.batch_decode([x.ids for x in gens], skip_special_tokens=True)
 
-    # one step of each distinct action from its state's snapshot, then V_MC of the non-terminal next states
-    env = s.envs[0]
-    step_reward, next_index = {}, {}
-    next_snaps, next_remaining = [], []
+    # Q_MC of each distinct action at each state (turnforge.critic.mc.mc_q_values)
+    q, steps, distinct_actions = np.zeros(len(texts)), 0, 0
     for i, (t, k) in enumerate(states):
-        for text in dict.fromkeys(texts[i * g:(i + 1) * g]):
-            env.restore(t.snapshots[k])
-            out = env.step(text)
-            step_reward[(i, text)] = out.reward
-            if not (out.terminated or out.truncated) and cfg.rollout.max_turns - k - 1 > 0:
-                next_index[(i, text)] = len(next_snaps)
-                next_snaps.append(env.snapshot())
-                next_remaining.append(cfg.rollout.max_turns - k - 1)
-    est = estimate_values(s, next_snaps, next_remaining, ("q", it), bc_policy) if next_snaps else None
-    q = np.zeros(len(texts))
-    for j, text in enumerate(texts):
-        i = j // g
-        nxt = next_index.get((i, text))
-        future = 0.0 if nxt is None or est is None else float(np.nan_to_num(est.values[nxt]))
-        q[j] = step_reward[(i, text)] + rl.gamma * future
+        group = texts[i * g:(i + 1) * g]
+        distinct = list(dict.fromkeys(group))
+        est = mc_q_values(
+            cfg.env.id, cfg.env.kwargs, t.snapshots[k], distinct, rollouts=cfg.critic.mc_rollouts, gamma=rl.gamma,
+            max_turns=cfg.rollout.max_turns - k, seed=stable_hash(cfg.seed, "mc-q", it, i), workers=cfg.critic.mc_workers,
+        )
+        q[i * g:(i + 1) * g] = [est.values[distinct.index(text)] for text in group]
+        steps += est.env_steps
+        distinct_actions += len(distinct)
     adv = grpo(torch.from_numpy(q), torch.arange(len(texts)) // g, std_normalize=rl.std_normalize).numpy()
 
     out_samples, group_of = [], {}
@@ -153,8 +146,8 @@ def mc_grpo_batch(
         group_of[tid] = f"mcg-{it}-{i}"
     stats = {
         "mc_states": float(len(states)),
-        "mc_env_steps": float(len(step_reward) + (est.env_steps if est else 0)),
-        "mc_distinct_actions": len(step_reward) / max(len(states), 1),
+        "mc_env_steps": float(steps),
+        "mc_distinct_actions": distinct_actions / max(len(states), 1),
         "mc_q_std": float(np.mean([np.std(q[i * g:(i + 1) * g]) for i in range(len(states))])),
     }
     return out_samples, group_of, stats

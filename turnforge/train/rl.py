@@ -14,8 +14,9 @@ Each iteration, top to bottom:
    - ``mc_grpo``: the rollouts only supply states; at ``mc_grpo_states`` of them the
      policy samples G actions, each scored by ``Q_MC(s, a) = r + gamma V_MC(s')``
      from env snapshots, normalised within the state's group (``turnforge.train.mc``);
-3. policy update: PPO-clip with the chosen loss aggregation, optional KL term to the
-   reference (the BC policy), entropy bonus, dual clip;
+3. policy update: PPO-clip with the chosen loss aggregation, optional KL to the
+   reference (the BC policy) as a loss term or, with ``rl.kl_mode=reward``, as a per-turn
+   reward penalty applied in step 2; entropy bonus, dual clip;
 4. critic update (``gae`` with a learned critic): clipped value loss on the targets;
 5. log, evaluate, checkpoint.
 
@@ -36,7 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from turnforge.algos import aggregation_weights, explained_variance, masked_mean, ppo_clip_loss
+from turnforge.algos import aggregation_weights, explained_variance, kl_estimate, masked_mean, ppo_clip_loss
 from turnforge.critic.value import ValueModel, pretrain_critic, sample_targets, turn_values, update_critic
 from turnforge.data.store import write_trajectories
 from turnforge.envs.base import stable_hash
@@ -45,10 +46,11 @@ from turnforge.policy.model import Policy
 from turnforge.rollout.runner import EpisodeRequest, PolicyActor, rollout
 from turnforge.train.checkpoint import save_resumable
 from turnforge.train.common import GuardedStep, collate, generator, rng
-from turnforge.train.credit import gae_turn_advantages, monte_carlo_returns, sample_advantage, turn_advantages
+from turnforge.train.credit import action_turns, gae_turn_advantages, monte_carlo_returns, sample_advantage, turn_advantages
+from turnforge.critic.mc import blend
 from turnforge.train.mc import mc_grpo_batch, mc_turn_values
 from turnforge.train.session import Session
-from turnforge.types import Sample
+from turnforge.types import Sample, Trajectory
 
 
 @dataclass
@@ -97,21 +99,22 @@ def run_rl(
         # 2. credit: per-turn advantages (plus critic targets for gae), or MC-GRPO's state groups
         t1 = time.time()
         extra: dict[str, float] = {}
-        values = targets = None
+        v_phi = values = targets = None
+        penalties = None
+        if reference is not None and rl.kl_mode == "reward":
+            penalties = kl_penalties(reference, ok, policy.pad_id, cfg.rollout.temperature, rl.kl_estimator, rl.kl_coef)
         if rl.advantage == "gae":
-            values = turn_values(critic.model, ok, policy.pad_id) if critic else {t.trajectory_id: np.zeros(t.num_turns) for t in ok}
-            if cfg.critic.mc_weight > 0:
-                v_mc, mc_stats = mc_turn_values(s, ok, it, bc_policy)
-                w = cfg.critic.mc_weight
-                values = {k: (1 - w) * values[k] + w * v_mc[k] for k in values}
-                extra.update(mc_stats)
-            per_turn, targets = gae_turn_advantages(ok, values, rl, cfg.critic)
+            v_phi = turn_values(critic.model, ok, policy.pad_id) if critic else None
+            values, extra = state_values(s, ok, it, v_phi, bc_policy)
+            per_turn, targets = gae_turn_advantages(ok, values, rl, cfg.critic, penalties)
+        elif rl.advantage == "mc_grpo":
+            per_turn = {}
+            batch_samples, group_of, extra = mc_grpo_batch(s, ok, it)
         else:
-            per_turn = turn_advantages(ok, rl) if rl.advantage != "mc_grpo" else {}
-        if rl.advantage == "mc_grpo":
-            batch_samples, group_of, mc_stats = mc_grpo_batch(s, ok, it, bc_policy)
-            extra.update(mc_stats)
-        else:
+            per_turn = turn_advantages(ok, rl, penalties)
+        if penalties is not None and ok:
+            extra["kl_penalty_per_turn"] = float(np.mean(np.concatenate([penalties[t.trajectory_id] for t in ok])))
+        if rl.advantage != "mc_grpo":
             batch_samples = [(x, sample_advantage(x, per_turn[t.trajectory_id])) for t in ok for x in t.samples]
             group_of = {x.trajectory_id: t.group_id for t in ok for x in t.samples}
         groups = set(group_of.values())
@@ -122,22 +125,22 @@ def run_rl(
 
         # 3. policy update: PPO-clip with rl.loss_agg aggregation, minibatches in a seeded order
         t2 = time.time()
-        stats = ppo_update(s, samples, optimizer, step, reference, it)
+        stats = ppo_update(s, samples, optimizer, step, reference if rl.kl_mode == "loss" else None, it)
         policy.version += 1
 
-        # 4. critic update on the GAE targets (clipped value loss)
-        if critic is not None and values is not None and targets is not None:
-            data = [(x, tgt, old) for (x, tgt), (_, old) in zip(sample_targets(ok, targets), sample_targets(ok, values))]
+        # 4. critic update on the GAE targets (clipped value loss around its own rollout-time values)
+        if critic is not None and v_phi is not None and targets is not None:
+            data = [(x, tgt, old) for (x, tgt), (_, old) in zip(sample_targets(ok, targets), sample_targets(ok, v_phi))]
             upd = update_critic(
                 critic.model, critic.optimizer, data, policy.pad_id, epochs=cfg.critic.epochs,
                 minibatch_size=cfg.critic.minibatch_size, clip=cfg.critic.value_clip, max_grad_norm=rl.max_grad_norm,
                 order_rng=rng(cfg.seed, "critic-shuffle", it),
             )
             extra.update(value_loss=upd.loss, explained_variance=upd.explained_variance)
-        elif values is not None and targets is not None:  # MC-only values: how well they predict the targets
-            v = np.concatenate([values[t.trajectory_id] for t in ok]) if ok else np.zeros(0)
-            g = np.concatenate([targets[t.trajectory_id] for t in ok]) if ok else np.zeros(0)
-            extra["explained_variance"] = explained_variance(torch.as_tensor(v), torch.as_tensor(g))
+        if values is not None and targets is not None and ok:  # of the values GAE used (blended or MC-only)
+            v = np.concatenate([values[t.trajectory_id] for t in ok])
+            g = np.concatenate([targets[t.trajectory_id] for t in ok])
+            extra["explained_variance_used"] = explained_variance(torch.as_tensor(v), torch.as_tensor(g))
         t_update = time.time() - t2
 
         # 5. log, evaluate, checkpoint
@@ -184,6 +187,41 @@ def run_rl(
             s.state.stage = "rl"
             s.state.wall_seconds = s.wall_seconds()
             save_resumable(s.run_dir, policy, optimizer, s.state, critic_state(critic))
+
+
+def state_values(
+    s: Session, trajs: list[Trajectory], it: int, v_phi: dict[str, np.ndarray] | None, bc_policy: Policy | None
+) -> tuple[dict[str, np.ndarray], dict[str, float]]:
+    """V(s_k) per turn for GAE: the learned critic's, Monte-Carlo values, or the blend
+    ``(1 - w) V_phi + w V_MC`` (``critic.mc_weight``); plus counters to log."""
+    w = s.cfg.critic.mc_weight
+    if w == 0:
+        assert v_phi is not None  # the config guarantees a value source
+        return v_phi, {}
+    v_mc, stats = mc_turn_values(s, trajs, it, bc_policy)
+    if v_phi is None:
+        return v_mc, stats
+    return {k: np.asarray(blend(v_phi[k], v_mc[k], w), np.float32) for k in v_phi}, stats
+
+
+@torch.no_grad()
+def kl_penalties(
+    reference: torch.nn.Module, trajs: list[Trajectory], pad_id: int, temperature: float, estimator: str, coef: float,
+    batch_size: int = 128,
+) -> dict[str, np.ndarray]:
+    """``rl.kl_mode=reward``: per turn, ``coef`` times the KL estimate to the reference
+    summed over the turn's action tokens (sampling logprobs against the reference's)."""
+    out = {t.trajectory_id: np.zeros(t.num_turns) for t in trajs}
+    samples = [x for t in trajs for x in t.samples]
+    for b in range(0, len(samples), batch_size):
+        chunk = samples[b:b + batch_size]
+        batch = collate(chunk, pad_id)
+        ref, _ = token_logprobs(reference, batch.ids, batch.attention, temperature)
+        kl = (kl_estimate(batch.old_logprobs, ref, estimator) * batch.mask).numpy()
+        for i, x in enumerate(chunk):
+            turn = action_turns(x)
+            np.add.at(out[x.trajectory_id], turn[turn >= 0], coef * kl[i, : len(x)][turn >= 0])
+    return out
 
 
 def budget_spent(s: Session) -> bool:

@@ -131,7 +131,7 @@ def train(cfg: TrainConfig, out: str | Path, *, resume: bool = False, live: bool
         if blob is not None and blob.get("optimizer") is not None:
             optimizer.load_state_dict(blob["optimizer"])
         bc_policy = None
-        if cfg.rl.kl_coef > 0 or (cfg.critic.mc_policy == "bc" and (cfg.rl.advantage == "mc_grpo" or cfg.critic.mc_weight > 0)):
+        if cfg.rl.kl_coef > 0 or (cfg.critic.mc_policy == "bc" and cfg.critic.mc_weight > 0):
             bc_policy = load_policy(run_dir / "checkpoints" / "bc", cfg.model.dtype)
             bc_policy.model = make_reference(bc_policy.model)
         reference = bc_policy.model if bc_policy is not None and cfg.rl.kl_coef > 0 else None
