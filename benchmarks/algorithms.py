@@ -87,8 +87,15 @@ def main() -> None:
     ap.add_argument("--work", default="/tmp/turnforge-bench-algorithms", help="run directories")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
     ap.add_argument("--recipe", default="sokoban-tiny")
+    ap.add_argument("--report-only", action="store_true", help="rewrite the table and plot from algorithms.json")
     args = ap.parse_args()
     work, out = Path(args.work), Path(args.out)
+    if args.report_only:
+        records = json.loads((out / "algorithms.json").read_text())
+        (out / "algorithms.md").write_text(markdown(records, args))
+        plot(records, out / "algorithms.png", args.threshold)
+        print(markdown(records, args))
+        return
     out.mkdir(parents=True, exist_ok=True)
     work.mkdir(parents=True, exist_ok=True)
     common = ["threads=1", "eval.every=5", f"rl.max_env_steps={args.env_steps}", "rl.iterations=1000"]
@@ -116,7 +123,7 @@ def main() -> None:
         if summary is None:
             continue
         curve = _curve(work / f"{m}-{s}")
-        reached = next((p for p in curve if p["success"] >= args.threshold), None)
+        reached = next((p for p in curve if p["success"] >= args.threshold), None)  # first evaluation at or above
         records.append({
             "method": m,
             "seed": s,
@@ -126,6 +133,8 @@ def main() -> None:
             "mc_env_steps": summary.get("mc_env_steps", 0),
             "wall_seconds": summary["wall_seconds"],
             "rl_iterations": summary["rl_iterations"],
+            "env_step_budget": args.env_steps,
+            "threshold": args.threshold,
             "env_steps_to_threshold": reached["env_steps"] if reached else None,
             "seconds_to_threshold": reached["seconds"] if reached else None,
             "curve": curve,
@@ -147,11 +156,11 @@ def markdown(records: list[dict], args: argparse.Namespace) -> str:
 
     lines = [
         f"Held-out success on {args.recipe} (200 held-out episodes per evaluation, sampled at T=1), "
-        f"RL budget {args.env_steps:,} policy env steps, seeds {', '.join(map(str, args.seeds))}; "
-        f"threshold {args.threshold:.2f}.",
+        f"RL budget {records[0]['env_step_budget']:,} policy env steps, "
+        f"seeds {', '.join(map(str, sorted({r['seed'] for r in records})))}; threshold {records[0]['threshold']:.2f}.",
         "",
-        "| method | before RL | after RL (mean ± std) | gain (points) | env steps | MC env steps | wall s | "
-        "env steps to threshold | wall s to threshold | reached |",
+        "| method | before RL | after RL (mean ± std) | gain, points (mean ± std over seeds) | env steps | MC env steps | "
+        "RL wall s | env steps to threshold | wall s to threshold | reached |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for m in dict.fromkeys(r["method"] for r in records):
@@ -159,10 +168,12 @@ def markdown(records: list[dict], args: argparse.Namespace) -> str:
         after = [r["heldout_success"] for r in rs]
         before = [r["heldout_success_before_rl"] for r in rs]
         std = statistics.stdev(after) if len(after) > 1 else 0.0
-        gain = 100 * (statistics.mean(after) - statistics.mean(before))
+        gains = [100 * (a - b) for a, b in zip(after, before)]  # paired: each seed against its own BC start
+        gain_std = statistics.stdev(gains) if len(gains) > 1 else 0.0
         reached = [r for r in rs if r["env_steps_to_threshold"] is not None]
         lines.append(
-            f"| {LABELS[m]} | {statistics.mean(before):.3f} | {statistics.mean(after):.3f} ± {std:.3f} | {gain:+.1f} | "
+            f"| {LABELS[m]} | {statistics.mean(before):.3f} | {statistics.mean(after):.3f} ± {std:.3f} | "
+            f"{statistics.mean(gains):+.1f} ± {gain_std:.1f} | "
             f"{med([r['env_steps'] for r in rs])} | {med([r['mc_env_steps'] for r in rs])} | {med([r['wall_seconds'] for r in rs])} | "
             f"{med([r['env_steps_to_threshold'] for r in reached])} | {med([r['seconds_to_threshold'] for r in reached])} | "
             f"{len(reached)}/{len(rs)} |"
@@ -177,19 +188,26 @@ def plot(records: list[dict], path: Path, threshold: float) -> None:
     import matplotlib.pyplot as plt
     import numpy as np
 
-    fig, ax = plt.subplots(figsize=(8, 5))
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(13, 5))
     for m in dict.fromkeys(r["method"] for r in records):
         curves = [r["curve"] for r in records if r["method"] == m]
         n = min(len(c) for c in curves)
         x = np.mean([[p["env_steps"] for p in c[:n]] for c in curves], axis=0)
         y = np.array([[p["success"] for p in c[:n]] for c in curves])
         ax.plot(x, y.mean(0), marker="o", label=LABELS[m])
-        ax.fill_between(x, y.min(0), y.max(0), alpha=0.12)
+        gain = 100 * (y - y[:, :1])  # points above each seed's own BC start
+        bx.plot(x, gain.mean(0), marker="o", label=LABELS[m])
+        if len(curves) > 1:
+            bx.fill_between(x, gain.mean(0) - gain.std(0, ddof=1), gain.mean(0) + gain.std(0, ddof=1), alpha=0.08)
     ax.axhline(threshold, color="grey", ls=":", lw=1)
-    ax.set_xlabel("policy env steps (RL, incl. value pretraining)")
-    ax.set_ylabel("held-out success (mean over seeds; band = min..max)")
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
+    ax.set_ylabel("held-out success (mean over seeds)")
+    bx.axhline(0, color="grey", lw=1)
+    bx.set_ylabel("gain over the seed's BC start, points")
+    bx.set_title("mean over seeds; band = ±1 std", fontsize=9)
+    for a in (ax, bx):
+        a.set_xlabel("policy env steps (RL, incl. value pretraining)")
+        a.grid(alpha=0.3)
+    ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
