@@ -30,13 +30,13 @@ import torch
 import yaml
 
 from turnforge.config import TrainConfig, config_from_dict
+from turnforge.critic.value import build_value_model
 from turnforge.envs import make_batch
 from turnforge.errors import UserError
 from turnforge.policy.model import load_policy
 from turnforge.policy.tiny import build_tiny_model
 from turnforge.train.bc import run_bc
 from turnforge.train.checkpoint import TrainerState, load_trainer_state, save_model, save_resumable
-from turnforge.critic.value import build_value_model
 from turnforge.train.rl import Critic, budget_spent, make_reference, pretrain_values, run_rl
 from turnforge.train.reporting import MetricsLog, Progress, plot_learning_curve
 from turnforge.train.session import Session
