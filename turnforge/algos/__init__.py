@@ -11,9 +11,12 @@ from turnforge.algos.advantages import (
     rloo,
 )
 from turnforge.algos.losses import (
+    ImportanceStats,
     PolicyLossOutput,
     aggregation_weights,
+    decoupled_ppo_loss,
     explained_variance,
+    importance_weights,
     kl_estimate,
     kl_k3,
     masked_mean,
@@ -25,10 +28,12 @@ from turnforge.algos.losses import (
 __all__ = [
     "aggregation_weights",
     "decoupled_gae",
+    "decoupled_ppo_loss",
     "discounted_returns",
     "explained_variance",
     "gae",
     "gigpo",
+    "importance_weights",
     "grpo",
     "kl_estimate",
     "kl_k3",
@@ -39,5 +44,6 @@ __all__ = [
     "rloo",
     "sft_loss",
     "value_loss",
+    "ImportanceStats",
     "PolicyLossOutput",
 ]
