@@ -1,4 +1,4 @@
-"""The ``turnforge`` command line: train, eval, recipes, envs, check-env, tiny-model.
+"""The ``turnforge`` command line: train, eval, recipes, envs, check-env, tiny-model, bench.
 
 User errors (unknown recipe/env/key, malformed YAML, wrong types, missing paths) print
 one line ``error: ...`` naming the bad input and the valid choices and exit with code 2.
@@ -137,6 +137,43 @@ def tiny_model(out: Path = typer.Argument(..., help="Directory to write the mode
     _quiet_hf()
     build_tiny_model(out)
     console.print(f"saved a tiny Qwen2 model to {out}")
+
+bench_app = typer.Typer(no_args_is_help=True, help="Reproducible benchmarks; results as JSON (and Markdown next to it).")
+app.add_typer(bench_app, name="bench")
+
+
+@bench_app.command("rollout")
+def bench_rollout_cmd(
+    out: Path = typer.Option(Path("benchmarks/results/rollout.json"), "--out", help="JSON result file (Markdown next to it)"),
+    runs_dir: Path = typer.Option(Path("runs/bench-rollout"), "--runs-dir", help="Where the training runs are written"),
+    slow_env_steps: int = typer.Option(12000, "--slow-env-steps", min=1, help="Env-step budget per run on sokoban-slow"),
+    env_steps: int = typer.Option(12000, "--env-steps", min=1, help="Env-step budget per run on sokoban"),
+    eval_episodes: int = typer.Option(200, "--eval-episodes", min=1, help="Held-out episodes per final evaluation"),
+    env: Optional[List[str]] = typer.Option(None, "--env", help="Only these envs (sokoban-slow, sokoban); default both"),
+    envpool: bool = typer.Option(True, "--envpool/--no-envpool", help="Also benchmark the EnvPool alone"),
+) -> None:
+    """Synchronous vs asynchronous RL: throughput, env utilisation, trainer idle, held-out success."""
+    from turnforge.bench.rollout import ENVS, bench_rollout, to_markdown
+    from turnforge.train.run import _quiet_hf
+
+    for e in env or []:
+        if e not in ENVS:
+            raise UserError(f"unknown benchmark env {e!r}; valid: {', '.join(ENVS)}")
+    _quiet_hf()
+    t0 = time.time()
+    result = bench_rollout(runs_dir, {"sokoban-slow": slow_env_steps, "sokoban": env_steps}, eval_episodes, env or None)
+    md = to_markdown(result)
+    if envpool:
+        from turnforge.bench.envpool import bench_envpool
+        from turnforge.bench.envpool import to_markdown as envpool_md
+
+        result["envpool"] = bench_envpool("sokoban-slow", num_envs=16, num_workers=8, steps_per_env=40)
+        md += "\n\nEnvPool alone (sokoban-slow, 16 envs, 8 workers):\n\n" + envpool_md(result["envpool"])
+    result["wall_seconds"] = round(time.time() - t0, 1)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    out.with_suffix(".md").write_text(md + "\n")
+    print(md)
 
 
 def main() -> None:

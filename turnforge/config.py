@@ -65,6 +65,9 @@ class RLConfig(Section):
         None, ge=1, description="Also stop RL once the run's env steps reach this (None = run all iterations); "
         "gives methods an equal env-step budget"
     )
+    max_seconds: float | None = Field(
+        None, gt=0, description="Also stop RL after this many wall-clock seconds of the RL stage (equal wall-clock budgets)"
+    )
     tasks_per_iteration: int = Field(16, ge=1, description="Distinct train tasks per iteration")
     group_size: int = Field(8, ge=2, description="Rollouts per task (G); advantages are normalised within the group")
     lr: float = Field(2e-4, gt=0, description="AdamW learning rate")
@@ -152,6 +155,34 @@ class CriticConfig(Section):
     mc_workers: int = Field(1, ge=1, description="Processes for random-policy Monte-Carlo rollouts")
 
 
+class EngineConfig(Section):
+    """How rollouts run: the synchronous lock-step loop, or the asynchronous engine
+    (``turnforge.rollout.engine``) in a background rollout worker with bounded staleness."""
+
+    mode: Literal["sync", "async"] = Field(
+        "sync",
+        description="'sync': lock-step rollouts, then the update (deterministic); 'async': per-trajectory rollouts "
+        "in a rollout worker that runs while the trainer updates",
+    )
+    eta: int = Field(0, ge=0, description="Staleness bound (async): a trajectory is trained at most eta policy versions after it started")
+    partial_rollouts: bool = Field(
+        False, description="Train on the first groups to finish; running ones carry over with newer weights (APRIL; needs eta >= 1)"
+    )
+    is_cap: float | None = Field(
+        2.0, gt=0, description="Truncated importance sampling cap C on pi_prox / pi_behav (async; None = untruncated)"
+    )
+    env_workers: int = Field(0, ge=0, description="Env worker processes (EnvPool); 0 = envs run in the rollout worker itself")
+    env_slots: int | None = Field(
+        None, ge=1, description="Envs the engine keeps busy (default: (eta + 1) x the trajectories of one iteration)"
+    )
+    step_timeout: float = Field(30.0, gt=0, description="Seconds an env step may take before its worker is restarted")
+    worker_memory_mb: int | None = Field(None, ge=64, description="Address-space limit of each env worker (None = none)")
+    ray_address: str | None = Field(
+        None, description="cluster=ray: 'auto' / 'host:port' of a running Ray cluster; None starts a local one"
+    )
+    ray_cpus_per_env_worker: float = Field(0.5, ge=0, description="cluster=ray: CPUs Ray reserves per env worker actor")
+
+
 class EvalConfig(Section):
     episodes: int = Field(200, ge=1, description="Held-out episodes per evaluation")
     split: Literal["heldout", "train"] = Field("heldout", description="Task split to evaluate on")
@@ -171,6 +202,10 @@ class TrainConfig(Section):
     rl: RLConfig = Field(default_factory=RLConfig, description="RL stage")
     critic: CriticConfig = Field(default_factory=CriticConfig, description="State values for PPO/GAE (rl.advantage=gae)")
     eval: EvalConfig = Field(default_factory=EvalConfig, description="Held-out evaluation")
+    engine: EngineConfig = Field(default_factory=EngineConfig, description="Synchronous or asynchronous rollouts")
+    cluster: Literal["local", "ray"] = Field(
+        "local", description="'local': one process (plus env worker processes); 'ray': env and rollout workers are Ray actors"
+    )
     checkpoint_every: int = Field(5, ge=1, description="Save a resumable checkpoint every N RL iterations")
     threads: int = Field(2, ge=1, description="torch intra-op threads (fixed for determinism)")
 
@@ -210,6 +245,28 @@ def incompatible_options(cfg: TrainConfig) -> str | None:
         return "rl.kl_mode=reward penalises episode turns; rl.advantage=mc_grpo scores single actions: use rl.kl_mode=loss"
     if rl.advantage == "mc_grpo" and rl.shaping != "none":
         return "rl.shaping=potential does not apply to rl.advantage=mc_grpo (its Q values come from env rollouts)"
+    eng = cfg.engine
+    if eng.mode == "sync" and (eng.eta > 0 or eng.partial_rollouts):
+        what = f"engine.eta={eng.eta}" if eng.eta > 0 else "engine.partial_rollouts=true"
+        return f"{what} needs engine.mode=async (the sync loop is always on-policy)"
+    if eng.partial_rollouts and eng.eta < 1:
+        return "engine.partial_rollouts=true needs engine.eta >= 1: a carried-over trajectory is at least one version old"
+    if eng.mode == "async" and rl.advantage in ("gae", "mc_grpo"):
+        return f"engine.mode=async supports the critic-free estimators (grpo, rloo, reinforce_pp, gigpo); got rl.advantage={rl.advantage}"
+    if eng.mode == "async" and rl.kl_mode == "reward" and rl.kl_coef > 0:
+        return "rl.kl_mode=reward is not supported with engine.mode=async: use rl.kl_mode=loss"
+    batch = rl.tasks_per_iteration * rl.group_size
+    if eng.env_slots is not None and eng.env_slots < rl.group_size:
+        return f"engine.env_slots={eng.env_slots} cannot hold one group of rl.group_size={rl.group_size}"
+    if eng.mode == "sync" and eng.env_slots is not None and eng.env_slots < batch:
+        return f"engine.env_slots={eng.env_slots} < one iteration's {batch} trajectories (rl.tasks_per_iteration x rl.group_size) in engine.mode=sync"
+    uses_mc = rl.advantage == "mc_grpo" or critic.mc_weight > 0
+    if uses_mc and eng.env_workers > 0:
+        return f"Monte-Carlo values (rl.advantage={rl.advantage}, critic.mc_weight={critic.mc_weight}) need env snapshots in the trainer: set engine.env_workers=0"
+    if cfg.cluster == "ray" and eng.mode == "sync":
+        return "cluster=ray runs rollout workers as Ray actors and needs engine.mode=async (eta=0 is on-policy)"
+    if eng.ray_address is not None and cfg.cluster != "ray":
+        return f"engine.ray_address={eng.ray_address} is only used with cluster=ray (got cluster={cfg.cluster})"
     return None
 
 

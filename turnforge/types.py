@@ -148,6 +148,7 @@ class Trajectory:
     truncation_reason: str | None  # "max_turns" | "context_budget" | "env" | None
     policy_version: int
     infra_failure: str | None = None
+    resumed_steps: int = 0  # env steps replayed from a snapshot after a worker crash or hang (EnvPool)
     snapshots: tuple[EnvSnapshot, ...] = field(default=(), repr=False, compare=False)  # [num_turns] or ()
 
     @property

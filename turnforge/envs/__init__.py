@@ -9,6 +9,7 @@ from turnforge.envs.registry import list_envs, make, make_batch, register
 register("sokoban", "turnforge.envs.sokoban:SokobanEnv", dim=6, num_boxes=1)
 register("frozenlake", "turnforge.envs.frozenlake:FrozenLakeEnv", size=4, is_slippery=False)
 register("frozenlake-slippery", "turnforge.envs.frozenlake:FrozenLakeEnv", size=4, is_slippery=True)
+register("sokoban-slow", "turnforge.envs.latency:SlowSokobanEnv", dim=6, num_boxes=1)
 register("2048", "turnforge.envs.game2048:Game2048Env", size=4, target_tile=256)
 
 __all__ = [

@@ -37,13 +37,17 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from turnforge.algos import aggregation_weights, explained_variance, kl_estimate, masked_mean, ppo_clip_loss
+from turnforge.algos import (
+    aggregation_weights, decoupled_ppo_loss, explained_variance, importance_weights, kl_estimate, masked_mean,
+    ppo_clip_loss,
+)
 from turnforge.critic.value import ValueModel, pretrain_critic, sample_targets, turn_values, update_critic
 from turnforge.data.store import write_trajectories
 from turnforge.envs.base import stable_hash
 from turnforge.policy.generate import token_logprobs
 from turnforge.policy.model import Policy
 from turnforge.rollout.runner import EpisodeRequest, PolicyActor, rollout
+from turnforge.train.rollouts import make_rollouts
 from turnforge.train.checkpoint import save_resumable
 from turnforge.train.common import GuardedStep, collate, generator, rng
 from turnforge.train.credit import action_turns, gae_turn_advantages, monte_carlo_returns, sample_advantage, turn_advantages
@@ -73,120 +77,121 @@ def run_rl(
     checkpoint). ``reference``: frozen BC model for the KL term; ``bc_policy``: frozen BC
     policy for Monte-Carlo rollouts with ``critic.mc_policy=bc``."""
     cfg, rl = s.cfg, s.cfg.rl
-    policy, envs = s.policy, s.envs
+    policy = s.policy
     step = GuardedStep(policy.model, optimizer, rl.max_grad_norm, rl.max_bad_steps)
     step.skipped = s.state.skipped_steps
     s.progress.stage("rl", rl.iterations)
+    s.rl_started = time.time()
     uses_mc = rl.advantage == "mc_grpo" or (rl.advantage == "gae" and cfg.critic.mc_weight > 0)
 
     end = rl.iterations if stop_after is None else min(rl.iterations, stop_after)
-    while s.state.iteration < end and not budget_spent(s):
-        it = s.state.iteration
-        t0 = time.time()
+    with make_rollouts(s, keep_snapshots=uses_mc) as rollouts:
+        while s.state.iteration < end and not budget_spent(s):
+            it = s.state.iteration
+            t0 = time.time()
 
-        # 1. rollout: G episodes of each task, all with distinct env seeds
-        task_ids = rng(cfg.seed, "rl-tasks", it).integers(0, 2**31 - 1, rl.tasks_per_iteration)
-        requests = [
-            EpisodeRequest(envs[0].task("train", int(t)), stable_hash(cfg.seed, "rl", it, k, g), f"{it}-{k}", f"rl-{it}-{k}-{g}")
-            for k, t in enumerate(task_ids)
-            for g in range(rl.group_size)
-        ]
-        actor = PolicyActor(policy, cfg.rollout.max_new_tokens, cfg.rollout.temperature, generator(cfg.seed, "rl-sample", it))
-        trajs, rstats = rollout(actor, envs, requests, cfg.rollout, policy, keep_snapshots=uses_mc)
-        ok = [t for t in trajs if t.infra_failure is None]
-        t_rollout = time.time() - t0
+            # 1. rollout: G episodes of each of tasks_per_iteration tasks (lock-step, or the
+            #    oldest groups the asynchronous engine finished, each at most engine.eta versions old)
+            got = rollouts.next(it)
+            trajs, rstats = got.trajectories, got.stats
+            ok = [t for t in trajs if t.infra_failure is None]
+            t_rollout = time.time() - t0
 
-        # 2. credit: per-turn advantages (plus critic targets for gae), or MC-GRPO's state groups
-        t1 = time.time()
-        extra: dict[str, float] = {}
-        v_phi = values = targets = None
-        penalties = None
-        if reference is not None and rl.kl_mode == "reward":
-            penalties = kl_penalties(reference, ok, policy.pad_id, cfg.rollout.temperature, rl.kl_estimator, rl.kl_coef)
-        if rl.advantage == "gae":
-            v_phi = turn_values(critic.model, ok, policy.pad_id) if critic else None
-            values, extra = state_values(s, ok, it, v_phi, bc_policy)
-            per_turn, targets = gae_turn_advantages(ok, values, rl, cfg.critic, penalties)
-        elif rl.advantage == "mc_grpo":
-            per_turn = {}
-            batch_samples, group_of, extra = mc_grpo_batch(s, ok, it)
-        else:
-            per_turn = turn_advantages(ok, rl, penalties)
-        if penalties is not None and ok:
-            extra["kl_penalty_per_turn"] = float(np.mean(np.concatenate([penalties[t.trajectory_id] for t in ok])))
-        if rl.advantage != "mc_grpo":
-            batch_samples = [(x, sample_advantage(x, per_turn[t.trajectory_id])) for t in ok for x in t.samples]
-            group_of = {x.trajectory_id: t.group_id for t in ok for x in t.samples}
-        groups = set(group_of.values())
-        flat = {g for g in groups if all(np.all(np.abs(a) < 1e-8) for x, a in batch_samples if group_of[x.trajectory_id] == g)}
-        samples = [(x, a) for x, a in batch_samples if not (rl.skip_zero_variance_groups and group_of[x.trajectory_id] in flat)]
-        write_trajectories(s.run_dir / "trajectories" / f"rl_{it:05d}.parquet", trajs, stage="rl", iteration=it, advantages=per_turn or None)
-        t_credit = time.time() - t1
+            # 2. credit: per-turn advantages (plus critic targets for gae), or MC-GRPO's state groups
+            t1 = time.time()
+            extra: dict[str, float] = {}
+            v_phi = values = targets = None
+            penalties = None
+            if reference is not None and rl.kl_mode == "reward":
+                penalties = kl_penalties(reference, ok, policy.pad_id, cfg.rollout.temperature, rl.kl_estimator, rl.kl_coef)
+            if rl.advantage == "gae":
+                v_phi = turn_values(critic.model, ok, policy.pad_id) if critic else None
+                values, extra = state_values(s, ok, it, v_phi, bc_policy)
+                per_turn, targets = gae_turn_advantages(ok, values, rl, cfg.critic, penalties)
+            elif rl.advantage == "mc_grpo":
+                per_turn = {}
+                batch_samples, group_of, extra = mc_grpo_batch(s, ok, it)
+            else:
+                per_turn = turn_advantages(ok, rl, penalties)
+            if penalties is not None and ok:
+                extra["kl_penalty_per_turn"] = float(np.mean(np.concatenate([penalties[t.trajectory_id] for t in ok])))
+            if rl.advantage != "mc_grpo":
+                batch_samples = [(x, sample_advantage(x, per_turn[t.trajectory_id])) for t in ok for x in t.samples]
+                group_of = {x.trajectory_id: t.group_id for t in ok for x in t.samples}
+            groups = set(group_of.values())
+            flat = {g for g in groups if all(np.all(np.abs(a) < 1e-8) for x, a in batch_samples if group_of[x.trajectory_id] == g)}
+            samples = [(x, a) for x, a in batch_samples if not (rl.skip_zero_variance_groups and group_of[x.trajectory_id] in flat)]
+            write_trajectories(s.run_dir / "trajectories" / f"rl_{it:05d}.parquet", trajs, stage="rl", iteration=it, advantages=per_turn or None)
+            t_credit = time.time() - t1
 
-        # 3. policy update: PPO-clip with rl.loss_agg aggregation, minibatches in a seeded order
-        t2 = time.time()
-        stats = ppo_update(s, samples, optimizer, step, reference if rl.kl_mode == "loss" else None, it)
-        policy.version += 1
+            # 3. policy update: PPO-clip with rl.loss_agg aggregation, minibatches in a seeded order;
+            #    asynchronous rollouts use the decoupled objective with truncated importance weights
+            t2 = time.time()
+            stats = ppo_update(s, samples, optimizer, step, reference if rl.kl_mode == "loss" else None, it,
+                               decoupled=cfg.engine.mode == "async")
+            policy.version += 1
+            rollouts.after_update()  # weight sync to the rollout worker (a no-op for the sync runner)
 
-        # 4. critic update on the GAE targets (clipped value loss around its own rollout-time values)
-        if critic is not None and v_phi is not None and targets is not None:
-            data = [(x, tgt, old) for (x, tgt), (_, old) in zip(sample_targets(ok, targets), sample_targets(ok, v_phi))]
-            upd = update_critic(
-                critic.model, critic.optimizer, data, policy.pad_id, epochs=cfg.critic.epochs,
-                minibatch_size=cfg.critic.minibatch_size, clip=cfg.critic.value_clip, max_grad_norm=rl.max_grad_norm,
-                order_rng=rng(cfg.seed, "critic-shuffle", it),
+            # 4. critic update on the GAE targets (clipped value loss around its own rollout-time values)
+            if critic is not None and v_phi is not None and targets is not None:
+                data = [(x, tgt, old) for (x, tgt), (_, old) in zip(sample_targets(ok, targets), sample_targets(ok, v_phi))]
+                upd = update_critic(
+                    critic.model, critic.optimizer, data, policy.pad_id, epochs=cfg.critic.epochs,
+                    minibatch_size=cfg.critic.minibatch_size, clip=cfg.critic.value_clip, max_grad_norm=rl.max_grad_norm,
+                    order_rng=rng(cfg.seed, "critic-shuffle", it),
+                )
+                extra.update(value_loss=upd.loss, explained_variance=upd.explained_variance)
+            if values is not None and targets is not None and ok:  # of the values GAE used (blended or MC-only)
+                v = np.concatenate([values[t.trajectory_id] for t in ok])
+                g = np.concatenate([targets[t.trajectory_id] for t in ok])
+                extra["explained_variance_used"] = explained_variance(torch.as_tensor(v), torch.as_tensor(g))
+            t_update = time.time() - t2
+
+            # 5. log, evaluate, checkpoint
+            s.state.iteration = it + 1
+            s.state.env_steps += got.env_steps
+            s.state.mc_env_steps += int(extra.get("mc_env_steps", 0))
+            s.state.train_tokens += stats["tokens"]
+            s.state.skipped_steps = step.skipped
+            n_ok = max(len(ok), 1)
+            returns_by_group = {g: [t.episode_return for t in ok if t.group_id == g] for g in {t.group_id for t in ok}}
+            record = {
+                "iteration": it + 1,
+                "reward": sum(t.episode_return for t in ok) / n_ok,
+                "success": sum(t.success for t in ok) / n_ok,
+                "invalid_action_rate": sum(t.num_invalid for t in ok) / max(sum(t.num_turns for t in ok), 1),
+                "mean_turns": sum(t.num_turns for t in ok) / n_ok,
+                **{k: v for k, v in stats.items() if k != "tokens"},
+                "samples": len(samples),
+                "zero_variance_groups": len(flat) / max(len(groups), 1),
+                "group_return_std": float(np.mean([np.std(r, ddof=1) for r in returns_by_group.values() if len(r) > 1] or [0.0])),
+                "action_tokens_per_turn": sum(x.num_action_tokens for t in ok for x in t.samples) / max(sum(t.num_turns for t in ok), 1),
+                **extra,
+                **got.metrics,
+                "rollout_seconds": round(t_rollout, 3),
+                "credit_seconds": round(t_credit, 3),
+                "update_seconds": round(t_update, 3),
+                "gen_tokens_per_s": rstats.generated_tokens / max(t_rollout, 1e-9),
+                "train_tokens_per_s": stats["tokens"] / max(t_update, 1e-9),
+                "obs_truncations": rstats.obs_truncations,
+                "context_overflows": rstats.context_overflows,
+                "generation_truncations": rstats.generation_truncations,
+                "infra_failures": rstats.infra_failures,
+                "skipped_steps": step.skipped,
+                "policy_version": policy.version,
+            }
+            s.metrics.log("rl_iter", s.state.env_steps, **record)
+            s.progress.update(
+                it + 1, reward=record["reward"], success=record["success"], loss=record["loss"],
+                tokens_per_s=(stats["tokens"] + rstats.generated_tokens) / max(time.time() - t0, 1e-9),
             )
-            extra.update(value_loss=upd.loss, explained_variance=upd.explained_variance)
-        if values is not None and targets is not None and ok:  # of the values GAE used (blended or MC-only)
-            v = np.concatenate([values[t.trajectory_id] for t in ok])
-            g = np.concatenate([targets[t.trajectory_id] for t in ok])
-            extra["explained_variance_used"] = explained_variance(torch.as_tensor(v), torch.as_tensor(g))
-        t_update = time.time() - t2
-
-        # 5. log, evaluate, checkpoint
-        s.state.iteration = it + 1
-        s.state.env_steps += rstats.turns
-        s.state.mc_env_steps += int(extra.get("mc_env_steps", 0))
-        s.state.train_tokens += stats["tokens"]
-        s.state.skipped_steps = step.skipped
-        n_ok = max(len(ok), 1)
-        returns_by_group = {g: [t.episode_return for t in ok if t.group_id == g] for g in {t.group_id for t in ok}}
-        record = {
-            "iteration": it + 1,
-            "reward": sum(t.episode_return for t in ok) / n_ok,
-            "success": sum(t.success for t in ok) / n_ok,
-            "invalid_action_rate": sum(t.num_invalid for t in ok) / max(sum(t.num_turns for t in ok), 1),
-            "mean_turns": sum(t.num_turns for t in ok) / n_ok,
-            **{k: v for k, v in stats.items() if k != "tokens"},
-            "samples": len(samples),
-            "zero_variance_groups": len(flat) / max(len(groups), 1),
-            "group_return_std": float(np.mean([np.std(r, ddof=1) for r in returns_by_group.values() if len(r) > 1] or [0.0])),
-            "action_tokens_per_turn": sum(x.num_action_tokens for t in ok for x in t.samples) / max(sum(t.num_turns for t in ok), 1),
-            **extra,
-            "rollout_seconds": round(t_rollout, 3),
-            "credit_seconds": round(t_credit, 3),
-            "update_seconds": round(t_update, 3),
-            "gen_tokens_per_s": rstats.generated_tokens / max(t_rollout, 1e-9),
-            "train_tokens_per_s": stats["tokens"] / max(t_update, 1e-9),
-            "obs_truncations": rstats.obs_truncations,
-            "context_overflows": rstats.context_overflows,
-            "generation_truncations": rstats.generation_truncations,
-            "infra_failures": rstats.infra_failures,
-            "skipped_steps": step.skipped,
-            "policy_version": policy.version,
-        }
-        s.metrics.log("rl_iter", s.state.env_steps, **record)
-        s.progress.update(
-            it + 1, reward=record["reward"], success=record["success"], loss=record["loss"],
-            tokens_per_s=(stats["tokens"] + rstats.generated_tokens) / max(time.time() - t0, 1e-9),
-        )
-        last = it + 1 == end or budget_spent(s)
-        if cfg.eval.every and (it + 1) % cfg.eval.every == 0 and not last and it + 1 < rl.iterations:
-            s.evaluate(f"rl-{it + 1}")
-        if (it + 1) % cfg.checkpoint_every == 0 or last:
-            s.state.stage = "rl"
-            s.state.wall_seconds = s.wall_seconds()
-            save_resumable(s.run_dir, policy, optimizer, s.state, critic_state(critic))
+            last = it + 1 == end or budget_spent(s)
+            if cfg.eval.every and (it + 1) % cfg.eval.every == 0 and not last and it + 1 < rl.iterations:
+                s.evaluate(f"rl-{it + 1}")
+            if (it + 1) % cfg.checkpoint_every == 0 or last:
+                s.state.stage = "rl"
+                s.state.wall_seconds = s.wall_seconds()
+                save_resumable(s.run_dir, policy, optimizer, s.state, critic_state(critic))
 
 
 def state_values(
@@ -225,8 +230,11 @@ def kl_penalties(
 
 
 def budget_spent(s: Session) -> bool:
-    """``rl.max_env_steps`` reached (never, without one)."""
-    return s.cfg.rl.max_env_steps is not None and s.state.env_steps >= s.cfg.rl.max_env_steps
+    """``rl.max_env_steps`` or ``rl.max_seconds`` (RL-stage wall clock of this process) reached."""
+    rl = s.cfg.rl
+    if rl.max_seconds is not None and s.rl_started is not None and time.time() - s.rl_started >= rl.max_seconds:
+        return True
+    return rl.max_env_steps is not None and s.state.env_steps >= rl.max_env_steps
 
 
 def ppo_update(
@@ -236,12 +244,19 @@ def ppo_update(
     step: GuardedStep,
     reference: torch.nn.Module | None,
     it: int,
+    decoupled: bool = False,
 ) -> dict[str, float]:
-    """``rl.epochs`` passes of PPO-clip minibatch steps over ``(sample, advantage)`` pairs."""
+    """``rl.epochs`` passes of PPO-clip minibatch steps over ``(sample, advantage)`` pairs.
+
+    ``decoupled`` (asynchronous rollouts): the trust region is around the proximal policy,
+    the weights before this update, whose logprobs are recomputed here once; the gap to
+    the behaviour policy (the sampling logprobs of whatever version sampled each token) is
+    a truncated importance weight, capped at ``engine.is_cap``."""
     cfg, rl, policy = s.cfg, s.cfg.rl, s.policy
     episode_tokens: dict[str, int] = {}
     for x, _ in samples:
         episode_tokens[x.trajectory_id] = episode_tokens.get(x.trajectory_id, 0) + x.num_action_tokens
+    prox, offpolicy = (proximal_logprobs(s, [x for x, _ in samples]) if decoupled else (None, {}))
     policy.model.train()
     order = rng(cfg.seed, "rl-shuffle", it).permutation(len(samples)).tolist()
     losses, clip_fracs, kls, norms, entropies, ref_kls, tokens = [], [], [], [], [], [], 0
@@ -259,11 +274,19 @@ def ppo_update(
                 torch.tensor([x.num_action_tokens for x, _ in chunk]),
                 torch.tensor([episode_tokens[x.trajectory_id] for x, _ in chunk]),
             )
-            out = ppo_clip_loss(
-                logprobs, batch.old_logprobs, batch.advantages, batch.mask,
-                rl.clip_low, rl.clip_high, ref_logprobs=ref, kl_coef=rl.kl_coef, weights=weights,
+            ppo_kwargs = dict(
+                clip_low=rl.clip_low, clip_high=rl.clip_high, ref_logprobs=ref, kl_coef=rl.kl_coef, weights=weights,
                 dual_clip=rl.dual_clip, kl_estimator=rl.kl_estimator, entropy=entropy, entropy_coef=rl.entropy_coef,
             )
+            if prox is None:
+                out = ppo_clip_loss(logprobs, batch.old_logprobs, batch.advantages, batch.mask, **ppo_kwargs)
+            else:
+                rows = [prox[i] for i in order[b:b + rl.minibatch_size]]
+                prox_b = torch.zeros_like(batch.old_logprobs)
+                for r, row in enumerate(rows):
+                    prox_b[r, : len(row)] = row
+                out, _ = decoupled_ppo_loss(logprobs, prox_b, batch.old_logprobs, batch.advantages, batch.mask,
+                                            is_cap=cfg.engine.is_cap, **ppo_kwargs)
             norm = step(out.loss)
             if norm is not None:
                 norms.append(norm)
@@ -280,7 +303,45 @@ def ppo_update(
 
     return {
         "loss": mean(losses), "clip_fraction": mean(clip_fracs), "approx_kl": mean(kls), "kl_ref": mean(ref_kls),
-        "entropy": mean(entropies), "grad_norm": mean(norms), "tokens": tokens,
+        "entropy": mean(entropies), "grad_norm": mean(norms), "tokens": tokens, **offpolicy,
+    }
+
+
+@torch.no_grad()
+def proximal_logprobs(s: Session, samples: list[Sample], batch_size: int = 128) -> tuple[list[torch.Tensor], dict[str, float]]:
+    """Logprobs of every sample under the current weights (the proximal policy of the
+    decoupled loss), one ``[T]`` row per sample, plus off-policy diagnostics over all action
+    tokens: the share sampled by an older version, the truncated importance weights
+    ``min(pi_prox / pi_behav, engine.is_cap)`` (mean, largest raw, truncated share), and the
+    rollout-vs-trainer mismatch ``|p_trainer - p_rollout|`` on tokens the current version
+    sampled (numerics only: the KV-cache sampler against the trainer's forward pass)."""
+    policy, temperature, cap = s.policy, s.cfg.rollout.temperature, s.cfg.engine.is_cap
+    policy.model.eval()
+    rows: list[torch.Tensor] = []
+    stale, weights, raw_max, truncated, diffs = 0, [], 1.0, 0, []
+    for b in range(0, len(samples), batch_size):
+        chunk = samples[b:b + batch_size]
+        batch = collate(chunk, policy.pad_id)
+        lp, _ = token_logprobs(policy.model, batch.ids, batch.attention, temperature)
+        w, st = importance_weights(lp, batch.old_logprobs, batch.mask, cap)
+        on = batch.mask.bool()
+        weights.append(w[on])
+        raw_max = max(raw_max, st.max)
+        truncated += round(st.truncated_fraction * int(on.sum()))
+        for i, x in enumerate(chunk):
+            rows.append(lp[i, : len(x)].clone())
+            acted = x.loss_mask.astype(bool)
+            stale += int((x.versions[acted] < policy.version).sum())
+            fresh = acted & (x.versions == policy.version)
+            if fresh.any():
+                diffs.append((lp[i, : len(x)][torch.from_numpy(fresh)].exp() - torch.from_numpy(x.logprobs[fresh]).exp()).abs())
+    w = torch.cat(weights) if weights else torch.ones(1)
+    d = torch.cat(diffs) if diffs else torch.zeros(1)
+    n = max(int(w.numel()), 1)
+    return rows, {
+        "offpolicy_token_fraction": stale / n, "is_weight_mean": float(w.mean()), "is_weight_max": raw_max,
+        "is_truncated_fraction": truncated / n,
+        "logprob_mismatch_max": float(d.max()), "logprob_mismatch_mean": float(d.mean()),
     }
 
 
@@ -301,7 +362,7 @@ def pretrain_values(s: Session, critic: Critic) -> dict[str, float]:
         actor = PolicyActor(policy, cfg.rollout.max_new_tokens, cfg.rollout.temperature, generator(cfg.seed, "value-pretrain", start))
         out, rstats = rollout(actor, s.envs, requests, cfg.rollout, policy)
         trajs.extend(t for t in out if t.infra_failure is None)
-        s.state.env_steps += rstats.turns
+        s.state.env_steps += got.env_steps
     s.progress.message(f"value pretraining on {len(trajs)} BC episodes ({sum(t.num_turns for t in trajs)} states)")
     stats = pretrain_critic(
         critic.model, critic.optimizer, sample_targets(trajs, monte_carlo_returns(trajs, cfg.rl)), policy.pad_id,

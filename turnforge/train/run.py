@@ -136,6 +136,7 @@ def train(cfg: TrainConfig, out: str | Path, *, resume: bool = False, live: bool
             bc_policy.model = make_reference(bc_policy.model)
         reference = bc_policy.model if bc_policy is not None and cfg.rl.kl_coef > 0 else None
         run_rl(s, optimizer, reference, critic, bc_policy, stop_after)
+        rl_seconds = time.time() - s.rl_started if s.rl_started is not None else None
         if state.iteration < cfg.rl.iterations and not budget_spent(s):
             metrics.close()
             return {"stopped_after": state.iteration}
@@ -155,6 +156,8 @@ def train(cfg: TrainConfig, out: str | Path, *, resume: bool = False, live: bool
             "eval_after_rl": after,
             "success_gain_points": round(100 * (after["success_rate"] - state.eval_before_rl["success_rate"]), 2),
             "rl_iterations": state.iteration,
+            "rl_seconds": None if rl_seconds is None else round(rl_seconds, 2),  # this process's RL stage
+            "engine": {"mode": cfg.engine.mode, "eta": cfg.engine.eta, "env_workers": cfg.engine.env_workers, "cluster": cfg.cluster},
             "policy_version": policy.version,
             "skipped_steps": state.skipped_steps,
             "advantage": cfg.rl.advantage,

@@ -26,6 +26,7 @@ class Session:
     state: TrainerState
     started: float = field(default_factory=time.time)
     wall_offset: float = 0.0  # wall seconds of earlier (interrupted) parts of the run
+    rl_started: float | None = None  # time.time() when this process began the RL stage (rl.max_seconds)
 
     def wall_seconds(self) -> float:
         return self.wall_offset + time.time() - self.started
