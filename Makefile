@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m venv $(VENV)
 	# The CPU wheel first: a bare `torch` requirement would pull several GB of CUDA packages.
 	$(BIN)/pip install -q "torch==2.13.0"
-	$(BIN)/pip install -q -e ".[dev]"
+	$(BIN)/pip install -q -e ".[dev,ray]"
 	touch $(STAMP)
 
 train: setup

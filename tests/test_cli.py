@@ -24,6 +24,11 @@ def run_cli(*args, cwd=None):
         (["train", "model.path=/no/such/model"], "model path '/no/such/model' does not exist"),
         (["eval", "/no/such/ckpt"], "model path '/no/such/ckpt' does not exist"),
         (["train", "--resume", "/no/such/run"], "no config.yaml there"),
+        (["train", "cluster=ray", "engine.mode=async", "engine.ray_address=127.0.0.1:1"], "cannot reach a Ray cluster at '127.0.0.1:1'"),
+        (["train", "engine.eta=2"], "engine.eta=2 needs engine.mode=async"),
+        (["train", "engine.mode=async", "engine.partial_rollouts=true"], "engine.partial_rollouts=true needs engine.eta >= 1"),
+        (["train", "engine.env_slots=4"], "engine.env_slots=4 cannot hold one group of rl.group_size=8"),
+        (["bench", "rollout", "--env", "chess"], "unknown benchmark env 'chess'"),
     ],
 )
 def test_user_errors_exit_2_with_one_line(tmp_path, args, expected):

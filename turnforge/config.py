@@ -177,10 +177,15 @@ class EngineConfig(Section):
     )
     step_timeout: float = Field(30.0, gt=0, description="Seconds an env step may take before its worker is restarted")
     worker_memory_mb: int | None = Field(None, ge=64, description="Address-space limit of each env worker (None = none)")
+    worker_cpu_seconds: int | None = Field(
+        None, ge=1, description="CPU-time budget of one env step in a worker (whole seconds; over it the step fails as infra)"
+    )
     ray_address: str | None = Field(
         None, description="cluster=ray: 'auto' / 'host:port' of a running Ray cluster; None starts a local one"
     )
-    ray_cpus_per_env_worker: float = Field(0.5, ge=0, description="cluster=ray: CPUs Ray reserves per env worker actor")
+    ray_cpus_per_env_worker: float = Field(
+        0.0, ge=0, description="cluster=ray: CPUs Ray reserves per env worker actor (0: envs mostly wait, any number fit)"
+    )
 
 
 class EvalConfig(Section):

@@ -63,3 +63,18 @@ def test_fault_injection_every_episode_accounted_once(tmp_path):
         ids += list(dict.fromkeys(table.column("trajectory_id").to_pylist()))  # rows are samples: one id per trajectory
     assert len(ids) == len(set(ids)) == 4 * 3 * 2
     assert sum(e["resumed_steps"] for e in events) + sum(e["infra_failures"] for e in events) > 0
+
+
+def test_cluster_ray_trains(tmp_path):
+    """cluster=ray: the rollout worker is a Ray actor on a local Ray instance; the trainer
+    ships weights through the object store after every update."""
+    ray = pytest.importorskip("ray")
+    over = FAST + ["cluster=ray", "engine.mode=async", "engine.eta=1", "rl.skip_zero_variance_groups=false"]
+    try:
+        summary = train(load_config("sokoban-tiny", over), tmp_path / "r", live=False)
+    finally:
+        ray.shutdown()
+    assert summary["rl_iterations"] == 3 and summary["engine"]["cluster"] == "ray"
+    events = _events(tmp_path / "r")
+    assert all(e["staleness_max"] <= 1 for e in events)
+    assert max(e["policy_version"] for e in events) == summary["policy_version"]

@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 
 from turnforge.config import RolloutConfig
 from turnforge.envs import make_batch
-from turnforge.rollout.engine import EnvStep, InlineEnvs, RolloutEngine
+from turnforge.envpool import EnvResult
+from turnforge.rollout.engine import InlineEnvs, RolloutEngine
 from turnforge.rollout.runner import EpisodeRequest, PolicyActor, rollout
 
 CFG = RolloutConfig(max_turns=4, max_new_tokens=3, max_context_tokens=256)
@@ -68,14 +69,14 @@ class ShuffledBackend:
     def __init__(self, envs, seed, fail_every=0):
         self.inline, self.num_envs = InlineEnvs(envs), len(envs)
         self.rng, self.fail_every, self.count = random.Random(seed), fail_every, 0
-        self.waiting: list[tuple[int, EnvStep]] = []
+        self.waiting: list[tuple[int, EnvResult]] = []
         self.sent = deque()
 
     def _queue(self):
         for r in self.inline.recv():
             self.count += 1
             if self.fail_every and self.count % self.fail_every == 0:
-                r = EnvStep(r.env_id, r.kind, "", 0.0, False, False, False, False, "failed", "injected", "", 0.0)
+                r = EnvResult(r.env_id, r.kind, "", 0.0, False, False, False, False, {}, "failed", "injected", 0.0)
             self.waiting.append((int(self.rng.paretovariate(1.2)), r))
 
     def send_reset(self, ids, seeds, tasks):

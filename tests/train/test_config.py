@@ -38,6 +38,17 @@ def test_default_recipe_loads_and_overrides_apply():
         (["rl.advantage=mc_grpo", "rl.kl_mode=reward"], r"rl.kl_mode=reward penalises episode turns"),
         (["rl.advantage=mc_grpo", "rl.shaping=potential"], r"rl.shaping=potential does not apply to rl.advantage=mc_grpo"),
         (["rl.advantage=ppo"], r"bad value for 'rl.advantage': .*'gae' or 'mc_grpo'"),
+        # asynchronous engine: invalid eta / batch / cluster combinations name both options
+        (["engine.eta=3"], r"engine.eta=3 needs engine.mode=async"),
+        (["engine.mode=async", "engine.partial_rollouts=true"], r"partial_rollouts=true needs engine.eta >= 1"),
+        (["engine.mode=async", "rl.advantage=gae", "critic.enabled=true"], r"engine.mode=async supports the critic-free .* rl.advantage=gae"),
+        (["engine.mode=async", "rl.kl_coef=0.1", "rl.kl_mode=reward"], r"rl.kl_mode=reward is not supported with engine.mode=async"),
+        (["engine.env_slots=4"], r"engine.env_slots=4 cannot hold one group of rl.group_size=8"),
+        (["engine.env_workers=2", "engine.env_slots=64"], r"engine.env_slots=64 < one iteration's 128 trajectories"),
+        (["cluster=ray"], r"cluster=ray .* needs engine.mode=async"),
+        (["engine.ray_address=auto"], r"engine.ray_address=auto is only used with cluster=ray"),
+        (["rl.advantage=gae", "critic.mc_weight=1", "engine.env_workers=2"], r"Monte-Carlo values .* engine.env_workers=0"),
+        (["engine.eta=-1"], r"engine.eta"),
     ],
 )
 def test_bad_overrides(overrides, pattern):

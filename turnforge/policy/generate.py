@@ -118,7 +118,7 @@ def pad_right(sequences: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Te
     ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(sequences), width), dtype=torch.long)
     for i, s in enumerate(sequences):
-        ids[i, : len(s)] = torch.as_tensor(s, dtype=torch.long)
+        ids[i, : len(s)] = torch.tensor(s, dtype=torch.long)  # a copy: arrays from Ray are read-only
         mask[i, : len(s)] = 1
     return ids, mask
 

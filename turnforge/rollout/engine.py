@@ -38,7 +38,7 @@ excludes from advantages. Every admitted episode ends exactly once: finished, or
 Departures: (1) an in-flight generation call is not aborted token-wise when new weights
 arrive; the switch happens at the next turn (a turn is at most ``max_new_tokens`` tokens).
 (2) Weight sync is a ``load_state_dict`` into the engine's own copy of the policy (one
-machine); ``turnforge.rollout.ray_workers`` ships the same state dict through Ray.
+machine); ``turnforge.rollout.ray_worker`` ships the same state dict through Ray.
 (3) Episodes cannot start from snapshots here (Monte-Carlo rollouts use ``rollout()``).
 """
 
@@ -53,36 +53,17 @@ from typing import Callable, Mapping, Protocol, Sequence
 import torch
 
 from turnforge.config import RolloutConfig
+from turnforge.envpool.pool import EnvResult
 from turnforge.envs.base import Env
 from turnforge.policy.generate import sample
 from turnforge.policy.model import Policy
 from turnforge.rollout.context import ContextOverflow, EpisodeContext
 from turnforge.rollout.runner import EpisodeRequest
 from turnforge.rollout.staleness import StalenessController
-from turnforge.types import Scalar, Trajectory, Turn
+from turnforge.types import Trajectory, Turn
 
 
 # ---------------------------------------------------------------------------- env backends
-@dataclass(frozen=True)
-class EnvStep:
-    """What an env backend returns for one reset or step: the env's result plus the state
-    keys the trainer needs of the state it left the env in (anchor key, shaping potential)."""
-
-    env_id: int
-    kind: str  # "reset" | "step"
-    observation: str
-    reward: float
-    terminated: bool
-    truncated: bool
-    invalid_action: bool
-    success: bool
-    status: str  # "ok" | "resumed" | "restarted" | "failed" (see turnforge.envpool.EnvResult)
-    error: str | None
-    anchor_key: str
-    potential: float
-    info: Mapping[str, Scalar] = field(default_factory=dict)
-
-
 class EnvBackend(Protocol):
     """Where envs run: ``InlineEnvs`` (this process) or ``turnforge.envpool`` (workers)."""
 
@@ -92,7 +73,7 @@ class EnvBackend(Protocol):
 
     def send_step(self, env_ids: Sequence[int], action_texts: Sequence[str]) -> None: ...
 
-    def recv(self, batch_size: int = 1, timeout: float | None = None) -> list: ...
+    def recv(self, batch_size: int = 1, timeout: float | None = None) -> list[EnvResult]: ...
 
 
 class InlineEnvs:
@@ -101,7 +82,7 @@ class InlineEnvs:
 
     def __init__(self, envs: Sequence[Env]) -> None:
         self.envs, self.num_envs = list(envs), len(envs)
-        self._ready: deque[EnvStep] = deque()
+        self._ready: deque[EnvResult] = deque()
 
     def send_reset(self, env_ids, seeds, tasks) -> None:
         for i, seed, task in zip(env_ids, seeds, tasks):
@@ -117,14 +98,17 @@ class InlineEnvs:
 
     def _run(self, i: int, kind: str, fn: Callable) -> None:
         env = self.envs[i]
+        t0 = time.perf_counter()
         try:
             obs, rew, term, trunc, invalid, success, info = fn(env)
             potential = 0.0 if term else env.potential()
-            self._ready.append(EnvStep(i, kind, obs, rew, term, trunc, invalid, success, "ok", None, env.anchor_key(), potential, info))
+            self._ready.append(EnvResult(i, kind, obs, rew, term, trunc, invalid, success, dict(info), "ok", None,
+                                         time.perf_counter() - t0, env.anchor_key(), potential))
         except Exception as err:  # an env bug is an infrastructure failure of this episode
-            self._ready.append(EnvStep(i, kind, "", 0.0, False, False, False, False, "failed", f"{type(err).__name__}: {err}", "", 0.0))
+            self._ready.append(EnvResult(i, kind, "", 0.0, False, False, False, False, {}, "failed",
+                                         f"{type(err).__name__}: {err}", time.perf_counter() - t0))
 
-    def recv(self, batch_size: int = 1, timeout: float | None = None) -> list[EnvStep]:
+    def recv(self, batch_size: int = 1, timeout: float | None = None) -> list[EnvResult]:
         out = list(self._ready)
         self._ready.clear()
         return out
@@ -145,7 +129,9 @@ class _Episode:
     anchor_key: str = ""
     potential: float = 0.0
     turns: list[Turn] = field(default_factory=list)
-    pending: tuple | None = None  # (text, truncated-generation flag, cut) of the step in flight
+    # the turn being built: (action text, generation hit max_new_tokens, observation tokens cut,
+    # anchor key and potential of the state acted in); text is None until the action is generated
+    pending: tuple | None = None
     awaiting_action: bool = False
     ret: float = 0.0
     success: bool = False

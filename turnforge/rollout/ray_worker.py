@@ -20,6 +20,7 @@ from typing import Any, Callable
 import torch
 
 from turnforge.config import EngineConfig, RolloutConfig
+from turnforge.envpool import pool_from_config
 from turnforge.envs import make_batch
 from turnforge.policy.model import Policy
 from turnforge.rollout.engine import GroupBatch, InlineEnvs, RolloutEngine
@@ -47,10 +48,7 @@ class RolloutWorker:
         policy.model.eval()
         self.pool = None
         if engine_cfg.env_workers > 0:
-            from turnforge.envpool.ray_pool import RayEnvPool
-
-            self.pool = RayEnvPool(env_id, num_envs, engine_cfg.env_workers, env_kwargs, step_timeout=engine_cfg.step_timeout,
-                                   memory_limit_mb=engine_cfg.worker_memory_mb, num_cpus=engine_cfg.ray_cpus_per_env_worker)
+            self.pool = pool_from_config(engine_cfg, env_id, env_kwargs, num_envs, on_ray=True)
             backend = self.pool
         else:
             backend = InlineEnvs(make_batch(env_id, num_envs, **env_kwargs))

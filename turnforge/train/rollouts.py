@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from turnforge.envpool import pool_from_config
 from turnforge.envs import make, make_batch
 from turnforge.envs.base import stable_hash
 from turnforge.rollout.engine import GroupBatch, InlineEnvs, RolloutEngine
@@ -37,7 +38,7 @@ class RolloutBatch:
 
     trajectories: list[Trajectory]
     stats: RolloutStats
-    env_steps: int  # env steps executed since the previous batch (in-flight episodes included)
+    env_steps: int  # env steps of these trajectories (the run's env-step budget counts what it trains on)
     metrics: dict[str, float] = field(default_factory=dict)
 
 
@@ -101,10 +102,10 @@ class _Source:
 
 
 class _TrainerClock:
-    """Trainer-side counters of an engine: time spent waiting for batches, env steps seen."""
+    """Trainer-side counters of an engine: time spent waiting for batches."""
 
     def __init__(self) -> None:
-        self.started, self.total_wait, self.last_wait, self.turns_seen = time.perf_counter(), 0.0, 0.0, 0
+        self.started, self.total_wait, self.last_wait = time.perf_counter(), 0.0, 0.0
 
     def waited(self, seconds: float) -> None:
         self.last_wait = seconds
@@ -113,8 +114,8 @@ class _TrainerClock:
     def batch(self, batch: GroupBatch, eta: int, turns: int, stale_restarts: int, batch_sizes: list[int],
               pool: dict | None) -> RolloutBatch:
         """The ``RolloutBatch`` of an engine batch, with staleness, idle and pool metrics."""
-        env_steps, self.turns_seen = turns - self.turns_seen, turns
         metrics: dict[str, float] = {
+            "env_steps_executed": float(turns),  # by the engine so far, running and discarded episodes included
             "trainer_wait_seconds": round(self.last_wait, 3),
             "trainer_idle_ratio": self.total_wait / max(time.perf_counter() - self.started, 1e-9),
             "stale_restarts": float(stale_restarts),
@@ -129,7 +130,8 @@ class _TrainerClock:
         if pool is not None:
             metrics.update(env_utilization=pool["env_utilization"], env_worker_restarts=float(pool["restarts"]),
                            env_timeouts=float(pool["timeouts"]), env_failed=float(pool["failed"]))
-        return RolloutBatch(batch.trajectories, stats_of(batch.trajectories), env_steps, metrics)
+        stats = stats_of(batch.trajectories)
+        return RolloutBatch(batch.trajectories, stats, stats.turns, metrics)
 
 
 class SyncRollouts(_Source):
@@ -158,7 +160,7 @@ class EngineRollouts(_Source):
         slots = eng.env_slots or (eng.eta + 1) * batch
         self.pool = None
         if eng.env_workers > 0:
-            self.pool = make_env_pool(s, slots)
+            self.pool = pool_from_config(eng, cfg.env.id, dict(cfg.env.kwargs), slots, on_ray=cfg.cluster == "ray")
             backend = self.pool
         else:
             backend = InlineEnvs(make_batch(cfg.env.id, slots, **cfg.env.kwargs))
@@ -239,20 +241,6 @@ class RayRollouts(_Source):
             self.ray.get(self.worker.close.remote(), timeout=30)
         finally:
             self.ray.kill(self.worker)
-
-
-def make_env_pool(s: Session, num_envs: int):
-    """``EnvPool`` (worker processes) or, with ``cluster=ray``, ``RayEnvPool`` (actors)."""
-    cfg, eng = s.cfg, s.cfg.engine
-    kwargs = dict(step_timeout=eng.step_timeout, memory_limit_mb=eng.worker_memory_mb)
-    if cfg.cluster == "ray":
-        from turnforge.envpool.ray_pool import RayEnvPool, connect_ray
-
-        connect_ray(eng.ray_address)
-        return RayEnvPool(cfg.env.id, num_envs, eng.env_workers, cfg.env.kwargs, num_cpus=eng.ray_cpus_per_env_worker, **kwargs)
-    from turnforge.envpool import EnvPool
-
-    return EnvPool(cfg.env.id, num_envs, eng.env_workers, cfg.env.kwargs, **kwargs)
 
 
 def make_rollouts(s: Session, keep_snapshots: bool) -> SyncRollouts | EngineRollouts | RayRollouts:

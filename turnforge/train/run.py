@@ -75,6 +75,10 @@ def train(cfg: TrainConfig, out: str | Path, *, resume: bool = False, live: bool
     # 1. envs (first: a bad env id or option fails before any model work), run directory, policy
     n_envs = max(cfg.rl.tasks_per_iteration * cfg.rl.group_size, min(cfg.eval.episodes, 256))
     envs = make_batch(cfg.env.id, n_envs, **cfg.env.kwargs)
+    if cfg.cluster == "ray":  # an unreachable cluster is a one-line error now, not after the BC stage
+        from turnforge.envpool.ray_pool import connect_ray
+
+        connect_ray(cfg.engine.ray_address)
     if cfg.model.path != "tiny" and not (Path(cfg.model.path) / "config.json").exists():
         load_policy(cfg.model.path)  # raises the UserError that says what is wrong with the path
     resumed = load_trainer_state(run_dir) if resume else None
