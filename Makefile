@@ -11,6 +11,9 @@ STAMP := $(VENV)/.setup-stamp
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml Makefile
+	# bubblewrap: the sandbox of code and tool envs (Debian package; needs root, as in CI).
+	command -v bwrap >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq bubblewrap; } \
+		|| echo "warning: could not install bubblewrap; sandboxed envs will refuse to run"
 	$(PY) -m venv $(VENV)
 	# The CPU wheel first: a bare `torch` requirement would pull several GB of CUDA packages.
 	$(BIN)/pip install -q "torch==2.13.0"

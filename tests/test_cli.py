@@ -29,6 +29,8 @@ def run_cli(*args, cwd=None):
         (["train", "engine.mode=async", "engine.partial_rollouts=true"], "engine.partial_rollouts=true needs engine.eta >= 1"),
         (["train", "engine.env_slots=4"], "engine.env_slots=4 cannot hold one group of rl.group_size=8"),
         (["bench", "rollout", "--env", "chess"], "unknown benchmark env 'chess'"),
+        (["train", "env.id=sokoban-slow", "env.kwargs.median_ms=-1", "engine.env_workers=2"],
+         "env 'sokoban-slow' could not be built with options {'median_ms': -1}: ValueError: median_ms"),
     ],
 )
 def test_user_errors_exit_2_with_one_line(tmp_path, args, expected):

@@ -151,6 +151,7 @@ def bench_rollout_cmd(
     eval_episodes: int = typer.Option(200, "--eval-episodes", min=1, help="Held-out episodes per final evaluation"),
     env: Optional[List[str]] = typer.Option(None, "--env", help="Only these envs (sokoban-slow, sokoban); default both"),
     envpool: bool = typer.Option(True, "--envpool/--no-envpool", help="Also benchmark the EnvPool alone"),
+    seeds: int = typer.Option(3, "--seeds", min=1, help="RL seeds per run (from one BC start)"),
 ) -> None:
     """Synchronous vs asynchronous RL: throughput, env utilisation, trainer idle, held-out success."""
     from turnforge.bench.rollout import ENVS, bench_rollout, to_markdown
@@ -161,7 +162,7 @@ def bench_rollout_cmd(
             raise UserError(f"unknown benchmark env {e!r}; valid: {', '.join(ENVS)}")
     _quiet_hf()
     t0 = time.time()
-    result = bench_rollout(runs_dir, {"sokoban-slow": slow_env_steps, "sokoban": env_steps}, eval_episodes, env or None)
+    result = bench_rollout(runs_dir, {"sokoban-slow": slow_env_steps, "sokoban": env_steps}, eval_episodes, env or None, seeds)
     md = to_markdown(result)
     if envpool:
         from turnforge.bench.envpool import bench_envpool

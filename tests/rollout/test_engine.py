@@ -204,3 +204,22 @@ def test_thread_mode_with_weight_sync(tiny_policy):
     for a, b in zip(rollout_policy.model.parameters(), tiny_policy.model.parameters()):
         torch.testing.assert_close(a, b)
     assert max(batch.staleness) <= 1
+
+
+def test_thread_mode_partial_rollouts_never_stall(tiny_policy):
+    """Threaded engine, partial rollouts, out-of-order env results: stale groups are
+    restarted by the worker itself, so the trainer always gets its next batch."""
+    import copy
+
+    envs = make_batch("test-echo", 8, episode_len=3)
+    rollout_policy = copy.copy(tiny_policy)
+    rollout_policy.model = copy.deepcopy(tiny_policy.model)
+    engine = _engine(rollout_policy, ShuffledBackend(envs, 11), envs[0], eta=1, partial_rollouts=True)
+    engine.start()
+    try:
+        for i in range(6):
+            batch = engine.take(timeout=60)
+            assert len(batch.trajectories) == 4 and max(batch.staleness) <= 1
+            engine.set_weights(None, tiny_policy.version + i + 1)
+    finally:
+        engine.stop()

@@ -29,6 +29,8 @@ import shutil
 import time
 from pathlib import Path
 
+import numpy as np
+
 from turnforge.config import load_config
 from turnforge.envs import make_batch
 from turnforge.policy.model import load_policy
@@ -101,40 +103,76 @@ def run_one(name: str, overrides: list[str], out_dir: Path, eval_episodes: int) 
     }
 
 
-def bench_rollout(out_dir: Path, env_steps: dict[str, int], eval_episodes: int = 200, envs: list[str] | None = None) -> dict:
-    """All runs of all envs (see the module docstring); returns the JSON-ready result."""
-    result: dict = {"envs": {}, "env_steps_budget": env_steps, "eval_episodes": eval_episodes}
+RUNS = ("sync", "async_eta0", "async", "async_equal_wall")
+
+
+def _aggregate(per_seed: list[dict]) -> dict:
+    """Mean over seeds of every number, plus the per-seed values of the ones we compare."""
+    out: dict = {"seeds": len(per_seed)}
+    for key, value in per_seed[0].items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            vals = [r[key] for r in per_seed if r[key] is not None]
+            out[key] = float(np.mean(vals)) if vals else None
+            if key in ("heldout_success", "trajectories_per_s", "env_steps", "rl_seconds"):
+                out[f"{key}_runs"] = vals
+                out[f"{key}_std"] = float(np.std(vals, ddof=1)) if len(vals) > 1 else 0.0
+        elif value is None:
+            out[key] = None
+    return out
+
+
+def bench_rollout(out_dir: Path, env_steps: dict[str, int], eval_episodes: int = 200, envs: list[str] | None = None,
+                  seeds: int = 1) -> dict:
+    """All runs of all envs, ``seeds`` RL seeds each from the same BC start (see the module
+    docstring); returns the JSON-ready result: per run the mean over seeds, the per-seed
+    values, and paired (same seed) differences of held-out success to ``sync``."""
+    result: dict = {"envs": {}, "env_steps_budget": env_steps, "eval_episodes": eval_episodes, "seeds": seeds}
     start = bc_start(out_dir)
     cfg = load_config("sokoban-tiny", BASE)
     result["heldout_success_bc"] = evaluate(load_policy(start), make_batch("sokoban", min(eval_episodes, 256)), cfg.rollout,
                                             episodes=eval_episodes, split="heldout", seed=cfg.seed)[0].success_rate
     for env in envs or list(ENVS):
-        budget = [f"rl.max_env_steps={env_steps[env]}", f"model.path={start}", "bc.enabled=false"]
-        runs = {name: run_one(f"{env}-{name}", ENVS[env] + MODES[name] + budget, out_dir, eval_episodes) for name in MODES}
-        wall = runs["sync"]["rl_seconds"]
-        runs["async_equal_wall"] = run_one(
-            f"{env}-async_equal_wall", ENVS[env] + MODES["async"] + budget[1:] + [f"rl.max_seconds={wall:.1f}"], out_dir, eval_episodes
-        )
-        runs["async_over_sync_throughput"] = runs["async"]["trajectories_per_s"] / runs["sync"]["trajectories_per_s"]
-        result["envs"][env] = runs
+        per_seed = []
+        for seed in range(seeds):
+            budget = [f"rl.max_env_steps={env_steps[env]}", f"model.path={start}", "bc.enabled=false", f"seed={seed}"]
+            runs = {name: run_one(f"{env}-{name}-s{seed}", ENVS[env] + MODES[name] + budget, out_dir, eval_episodes) for name in MODES}
+            wall = runs["sync"]["rl_seconds"]  # equal wall-clock: the same RL seconds sync took, any number of env steps
+            runs["async_equal_wall"] = run_one(f"{env}-async_equal_wall-s{seed}",
+                                               ENVS[env] + MODES["async"] + budget[1:] + [f"rl.max_seconds={wall:.1f}"],
+                                               out_dir, eval_episodes)
+            per_seed.append(runs)
+        agg = {name: _aggregate([r[name] for r in per_seed]) for name in RUNS}
+        for name in RUNS[1:]:
+            gains = [r[name]["heldout_success"] - r["sync"]["heldout_success"] for r in per_seed]
+            agg[name]["heldout_minus_sync"] = float(np.mean(gains))
+            agg[name]["heldout_minus_sync_std"] = float(np.std(gains, ddof=1)) if len(gains) > 1 else 0.0
+        ratios = [r["async"]["trajectories_per_s"] / r["sync"]["trajectories_per_s"] for r in per_seed]
+        agg["async_over_sync_throughput"] = float(np.median(ratios))
+        agg["async_over_sync_throughput_runs"] = ratios
+        result["envs"][env] = agg
     # the keys the issue asks for, of the long-tail env (the first one run)
     first = next(iter(result["envs"].values()))
-    result["sync"] = {k: first["sync"][k] for k in ("trajectories_per_s", "env_utilization", "trainer_idle_ratio", "heldout_success")}
-    result["async"] = {k: first["async"][k] for k in ("trajectories_per_s", "env_utilization", "trainer_idle_ratio", "heldout_success")}
+    keys = ("trajectories_per_s", "env_utilization", "trainer_idle_ratio", "heldout_success")
+    result["sync"] = {k: first["sync"][k] for k in keys}
+    result["async"] = {k: first["async"][k] for k in keys}
     return result
 
 
 def to_markdown(result: dict) -> str:
-    rows = ["| env | run | traj/s | env steps | RL s | env util | trainer idle | staleness mean/max | held-out success |",
-            "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    n = result["seeds"]
+    rows = [f"Means over {n} RL seed(s) from one BC start; ± = std over seeds; Δ = paired difference to sync.", "",
+            "| env | run | traj/s | env steps | RL s | env util | trainer idle | staleness mean/max | held-out success | Δ success vs sync |",
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for env, runs in result["envs"].items():
-        for name in ("sync", "async_eta0", "async", "async_equal_wall"):
+        for name in RUNS:
             r = runs[name]
             util = "-" if r["env_utilization"] is None else f"{r['env_utilization']:.2f}"
+            delta = "" if name == "sync" else f"{100 * r['heldout_minus_sync']:+.1f} ± {100 * r['heldout_minus_sync_std']:.1f}"
             rows.append(
-                f"| {env} | {name} | {r['trajectories_per_s']:.2f} | {r['env_steps']} | {r['rl_seconds']:.0f} | {util} | "
-                f"{r['trainer_idle_ratio']:.2f} | {r['staleness_mean']:.2f}/{r['staleness_max']:.0f} | {r['heldout_success']:.3f} |"
+                f"| {env} | {name} | {r['trajectories_per_s']:.2f} | {r['env_steps']:.0f} | {r['rl_seconds']:.0f} | {util} | "
+                f"{r['trainer_idle_ratio']:.2f} | {r['staleness_mean']:.2f}/{r['staleness_max']:.0f} | "
+                f"{r['heldout_success']:.3f} ± {r['heldout_success_std']:.3f} | {delta} |"
             )
-        rows.append(f"| {env} | BC start | | | | | | | {result['heldout_success_bc']:.3f} |")
-        rows.append(f"| {env} | async / sync throughput | {runs['async_over_sync_throughput']:.2f}x | | | | | | |")
+        rows.append(f"| {env} | BC start | | | | | | | {result['heldout_success_bc']:.3f} | |")
+        rows.append(f"| {env} | async / sync throughput (median) | {runs['async_over_sync_throughput']:.2f}x | | | | | | | |")
     return "\n".join(rows)

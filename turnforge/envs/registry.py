@@ -83,7 +83,12 @@ def make(env_id: str, **kwargs: Any) -> Env:
         unknown = sorted(set(kwargs) - valid)
         if unknown:
             raise UserError(f"env {env_id!r} has no option {unknown[0]!r}; valid options: {choices(valid)}")
-    env = factory(**{**spec.kwargs, **kwargs})
+    try:
+        env = factory(**{**spec.kwargs, **kwargs})
+    except UserError:
+        raise
+    except Exception as err:  # a broken factory or a bad option value: one line, before any worker starts
+        raise UserError(f"env {env_id!r} could not be built with options {dict(kwargs)}: {type(err).__name__}: {err}") from None
     if not isinstance(env, Env):
         raise TypeError(f"factory of env {env_id!r} returned {type(env).__name__}; it must return a turnforge Env")
     env.env_id = env_id

@@ -332,20 +332,36 @@ class RolloutEngine:
     def tick(self, wait: float | None = None) -> None:
         """One scheduling round: admit, collect ready env results, generate, send.
         Waits up to ``wait`` seconds (None: until one result) only when nothing can act."""
-        self._apply_pending_weights()
-        self._admit()
-        running = list(self.by_slot.values())
-        ready = [e for e in running if e.awaiting_action]
-        in_flight = sum(not e.awaiting_action for e in running)
+        self._schedule()
+        self._step(wait)
+
+    def _schedule(self) -> bool:
+        """Apply new weights, restart stale groups, admit new ones; False when nothing runs."""
+        with self._lock:
+            self._apply_pending_weights()
+            if self.partial:
+                self._restart_stale()
+            self._admit()
+            return bool(self.by_slot)
+
+    def _step(self, wait: float | None) -> None:
+        """Collect env results and generate the next actions. Env waits and generation run
+        without the lock (the trainer can take batches meanwhile); state changes under it."""
+        with self._lock:
+            running = list(self.by_slot.values())
+            ready = [e for e in running if e.awaiting_action]
+            in_flight = sum(not e.awaiting_action for e in running)
         if self.lockstep and in_flight:
             ready = []  # the synchronous baseline waits for every env of the batch
-        if in_flight:
-            for r in self.backend.recv(1, timeout=0.0005 if ready else wait):
+        results = self.backend.recv(1, timeout=0.0005 if ready else wait) if in_flight else []
+        with self._lock:
+            for r in results:
                 self._on_result(r)
-        running = list(self.by_slot.values())
-        ready = [e for e in running if e.awaiting_action]
-        if self.lockstep and any(not e.awaiting_action for e in running):
-            ready = []
+            running = list(self.by_slot.values())
+            ready = [e for e in running if e.awaiting_action]
+            if self.lockstep and any(not e.awaiting_action for e in running):
+                ready = []
+            self._lock.notify_all()
         if ready:
             self._generate(ready)
 
@@ -404,8 +420,6 @@ class RolloutEngine:
         inline when no background thread runs; otherwise waits for the thread."""
         if self._thread is None:
             while (ready := self._consumable()) is None:
-                if self.partial:
-                    self._restart_stale()
                 if not self.by_slot and not self._can_admit() and self._consumable() is None:
                     raise RuntimeError("the rollout engine cannot produce another batch (max_groups reached?)")
                 self.tick()
@@ -430,21 +444,17 @@ class RolloutEngine:
             self._pending_weights = (state_dict, version)
             self.controller.train_step()  # the trainer's version counts now; admission waits for the weights
             if self._thread is None:
-                self._apply_pending_weights(locked=True)
+                self._apply_pending_weights()
 
-    def _apply_pending_weights(self, locked: bool = False) -> None:
+    def _apply_pending_weights(self) -> None:
+        """Load the weights ``set_weights`` left (call with the lock held)."""
         if self._pending_weights is None:
             return
-        if not locked:
-            with self._lock:
-                return self._apply_pending_weights(locked=True)
         state_dict, version = self._pending_weights
         self._pending_weights = None
         if state_dict is not None:
             self.policy.model.load_state_dict(state_dict)
         self.policy.version = self.version = version
-        if self.partial:
-            self._restart_stale()
 
     # ------------------------------------------------------------------ background thread
     def start(self) -> None:
@@ -457,40 +467,15 @@ class RolloutEngine:
     def _loop(self) -> None:
         try:
             while not self._stop:
-                with self._lock:
-                    self._apply_pending_weights(locked=True)
-                    self._admit()
-                    idle = not self.by_slot
-                if idle:  # nothing may start (staleness bound) and nothing runs: wait for the trainer
+                if not self._schedule():  # nothing may start (staleness bound) and nothing runs
                     with self._lock:
                         self._lock.wait(timeout=0.01)
                     continue
-                self._tick_unlocked()
+                self._step(wait=0.05)
         except BaseException as err:  # surfaced to the trainer by take()
             with self._lock:
                 self._error = err
                 self._lock.notify_all()
-
-    def _tick_unlocked(self) -> None:
-        """``tick`` for the thread: env waits and generation run without the lock, so the
-        trainer can take batches meanwhile; state changes happen under it."""
-        with self._lock:
-            running = list(self.by_slot.values())
-            ready = [e for e in running if e.awaiting_action]
-            in_flight = sum(not e.awaiting_action for e in running)
-        if self.lockstep and in_flight:
-            ready = []
-        results = self.backend.recv(1, timeout=0.0005 if ready else 0.05) if in_flight else []
-        with self._lock:
-            for r in results:
-                self._on_result(r)
-            running = list(self.by_slot.values())
-            ready = [e for e in running if e.awaiting_action]
-            if self.lockstep and any(not e.awaiting_action for e in running):
-                ready = []
-            self._lock.notify_all()
-        if ready:
-            self._generate(ready)
 
     def stop(self) -> None:
         """Stop the background thread (episodes in flight are abandoned, never trained on)."""

@@ -15,6 +15,7 @@ Multi-node: start a head (``ray start --head --port=6379``) and workers (``ray s
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any, Callable
 
 import torch
@@ -71,8 +72,7 @@ class RolloutWorker:
         out: dict[str, Any] = {"turns": st.turns, "stale_restarts": st.stale_restarts,
                                "batch_sizes": st.batch_sizes[-200:]}
         if self.pool is not None:
-            ps = self.pool.stats()
-            out.update(env_utilization=ps.env_utilization, restarts=ps.restarts, timeouts=ps.timeouts, failed=ps.failed)
+            out["pool"] = asdict(self.pool.stats())
         return out
 
     def close(self) -> None:

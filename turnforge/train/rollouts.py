@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import copy
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
@@ -87,6 +87,12 @@ def stats_of(trajs: list[Trajectory]) -> RolloutStats:
     )
 
 
+def env_slots(cfg) -> int:
+    """Envs the engine keeps busy: ``engine.env_slots``, or enough for every trajectory the
+    staleness bound lets run at once, ``(eta + 1)`` iterations' worth."""
+    return cfg.engine.env_slots or (cfg.engine.eta + 1) * cfg.rl.tasks_per_iteration * cfg.rl.group_size
+
+
 class _Source:
     def after_update(self) -> None:
         """The trainer updated the policy (weight sync for rollout workers)."""
@@ -128,7 +134,8 @@ class _TrainerClock:
             for a in range(eta + 1):
                 metrics[f"staleness_{a}"] = float((ages == a).mean())
         if pool is not None:
-            metrics.update(env_utilization=pool["env_utilization"], env_worker_restarts=float(pool["restarts"]),
+            metrics.update(env_utilization=pool["env_utilization"], env_pool_steps_per_s=pool["steps_per_s"],
+                           env_worker_restarts=float(pool["restarts"]),
                            env_timeouts=float(pool["timeouts"]), env_failed=float(pool["failed"]))
         stats = stats_of(batch.trajectories)
         return RolloutBatch(batch.trajectories, stats, stats.turns, metrics)
@@ -139,11 +146,11 @@ class SyncRollouts(_Source):
 
     def __init__(self, s: Session, keep_snapshots: bool) -> None:
         self.s, self.keep_snapshots = s, keep_snapshots
+        self.groups = GroupMaker.of(s)
 
     def next(self, it: int) -> RolloutBatch:
         s, rl = self.s, self.s.cfg.rl
-        groups = GroupMaker.of(s)
-        requests = [r for j in range(rl.tasks_per_iteration) for r in groups(it * rl.tasks_per_iteration + j)]
+        requests = [r for j in range(rl.tasks_per_iteration) for r in self.groups(it * rl.tasks_per_iteration + j)]
         actor = PolicyActor(s.policy, s.cfg.rollout.max_new_tokens, s.cfg.rollout.temperature, generator(s.cfg.seed, "rl-sample", it))
         trajs, stats = rollout(actor, s.envs, requests, s.cfg.rollout, s.policy, keep_snapshots=self.keep_snapshots)
         return RolloutBatch(trajs, stats, stats.turns)
@@ -156,8 +163,7 @@ class EngineRollouts(_Source):
     def __init__(self, s: Session) -> None:
         cfg, eng, rl = s.cfg, s.cfg.engine, s.cfg.rl
         self.s, self.is_async = s, eng.mode == "async"
-        batch = rl.tasks_per_iteration * rl.group_size
-        slots = eng.env_slots or (eng.eta + 1) * batch
+        slots = env_slots(cfg)
         self.pool = None
         if eng.env_workers > 0:
             self.pool = pool_from_config(eng, cfg.env.id, dict(cfg.env.kwargs), slots, on_ray=cfg.cluster == "ray")
@@ -183,10 +189,7 @@ class EngineRollouts(_Source):
         batch = self.engine.take()
         self.clock.waited(time.perf_counter() - t0)
         st = self.engine.stats
-        pool = None
-        if self.pool is not None:
-            ps = self.pool.stats()
-            pool = {"env_utilization": ps.env_utilization, "restarts": ps.restarts, "timeouts": ps.timeouts, "failed": ps.failed}
+        pool = asdict(self.pool.stats()) if self.pool is not None else None
         return self.clock.batch(batch, self.s.cfg.engine.eta, st.turns, st.stale_restarts, st.batch_sizes[-200:], pool)
 
     def after_update(self) -> None:
@@ -214,7 +217,7 @@ class RayRollouts(_Source):
         cfg, eng, rl = s.cfg, s.cfg.engine, s.cfg.rl
         connect_ray(eng.ray_address)
         self.s, self.ray = s, ray
-        slots = eng.env_slots or (eng.eta + 1) * rl.tasks_per_iteration * rl.group_size
+        slots = env_slots(cfg)
         self.worker = remote_worker(num_cpus=1.0).remote(
             ray.put(s.policy), cfg.rollout, eng, cfg.env.id, dict(cfg.env.kwargs),
             GroupMaker.of(s, s.state.iteration * rl.tasks_per_iteration),
@@ -228,7 +231,7 @@ class RayRollouts(_Source):
         batch = self.ray.get(self.worker.take.remote())
         self.clock.waited(time.perf_counter() - t0)
         st = self.ray.get(self.worker.stats.remote())
-        pool = st if "env_utilization" in st else None
+        pool = st.get("pool")
         return self.clock.batch(batch, self.s.cfg.engine.eta, st["turns"], st["stale_restarts"], st["batch_sizes"], pool)
 
     def after_update(self) -> None:
