@@ -362,7 +362,7 @@ def pretrain_values(s: Session, critic: Critic) -> dict[str, float]:
         actor = PolicyActor(policy, cfg.rollout.max_new_tokens, cfg.rollout.temperature, generator(cfg.seed, "value-pretrain", start))
         out, rstats = rollout(actor, s.envs, requests, cfg.rollout, policy)
         trajs.extend(t for t in out if t.infra_failure is None)
-        s.state.env_steps += got.env_steps
+        s.state.env_steps += rstats.turns
     s.progress.message(f"value pretraining on {len(trajs)} BC episodes ({sum(t.num_turns for t in trajs)} states)")
     stats = pretrain_critic(
         critic.model, critic.optimizer, sample_targets(trajs, monte_carlo_returns(trajs, cfg.rl)), policy.pad_id,

@@ -1,0 +1,154 @@
+"""The bubblewrap command line: what a sandboxed program sees and who it runs as.
+
+The program sees a read-only ``/usr`` (with the merged-/usr links ``/bin``, ``/lib``...) and,
+from ``/etc``, only what the dynamic loader and Debian's python3 read, plus a synthetic
+``passwd``, ``group`` and ``hosts``. It does not see ``/root``, ``/home``, ``/work``, the host's
+``/tmp``, ``/var``, ``/run``, ``/sys`` or any run directory. It gets a fresh ``/proc`` of its own
+pid namespace, a read-only minimal ``/dev`` with a ``/dev/shm`` tmpfs of ``disk_mb``, and a
+private tmpfs of ``disk_mb`` holding its work dir (``/sandbox/work``: cwd and HOME) and ``/tmp``
+(a link to ``/sandbox/tmp``). Nothing else is writable: bwrap's root tmpfs is made read-only.
+
+It runs as uid/gid 65534 in its own user, pid, network, ipc, uts and cgroup namespaces, with
+no capabilities, no_new_privs, a new session, no further user namespaces and
+``--die-with-parent``. When the caller is root, bwrap itself is started as host uid 65534
+(``setpriv``): otherwise the sandbox uid maps to host root, which the kernel exempts from
+RLIMIT_NPROC (the fork-bomb limit) and which owns every root file the sandbox can see.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path, PurePosixPath
+from typing import Iterator
+
+from turnforge.errors import UserError
+from turnforge.sandbox.limits import MB, Limits
+
+SANDBOX_UID = 65534
+ROOT, WORK_DIR, TMP_DIR = "/sandbox", "/sandbox/work", "/sandbox/tmp"
+INSTALL_HINT = "apt-get install -y bubblewrap"
+MIN_VERSION = (0, 8, 0)  # --disable-userns and --size
+_LINKS = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
+_ETC = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "alternatives", "localtime")
+_NET_ETC = ("resolv.conf", "hosts", "nsswitch.conf", "gai.conf", "host.conf", "ssl", "ca-certificates")
+_PASSWD = f"sandbox:x:{SANDBOX_UID}:{SANDBOX_UID}:sandbox:{WORK_DIR}:/bin/sh\n"
+_GROUP = f"sandbox:x:{SANDBOX_UID}:\n"
+_HOSTS = "127.0.0.1 localhost\n::1 localhost\n127.0.1.1 sandbox\n"
+
+
+def program_env(home: str, tmp: str) -> dict[str, str]:
+    """The program's whole environment: nothing of the caller's is passed on."""
+    return {
+        "PATH": "/usr/local/bin:/usr/bin:/bin",
+        "HOME": home,
+        "TMPDIR": tmp,
+        "LANG": "C.UTF-8",
+        "PYTHONDONTWRITEBYTECODE": "1",
+    }
+
+
+def find_tool(name: str, package: str) -> str:
+    path = shutil.which(name)
+    if path is None:
+        raise UserError(f"{name} is not installed; the sandbox needs it: apt-get install -y {package}")
+    return path
+
+
+def launcher() -> tuple[str, ...]:
+    """The command that starts bwrap: ``bwrap``, or ``setpriv ... bwrap`` to drop root first."""
+    path = shutil.which("bwrap")
+    if path is None:
+        raise UserError(
+            f"bubblewrap (bwrap) is not installed; the sandbox needs it: {INSTALL_HINT} "
+            "(or Sandbox(backend='unsafe-none') for trusted code only)"
+        )
+    version = _version(path)
+    if version < MIN_VERSION:
+        raise UserError(
+            f"bubblewrap {'.'.join(map(str, version))} at {path} is too old; the sandbox needs "
+            f"{'.'.join(map(str, MIN_VERSION))} or newer (--disable-userns, --size)"
+        )
+    if os.geteuid() != 0:
+        return (path,)
+    setpriv = find_tool("setpriv", "util-linux")
+    return (setpriv, f"--reuid={SANDBOX_UID}", f"--regid={SANDBOX_UID}", "--clear-groups", "--", path)
+
+
+@functools.cache
+def _version(path: str) -> tuple[int, ...]:
+    try:
+        out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except OSError as err:
+        raise UserError(f"cannot run {path}: {err}; reinstall it: {INSTALL_HINT}") from err
+    found = re.search(r"(\d+)\.(\d+)\.(\d+)", out)
+    if found is None:
+        raise UserError(f"{path} --version printed {out.strip()!r}, not a bubblewrap version; reinstall it: {INSTALL_HINT}")
+    return tuple(int(x) for x in found.groups())
+
+
+@functools.cache
+def _system_view() -> tuple[str, ...]:
+    """Read-only binds of the host system, decided once per process."""
+    argv = ["--ro-bind", "/usr", "/usr"]
+    for name in _LINKS:
+        host = Path("/", name)
+        if host.is_symlink():
+            argv += ["--symlink", os.readlink(host), str(host)]
+        elif host.is_dir():
+            argv += ["--ro-bind", str(host), str(host)]
+    for name in (*_ETC, *sorted(p.name for p in Path("/etc").glob("python3*"))):
+        argv += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
+    return tuple(argv)
+
+
+@contextlib.contextmanager
+def command(launch: tuple[str, ...], limits: Limits, files: dict[PurePosixPath, bytes]) -> Iterator[tuple[list[str], tuple[int, ...]]]:
+    """The bwrap command line up to ``--``, and the memfds bwrap copies files from (closed on exit)."""
+    fds: list[int] = []
+
+    def data(content: bytes) -> str:
+        fd = os.memfd_create("turnforge-sandbox")
+        fds.append(fd)
+        with open(fd, "wb", closefd=False) as f:
+            f.write(content)
+        os.lseek(fd, 0, os.SEEK_SET)
+        return str(fd)
+
+    try:
+        uid = str(SANDBOX_UID)
+        argv = [
+            *launch, "--unshare-all", "--unshare-user", "--uid", uid, "--gid", uid, "--disable-userns",
+            "--die-with-parent", "--new-session", "--cap-drop", "ALL", "--hostname", "sandbox",
+            *_system_view(),
+        ]
+        if limits.network:
+            argv.append("--share-net")
+            for name in _NET_ETC:
+                argv += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
+        else:
+            argv += ["--ro-bind-data", data(_HOSTS.encode()), "/etc/hosts"]
+        argv += [
+            "--ro-bind-data", data(_PASSWD.encode()), "/etc/passwd",
+            "--ro-bind-data", data(_GROUP.encode()), "/etc/group",
+            "--proc", "/proc", "--dev", "/dev",
+            "--size", str(limits.disk_mb * MB), "--tmpfs", "/dev/shm", "--remount-ro", "/dev",
+            "--size", str(limits.disk_mb * MB), "--tmpfs", ROOT,
+            "--dir", WORK_DIR, "--dir", TMP_DIR, "--symlink", TMP_DIR, "/tmp",
+        ]
+        for parent in sorted({p.parent for p in files} - {PurePosixPath(".")}):
+            argv += ["--dir", f"{WORK_DIR}/{parent}"]
+        for path, content in files.items():
+            argv += ["--file", data(content), f"{WORK_DIR}/{path}"]
+        # Last: the root (bwrap's own tmpfs, holding /etc and the mount points) becomes read-only.
+        argv += ["--remount-ro", "/", "--chdir", WORK_DIR, "--clearenv"]
+        for key, value in program_env(WORK_DIR, "/tmp").items():
+            argv += ["--setenv", key, value]
+        yield [*argv, "--"], tuple(fds)
+    finally:
+        for fd in fds:
+            os.close(fd)
