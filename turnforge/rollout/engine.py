@@ -33,7 +33,8 @@ from its first turn (counted as ``stale_restarts``), so the bound holds for ever
 Fault tolerance: env results come with a status from the backend (``EnvPool`` restarts
 crashed and hung workers from snapshots). ``'resumed'`` steps are counted on the
 trajectory; ``'failed'`` ends the episode as an infrastructure failure, which the trainer
-excludes from advantages. Every admitted episode ends exactly once: finished, or failed.
+excludes from advantages. Every admitted episode ends exactly once: finished or failed (a
+stale restart replaces an episode, counted; ``stop()`` abandons the ones still running).
 
 Departures: (1) an in-flight generation call is not aborted token-wise when new weights
 arrive; the switch happens at the next turn (a turn is at most ``max_new_tokens`` tokens).
