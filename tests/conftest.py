@@ -85,3 +85,4 @@ def tiny_policy(tiny_model_dir):
     from turnforge.policy.model import load_policy
 
     return load_policy(tiny_model_dir)
+

@@ -22,9 +22,24 @@ from turnforge.envs.sokoban import ACTIONS
 from turnforge.errors import UserError
 
 
+_BEFORE: set[int] = set()
+
+
+@pytest.fixture(autouse=True)
+def _children_before_test():
+    """Children alive before the test (e.g. the MC critic's process pool kept by an earlier
+    test) are not this test's: the checks below look only at processes started since."""
+    _BEFORE.clear()
+    _BEFORE.update(p.pid for p in mp.active_children())
+
+
+def new_children() -> list:
+    return [p for p in mp.active_children() if p.pid not in _BEFORE]
+
+
 def no_children() -> bool:
     for _ in range(50):  # give joined processes a moment to be reaped
-        if not mp.active_children():
+        if not new_children():
             return True
         time.sleep(0.02)
     return False
@@ -203,7 +218,7 @@ def test_bad_env_id_or_option_raises_before_any_worker_starts():
         EnvPool("nope", num_envs=2, num_workers=2)
     with pytest.raises(UserError, match="no option 'dimm'"):
         EnvPool("sokoban", num_envs=2, num_workers=2, env_kwargs={"dimm": 5})
-    assert not mp.active_children()
+    assert not new_children()
 
 
 def test_one_request_in_flight_per_env_and_close_leaves_no_children():
@@ -232,7 +247,7 @@ def test_forkserver_workers_give_the_same_results():
 
 def test_garbage_collected_pool_stops_its_workers():
     pool = EnvPool("test-script", num_envs=1, num_workers=1)
-    assert len(mp.active_children()) == 1
+    assert len(new_children()) == 1
     del pool
     gc.collect()
     assert no_children()
