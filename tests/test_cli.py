@@ -29,6 +29,8 @@ def run_cli(*args, cwd=None):
         (["train", "engine.mode=async", "engine.partial_rollouts=true"], "engine.partial_rollouts=true needs engine.eta >= 1"),
         (["train", "engine.env_slots=4"], "engine.env_slots=4 cannot hold one group of rl.group_size=8"),
         (["bench", "rollout", "--env", "chess"], "unknown benchmark env 'chess'"),
+        (["train", "calculator-tiny", "rollout.context=window"], "env 'calculator' answers with tool messages"),
+        (["train", "calculator-tiny", "env.kwargs.tool_call_format=xml"], "unknown tool_call_format 'xml'"),
         (["train", "env.id=sokoban-slow", "env.kwargs.median_ms=-1", "engine.env_workers=2"],
          "env 'sokoban-slow' could not be built with options {'median_ms': -1}: ValueError: median_ms"),
     ],

@@ -69,6 +69,7 @@ class Turn:
     generation_truncated: bool = False  # hit max_new_tokens before a stop token
     potential: float = 0.0  # env.potential() before the action (reward shaping)
     next_potential: float = 0.0  # env.potential() after the step; 0 when the step terminated the episode
+    info: Mapping[str, Scalar] = field(default_factory=dict)  # the step's info (``n_*`` keys are event counters)
 
 
 @dataclass(frozen=True, eq=False)

@@ -151,3 +151,21 @@ def test_any_local_hf_model_trains_through_the_hf_recipe(tmp_path):
     assert summary["model"] == str(model_dir) and summary["eval_after_rl"]["episodes"] == 4
     before, after = _weights(model_dir), _weights(tmp_path / "run" / "checkpoints" / "final")
     assert any(not torch.equal(before[k], after[k]) for k in before)
+
+
+def test_calculator_recipe_trains_with_tool_calls(tmp_path):
+    """The tool recipe end to end: tool schemas and hermes calls, tool messages, counters."""
+    overrides = [*[f"model.tiny.{k}={v}" for k, v in TINY_TEST_SHAPE.items()], "model.tiny.corpus_episodes=20",
+                 "bc.num_demos=16", "bc.epochs=1", "rl.iterations=2", "rl.tasks_per_iteration=2", "rl.group_size=2",
+                 "eval.episodes=4", "eval.every=1"]
+    summary = train(load_config("calculator-tiny", overrides), tmp_path / "run", live=False)
+    assert summary["env"]["id"] == "calculator" and summary["eval_after_rl"]["episodes"] == 4
+    iters = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    iters = [e for e in iters if e["event"] == "rl_iter"]
+    assert len(iters) == 2 and all("n_tool_calls" in e or e["invalid_action_rate"] == 1.0 for e in iters)
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tmp_path / "run" / "base_model")
+    demos = pq.read_table(tmp_path / "run" / "trajectories" / "bc_demos.parquet").to_pylist()
+    text = tok.decode(demos[0]["token_ids"])  # full_history: one whole-episode sample per demonstration
+    assert text.count("<tool_call>") == 1 and "<|im_start|>tool\n" in text and "<answer>" in text

@@ -11,6 +11,7 @@ from turnforge.envs import check_env, list_envs, make, registry
 from turnforge.errors import UserError
 
 BUILTIN = [name for name, spec in list_envs().items() if str(spec.factory).startswith("turnforge.envs.")]
+GRID_GAMES = [name for name in BUILTIN if make(name).action_names]  # the games with Up/Down/Left/Right moves
 
 
 def test_builtins_are_registered():
@@ -30,7 +31,11 @@ def test_splits_are_disjoint_by_content(env_id):
     assert len(keys["heldout"]) > 10  # the held-out split is not one repeated level
 
 
-@pytest.mark.parametrize("env_id", BUILTIN)
+def test_tool_envs_are_registered():
+    assert {"calculator", "python-tasks"} <= set(BUILTIN) - set(GRID_GAMES)
+
+
+@pytest.mark.parametrize("env_id", GRID_GAMES)
 def test_invalid_action_observation(env_id):
     env = make(env_id, invalid_action_penalty=-0.5)
     obs = env.reset(seed=1)
@@ -40,7 +45,7 @@ def test_invalid_action_observation(env_id):
     assert "Up, Down, Left, Right" in r.observation and r.observation.endswith(obs)
 
 
-@pytest.mark.parametrize("env_id", BUILTIN)
+@pytest.mark.parametrize("env_id", GRID_GAMES)
 def test_instructions_are_short(env_id):
     text = make(env_id).instructions
     assert "Answer with one of Up, Down, Left, Right." in text and len(text) < 300

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from turnforge.config import RolloutConfig
 from turnforge.envs import make_batch
 from turnforge.envpool import EnvResult
+from turnforge.rollout.context import PromptSpec
 from turnforge.rollout.engine import InlineEnvs, RolloutEngine
 from turnforge.rollout.runner import EpisodeRequest, PolicyActor, rollout
 
@@ -33,7 +34,7 @@ def _group_maker(env, n_tasks=1000):
 def _engine(policy, backend, env, eta=0, groups_per_batch=2, seed=0, **kw):
     return RolloutEngine(
         policy, backend, CFG, _group_maker(env), group_size=G, groups_per_batch=groups_per_batch, eta=eta,
-        generator=torch.Generator().manual_seed(seed), instructions=env.instructions, **kw,
+        generator=torch.Generator().manual_seed(seed), prompt=PromptSpec.of(env, CFG.include_instructions), **kw,
     )
 
 

@@ -11,6 +11,11 @@ out. An env author subclasses ``Env`` and writes a few hooks:
 - ``apply(action) -> Outcome``: advance ``self.state``;
 - ``expert_action()`` (optional): a solver's next action, for demonstrations.
 
+Tool-using envs (``turnforge.envs.tool``) also set ``tools`` (JSON schemas the chat template
+renders into the system prompt) and ``observation_role = "tool"`` (observations after the
+first come back as tool messages). Integer ``info`` values under keys starting with ``n_``
+are event counters (tool calls, truncated outputs, ...), summed per iteration in the metrics.
+
 Everything mutable lives in ``self.state`` and ``self.rng``, so ``snapshot()``/``restore()``
 copy full env state without help from the author. Invalid actions are part of the game:
 they cost ``invalid_action_penalty``, leave the state unchanged, and produce an
@@ -91,6 +96,9 @@ class Env(ABC, Generic[LevelT]):
     #: The action texts of a small discrete action set, or () when actions are open text
     #: (tool calls, code). Noisy demonstrators draw their random actions from it.
     action_names: tuple[str, ...] = ()
+    #: Chat role of the observations after the first (the first is always the user's
+    #: message): "user", or "tool" for the results of tool calls.
+    observation_role: str = "user"
 
     def __init__(self, *, invalid_action_penalty: float = -0.1, max_steps: int = 100) -> None:
         self.invalid_action_penalty = float(invalid_action_penalty)
@@ -136,6 +144,16 @@ class Env(ABC, Generic[LevelT]):
     @abstractmethod
     def apply(self, action: Any) -> Outcome:
         """Advance ``self.state`` by one valid action."""
+
+    @property
+    def tools(self) -> tuple[dict[str, Any], ...]:
+        """JSON schemas of the tools the agent may call (HF ``apply_chat_template(tools=...)``
+        format); () for envs without tools."""
+        return ()
+
+    def invalid_observation(self, reason: str) -> str:
+        """The observation after an invalid action (``reason`` says what was wrong)."""
+        return f"Invalid action: {reason}. Valid actions: {self.valid_actions_text}.\n{self.render()}"
 
     def potential(self) -> float:
         """Potential Phi of the current state for potential-based reward shaping (Ng et al.
@@ -202,8 +220,7 @@ class Env(ABC, Generic[LevelT]):
             outcome = self.apply(action)
         except InvalidAction as err:
             self.done = truncated
-            obs = f"Invalid action: {err}. Valid actions: {self.valid_actions_text}.\n{self.render()}"
-            return StepResult(obs, self.invalid_action_penalty, False, truncated, invalid_action=True)
+            return StepResult(self.invalid_observation(str(err)), self.invalid_action_penalty, False, truncated, invalid_action=True)
         self.done = outcome.terminated or truncated
         return StepResult(
             self.render(),

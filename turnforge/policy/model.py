@@ -7,6 +7,7 @@ ids, and a version counter bumped after every optimizer step.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -15,6 +16,7 @@ import torch
 from turnforge.errors import UserError
 
 SENTINEL = "\u2063TURNFORGE_CONTENT\u2063"
+ROLES = ("user", "tool")  # roles an observation can come back as
 
 
 class ChatFormat:
@@ -45,18 +47,18 @@ class ChatFormat:
                 "turnforge needs a template whose rendering of a conversation extends its prefix"
             )
         head, tail = self._split(later[len(base):])
-        self.user_head: tuple[int, ...] = self.encode(head)  # before a later user message's content
-        self.user_tail: tuple[int, ...] = self.encode(tail)  # after it, including the generation prompt
+        self._turns: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {"user": (self.encode(head), self.encode(tail))}
+        self.user_head, self.user_tail = self._turns["user"]  # around a later user message's content
         prompt_u = self._render([u], gen=True)
         with_assistant = self._render([u, {"role": "assistant", "content": SENTINEL}], gen=False)
         if not with_assistant.startswith(prompt_u):
             raise UserError(f"chat template of {name!r} does not put assistant content right after the generation prompt")
         #: Text the template puts after assistant content (e.g. "<|im_end|>\n").
         self.assistant_close: str = self._split(with_assistant[len(prompt_u):])[1]
-        self._starts: dict[str | None, tuple[tuple[int, ...], tuple[int, ...]]] = {}
+        self._starts: dict[tuple[str | None, str], tuple[tuple[int, ...], tuple[int, ...]]] = {}
 
-    def _render(self, messages: list[dict], gen: bool) -> str:
-        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=gen)
+    def _render(self, messages: list[dict], gen: bool, tools: list[dict] | None = None) -> str:
+        return self.tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=gen)
 
     def _split(self, text: str) -> tuple[str, str]:
         if text.count(SENTINEL) != 1:
@@ -68,16 +70,49 @@ class ChatFormat:
         """Token ids of ``text`` with no special tokens added."""
         return tuple(self.tokenizer(text, add_special_tokens=False)["input_ids"]) if text else ()
 
-    def start(self, system: str | None) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    def start(self, system: str | None, tools: str = "") -> tuple[tuple[int, ...], tuple[int, ...]]:
         """(head, tail) ids around the first user message's content, with ``system`` as the
-        system prompt (``None`` for none). Cached per system text."""
-        if system not in self._starts:
+        system prompt (``None`` for none) and ``tools`` (a JSON list of tool schemas, "" for
+        none) rendered by the template's own tool section. Cached per (system, tools)."""
+        key = (system, tools)
+        if key not in self._starts:
             messages = [{"role": "user", "content": SENTINEL}]
             if system:
                 messages.insert(0, {"role": "system", "content": system})
-            head, tail = self._split(self._render(messages, gen=True))
-            self._starts[system] = (self.encode(head), self.encode(tail))
-        return self._starts[system]
+            schemas = json.loads(tools) if tools else None
+            if schemas and not self._mentions_tools():
+                raise UserError(
+                    f"chat template of {self._name!r} does not render tools; the env has tools, so use a model "
+                    "whose template takes them (e.g. Qwen2.5 or the tiny model's)"
+                )
+            head, tail = self._split(self._render(messages, gen=True, tools=schemas))
+            self._starts[key] = (self.encode(head), self.encode(tail))
+        return self._starts[key]
+
+    def _mentions_tools(self) -> bool:
+        template = self.tokenizer.chat_template
+        return "tools" in (template if isinstance(template, str) else json.dumps(template))
+
+    def turn(self, role: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """(head, tail) ids around the content of a later message of ``role`` ("user", or
+        "tool" for a tool result), the tail ending with the generation prompt."""
+        if role not in self._turns:
+            if role not in ROLES:
+                raise ValueError(f"unknown observation role {role!r}; valid roles: {', '.join(map(repr, ROLES))}")
+            u, a = {"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}
+            base = self._render([u, a], gen=False)
+            try:
+                later = self._render([u, a, {"role": role, "content": SENTINEL}], gen=True)
+            except Exception as err:  # jinja raise_exception for unsupported roles
+                raise UserError(f"chat template of {self._name!r} cannot render a {role!r} message: {err}") from None
+            if not later.startswith(base) or later.count(SENTINEL) != 1:
+                raise UserError(
+                    f"chat template of {self._name!r} re-renders earlier turns or drops the content of a {role!r} "
+                    "message; turnforge needs a template whose rendering of a conversation extends its prefix"
+                )
+            head, tail = self._split(later[len(base):])
+            self._turns[role] = (self.encode(head), self.encode(tail))
+        return self._turns[role]
 
     def close_after(self, generated_text: str) -> tuple[int, ...]:
         """Ids the template adds after an assistant message whose generated ids decode to

@@ -27,11 +27,22 @@ IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
 TOOL_TOKENS = ("<tool_call>", "</tool_call>")
 
-# ChatML, as in Qwen2 (without Qwen's default system prompt). Tool calls, when they come,
-# use the hermes-style <tool_call>{json}</tool_call> inside assistant content.
+# ChatML, as in Qwen2 (without Qwen's default system prompt). With ``tools``, the system
+# message lists their JSON schemas and asks for hermes-style <tool_call>{json}</tool_call>
+# calls inside the assistant content, as Qwen2.5's template does (shorter); tool results
+# are messages of role "tool". Without tools it renders exactly as plain ChatML.
 CHAT_TEMPLATE = (
+    "{%- if tools %}"
+    "{{- '<|im_start|>system\\n' }}"
+    "{%- if messages[0]['role'] == 'system' %}{{- messages[0]['content'] + '\\n\\n' }}{%- endif %}"
+    "{{- '# Tools\\n<tools>' }}"
+    "{%- for tool in tools %}{{- '\\n' + (tool | tojson) }}{%- endfor %}"
+    "{{- '\\n</tools>\\nCall a tool with <tool_call>{\\\"name\\\": <name>, \\\"arguments\\\": <json object>}</tool_call>.<|im_end|>\\n' }}"
+    "{%- endif %}"
     "{%- for message in messages %}"
+    "{%- if not (tools and loop.first and message['role'] == 'system') %}"
     "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{%- endif %}"
     "{%- endfor %}"
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
@@ -52,6 +63,11 @@ calculator python result error output true false none
 """.strip()
 
 
+# The envs whose words the tiny tokenizer learns: a fixed list, so that registering another
+# env (a plugin, a variant such as sokoban-slow) never changes the tiny model or the results.
+CORPUS_ENVS = ("2048", "frozenlake", "frozenlake-slippery", "sokoban")
+
+
 class TinyModelConfig(BaseModel):
     """Shape of the tiny Qwen2 model and its tokenizer."""
 
@@ -70,6 +86,13 @@ class TinyModelConfig(BaseModel):
     max_position_embeddings: int = Field(4096, description="Longest context the model accepts")
     tie_word_embeddings: bool = Field(True, description="Share input and output embeddings")
     seed: int = Field(0, description="Seed of the random initialisation")
+    corpus_envs: tuple[str, ...] = Field(
+        CORPUS_ENVS,
+        description="Envs whose instructions and observations the tokenizer's BPE merges are learned from "
+        "(any text still encodes, byte by byte); a recipe for another env adds its id",
+    )
+    corpus_episodes: int = Field(20, description="Episodes per corpus env whose observations (and, for open-text "
+                                 "envs, expert actions) the tokenizer is trained on")
 
 
 def build_tokenizer(corpus: list[str], vocab_size: int = 512):
@@ -104,22 +127,22 @@ def build_tokenizer(corpus: list[str], vocab_size: int = 512):
     )
 
 
-# The envs whose words the tiny tokenizer learns: a fixed list, so that registering another
-# env (a plugin, a variant such as sokoban-slow) never changes the tiny model or the results.
-CORPUS_ENVS = ("2048", "frozenlake", "frozenlake-slippery", "sokoban")
-
-
-def default_corpus(samples_per_env: int = 20) -> list[str]:
-    """Instructions and observations of the built-in envs (``CORPUS_ENVS``), so the
+def default_corpus(samples_per_env: int = 20, env_ids: tuple[str, ...] = CORPUS_ENVS) -> list[str]:
+    """Instructions and observations of ``env_ids``, and the expert's actions and the
+    observations they lead to for envs with open-text actions (tool calls), so the
     tokenizer knows their words."""
     from turnforge.envs import make
 
     texts: list[str] = []
-    for env_id in CORPUS_ENVS:
+    for env_id in env_ids:
         env = make(env_id)
         texts.append(env.instructions)
+        texts.extend(json.dumps(tool) for tool in env.tools)
         for i in range(samples_per_env):
             texts.append(env.reset(seed=i))
+            while not env.action_names and not env.done:
+                action = env.expert_action()
+                texts.extend((action, env.step(action).observation))
     return texts
 
 
@@ -130,7 +153,7 @@ def build_tiny_model(out_dir: str | Path, cfg: TinyModelConfig | None = None, co
     cfg = cfg or TinyModelConfig()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_tokenizer(default_corpus() if corpus is None else corpus, cfg.vocab_size)
+    tokenizer = build_tokenizer(default_corpus(cfg.corpus_episodes, cfg.corpus_envs) if corpus is None else corpus, cfg.vocab_size)
     special = {
         "bos_token_id": tokenizer.convert_tokens_to_ids(PAD_TOKEN),
         "eos_token_id": tokenizer.convert_tokens_to_ids(IM_END),

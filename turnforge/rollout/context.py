@@ -17,6 +17,7 @@ reason ``context_budget``.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -38,13 +39,32 @@ class _Action:
     close: tuple[int, ...]  # template ids after the action (e.g. "\n" after <|im_end|>)
 
 
+@dataclass(frozen=True)
+class PromptSpec:
+    """What an env puts around its observations: the system prompt, the tools the template
+    renders into it, and the chat role of observations after the first."""
+
+    system: str | None = None
+    tools: str = ""  # JSON list of tool schemas ("" = none): hashable, and sent as is to Ray workers
+    observation_role: str = "user"
+
+    @classmethod
+    def of(cls, env, include_instructions: bool) -> "PromptSpec":
+        """The spec of ``env``; without ``include_instructions`` neither its instructions nor
+        its tool schemas are shown (the policy must have learned them)."""
+        if not include_instructions:
+            return cls(None, "", env.observation_role)
+        tools = json.dumps(list(env.tools)) if env.tools else ""
+        return cls(env.instructions, tools, env.observation_role)
+
+
 @dataclass
 class EpisodeContext:
     """Builds prompts and samples for one episode."""
 
     chat: ChatFormat
     cfg: RolloutConfig
-    system: str | None
+    spec: PromptSpec
     marker_ids: tuple[int, ...]
     trajectory_id: str
     # full-history buffers (token-level, grow by appending)
@@ -79,9 +99,9 @@ class EpisodeContext:
 
     def _observe_full(self, content: tuple[int, ...]) -> int:
         if not self._ids:
-            head, tail = self.chat.start(self.system)
+            head, tail = self.chat.start(self.spec.system, self.spec.tools)
         else:
-            head, tail = self.chat.user_head, self.chat.user_tail
+            head, tail = self.chat.turn(self.spec.observation_role)
         content, cut = self._fit(content, len(self._ids) + len(head) + len(tail))
         piece = head + content + tail
         self._ids.extend(piece)
@@ -91,18 +111,21 @@ class EpisodeContext:
         return cut
 
     def _window_prompt(self, turns, content: tuple[int, ...]) -> tuple[int, ...]:
-        head, tail = self.chat.start(self.system)
+        """The window's first observation goes in the first user message (a tool result as
+        first message would be an orphan), later ones in messages of the observation role."""
+        head, tail = self.chat.start(self.spec.system, self.spec.tools)
+        later_head, later_tail = self.chat.turn(self.spec.observation_role)
         out: list[int] = list(head)
         for i, (obs, act) in enumerate(turns):
             if i > 0:
-                out.extend(self.chat.user_head)
+                out.extend(later_head)
             out.extend(obs)
-            out.extend(tail if i == 0 else self.chat.user_tail)
+            out.extend(tail if i == 0 else later_tail)
             out.extend(act.ids)
             out.extend(act.close)
-        out.extend(self.chat.user_head if turns else ())
+        out.extend(later_head if turns else ())
         out.extend(content)
-        out.extend(tail if not turns else self.chat.user_tail)
+        out.extend(tail if not turns else later_tail)
         return tuple(out)
 
     def _observe_window(self, content: tuple[int, ...]) -> int:

@@ -58,7 +58,7 @@ from turnforge.envpool.pool import EnvResult
 from turnforge.envs.base import Env
 from turnforge.policy.generate import sample
 from turnforge.policy.model import Policy
-from turnforge.rollout.context import ContextOverflow, EpisodeContext
+from turnforge.rollout.context import ContextOverflow, EpisodeContext, PromptSpec
 from turnforge.rollout.runner import EpisodeRequest
 from turnforge.rollout.staleness import StalenessController
 from turnforge.types import Trajectory, Turn
@@ -207,7 +207,7 @@ class RolloutEngine:
         lockstep: bool = False,
         partial_rollouts: bool = False,
         max_groups: int | None = None,
-        instructions: str | None = None,
+        prompt: PromptSpec | None = None,
     ) -> None:
         if backend.num_envs < group_size:
             raise ValueError(f"the env backend has {backend.num_envs} env slots; one group needs group_size={group_size}")
@@ -218,7 +218,7 @@ class RolloutEngine:
         self.controller = StalenessController(groups_per_batch * group_size, eta, group_size)
         self.generator, self.lockstep, self.partial = generator, lockstep, partial_rollouts
         self.max_groups = max_groups  # stop admitting after this many groups (None = no limit)
-        self.system = instructions if cfg.include_instructions else None
+        self.prompt = prompt or PromptSpec()  # PromptSpec.of(env, cfg.include_instructions)
         self.version = policy.version
         self.controller.version = 0
         self._version0 = policy.version
@@ -260,7 +260,7 @@ class RolloutEngine:
         if req.start is not None:
             raise ValueError("RolloutEngine cannot start episodes from snapshots; use rollout()")
         slot = self.free_slots.pop()
-        ctx = EpisodeContext(self.policy.chat, self.cfg, self.system, self.marker, req.trajectory_id)
+        ctx = EpisodeContext(self.policy.chat, self.cfg, self.prompt, self.marker, req.trajectory_id)
         ep = _Episode(req, group, slot, ctx, self.version)
         self.by_slot[slot] = ep
         return ep
@@ -279,7 +279,7 @@ class RolloutEngine:
             text, gen_truncated, cut, anchor, potential = ep.pending
             ep.turns.append(
                 Turn(ep.observation, text, r.reward, r.invalid_action, anchor, cut, gen_truncated,
-                     potential=potential, next_potential=0.0 if r.terminated else r.potential)
+                     potential=potential, next_potential=0.0 if r.terminated else r.potential, info=dict(r.info))
             )
             ep.ret += r.reward
             self.stats.turns += 1

@@ -24,6 +24,7 @@ from turnforge.config import EngineConfig, RolloutConfig
 from turnforge.envpool import pool_from_config
 from turnforge.envs import make_batch
 from turnforge.policy.model import Policy
+from turnforge.rollout.context import PromptSpec
 from turnforge.rollout.engine import GroupBatch, InlineEnvs, RolloutEngine
 
 
@@ -53,11 +54,11 @@ class RolloutWorker:
             backend = self.pool
         else:
             backend = InlineEnvs(make_batch(env_id, num_envs, **env_kwargs))
-        instructions = make_batch(env_id, 1, **env_kwargs)[0].instructions
+        prompt = PromptSpec.of(make_batch(env_id, 1, **env_kwargs)[0], rollout_cfg.include_instructions)
         self.engine = RolloutEngine(
             policy, backend, rollout_cfg, make_group, group_size=group_size, groups_per_batch=groups_per_batch,
             eta=engine_cfg.eta, generator=torch.Generator().manual_seed(seed), partial_rollouts=engine_cfg.partial_rollouts,
-            instructions=instructions,
+            prompt=prompt,
         )
         self.engine.start()
 

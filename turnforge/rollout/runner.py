@@ -34,7 +34,7 @@ from turnforge.envs.base import Env, EnvSnapshot
 from turnforge.errors import UserError
 from turnforge.policy.generate import Generation, sample
 from turnforge.policy.model import Policy
-from turnforge.rollout.context import ContextOverflow, EpisodeContext
+from turnforge.rollout.context import ContextOverflow, EpisodeContext, PromptSpec
 from turnforge.types import Task, Trajectory, Turn
 
 
@@ -176,8 +176,7 @@ def rollout(
     marker = chat.encode(cfg.truncation_marker)
     running: list[_Running] = []
     for req, env in zip(requests, envs):
-        system = env.instructions if cfg.include_instructions else None
-        ctx = EpisodeContext(chat, cfg, system, marker, req.trajectory_id)
+        ctx = EpisodeContext(chat, cfg, PromptSpec.of(env, cfg.include_instructions), marker, req.trajectory_id)
         run = _Running(req, env, ctx, "", [], req.max_turns or cfg.max_turns)
         try:
             if req.start is None:
@@ -223,7 +222,7 @@ def rollout(
             r.turns.append(
                 Turn(
                     r.observation, text, step.reward, step.invalid_action, anchor, r.cut, not gen.stopped,
-                    potential=potential, next_potential=next_potential,
+                    potential=potential, next_potential=next_potential, info=dict(step.info),
                 )
             )
             if snapshot is not None:

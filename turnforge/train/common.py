@@ -10,7 +10,7 @@ import torch
 
 from turnforge.envs.base import stable_hash
 from turnforge.policy.generate import pad_right
-from turnforge.types import Sample
+from turnforge.types import Sample, Trajectory
 
 
 def generator(*parts: object) -> torch.Generator:
@@ -88,3 +88,15 @@ class GuardedStep:
         self.bad_in_a_row = 0
         self.optimizer.step()
         return float(norm)
+
+
+def event_counts(trajectories: Sequence[Trajectory]) -> dict[str, int]:
+    """Sums of the env's event counters (integer ``info`` values under ``n_*`` keys, e.g. a
+    tool env's ``n_tool_errors``) over all turns, for the metrics."""
+    out: dict[str, int] = {}
+    for t in trajectories:
+        for turn in t.turns:
+            for key, value in turn.info.items():
+                if key.startswith("n_") and isinstance(value, (int, bool)):
+                    out[key] = out.get(key, 0) + int(value)
+    return dict(sorted(out.items()))

@@ -49,7 +49,7 @@ from turnforge.policy.model import Policy
 from turnforge.rollout.runner import EpisodeRequest, PolicyActor, rollout
 from turnforge.train.rollouts import make_rollouts
 from turnforge.train.checkpoint import save_resumable
-from turnforge.train.common import GuardedStep, collate, generator, rng
+from turnforge.train.common import GuardedStep, collate, event_counts, generator, rng
 from turnforge.train.credit import action_turns, gae_turn_advantages, monte_carlo_returns, sample_advantage, turn_advantages
 from turnforge.critic.mc import blend
 from turnforge.train.mc import mc_grpo_batch, mc_turn_values
@@ -166,6 +166,7 @@ def run_rl(
                 "zero_variance_groups": len(flat) / max(len(groups), 1),
                 "group_return_std": float(np.mean([np.std(r, ddof=1) for r in returns_by_group.values() if len(r) > 1] or [0.0])),
                 "action_tokens_per_turn": sum(x.num_action_tokens for t in ok for x in t.samples) / max(sum(t.num_turns for t in ok), 1),
+                **event_counts(ok),
                 **extra,
                 **got.metrics,
                 "rollout_seconds": round(t_rollout, 3),

@@ -25,6 +25,7 @@ import numpy as np
 from turnforge.envpool import pool_from_config
 from turnforge.envs import make, make_batch
 from turnforge.envs.base import stable_hash
+from turnforge.rollout.context import PromptSpec
 from turnforge.rollout.engine import GroupBatch, InlineEnvs, RolloutEngine
 from turnforge.rollout.runner import EpisodeRequest, PolicyActor, RolloutStats, rollout
 from turnforge.train.common import generator, rng
@@ -178,7 +179,7 @@ class EngineRollouts(_Source):
             policy, backend, cfg.rollout, GroupMaker.of(s, s.state.iteration * rl.tasks_per_iteration),  # resume goes on
             group_size=rl.group_size, groups_per_batch=rl.tasks_per_iteration, eta=eng.eta,
             generator=generator(cfg.seed, "rl-engine", s.state.iteration), lockstep=not self.is_async,
-            partial_rollouts=eng.partial_rollouts, instructions=s.envs[0].instructions,
+            partial_rollouts=eng.partial_rollouts, prompt=PromptSpec.of(s.envs[0], s.cfg.rollout.include_instructions),
         )
         self.clock = _TrainerClock()
         if self.is_async:

@@ -35,6 +35,7 @@ from turnforge.envs import make_batch
 from turnforge.errors import UserError
 from turnforge.policy.model import load_policy
 from turnforge.policy.tiny import build_tiny_model
+from turnforge.rollout.context import PromptSpec
 from turnforge.train.bc import run_bc
 from turnforge.train.checkpoint import TrainerState, load_trainer_state, save_model, save_resumable
 from turnforge.train.rl import Critic, budget_spent, make_reference, pretrain_values, run_rl
@@ -75,6 +76,12 @@ def train(cfg: TrainConfig, out: str | Path, *, resume: bool = False, live: bool
     # 1. envs (first: a bad env id or option fails before any model work), run directory, policy
     n_envs = max(cfg.rl.tasks_per_iteration * cfg.rl.group_size, min(cfg.eval.episodes, 256))
     envs = make_batch(cfg.env.id, n_envs, **cfg.env.kwargs)
+    if envs[0].observation_role != "user" and cfg.rollout.context == "window" and cfg.rollout.history_window == 0:
+        raise UserError(
+            f"env {cfg.env.id!r} answers with {envs[0].observation_role} messages, so with rollout.context=window and "
+            "rollout.history_window=0 the policy would never see the task again; use rollout.context=full_history "
+            "or rollout.history_window >= 1"
+        )
     if cfg.cluster == "ray":  # an unreachable cluster is a one-line error now, not after the BC stage
         from turnforge.envpool.ray_pool import connect_ray
 
@@ -99,6 +106,8 @@ def train(cfg: TrainConfig, out: str | Path, *, resume: bool = False, live: bool
             model_path = Path(cfg.model.path)
     policy = load_policy(model_path, cfg.model.dtype)
     policy.model.eval()
+    prompt = PromptSpec.of(envs[0], cfg.rollout.include_instructions)
+    policy.chat.start(prompt.system, prompt.tools), policy.chat.turn(prompt.observation_role)  # template fits the env
     if blob is not None:
         policy.version = int(blob["version"])
     metrics = MetricsLog(run_dir, keep_until_env_steps=state.env_steps if resumed else None)

@@ -1,0 +1,1 @@
+"""SWE-style code envs: packages with injected bugs, repaired with tools, scored by unit tests."""
