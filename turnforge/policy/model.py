@@ -25,7 +25,10 @@ class ChatFormat:
     A conversation is tokenized piece by piece: ``start(system) + tokenize(content) +
     user_tail`` for the first user message, ``user_head + tokenize(content) + user_tail``
     for later ones, with the assistant's generated ids and the template's closing text in
-    between. The ids the model sees are composed of pieces and never re-tokenized across a
+    between. Tool results are later messages of role "tool" (``turn("tool")``: whatever the
+    template makes of them, e.g. a ``<tool_response>`` inside a user turn), and tool schemas
+    go through the template's own ``tools`` argument (``start(system, tools)``). The ids the
+    model sees are composed of pieces and never re-tokenized across a
     boundary, so an observation can be truncated by tokens. Works for templates that
     render each message independently (ChatML/Qwen2, Llama 3, Mistral-style); templates
     that rewrite earlier turns (e.g. strip reasoning from old assistant messages) are
@@ -80,18 +83,15 @@ class ChatFormat:
             if system:
                 messages.insert(0, {"role": "system", "content": system})
             schemas = json.loads(tools) if tools else None
-            if schemas and not self._mentions_tools():
+            rendered = self._render(messages, gen=True, tools=schemas)
+            if schemas and rendered == self._render(messages, gen=True):
                 raise UserError(
                     f"chat template of {self._name!r} does not render tools; the env has tools, so use a model "
                     "whose template takes them (e.g. Qwen2.5 or the tiny model's)"
                 )
-            head, tail = self._split(self._render(messages, gen=True, tools=schemas))
+            head, tail = self._split(rendered)
             self._starts[key] = (self.encode(head), self.encode(tail))
         return self._starts[key]
-
-    def _mentions_tools(self) -> bool:
-        template = self.tokenizer.chat_template
-        return "tools" in (template if isinstance(template, str) else json.dumps(template))
 
     def turn(self, role: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """(head, tail) ids around the content of a later message of ``role`` ("user", or

@@ -11,7 +11,7 @@ pristine tests and runner against the agent's ``pkg/`` files.
 
 Levels: a mutant of the catalogue (``catalogue()``: every (seed function, bug kind, site)
 whose mutant fails some test of its function and finishes within 0.5 s; built once per
-process by one sandbox run that tests all mutants, each in a forked child, about 2 s), drawn
+process by one sandbox run that tests all mutants, each in a forked child, about 5 s), drawn
 from the level seed. So every task is a real bug the tests catch. Splits are by seed function: the held-out split's
 functions (``HELDOUT``) never appear in training tasks, so held-out success measures repair of
 unseen code, not recall of seen fixes.
