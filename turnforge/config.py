@@ -41,7 +41,7 @@ class RolloutConfig(Section):
     max_turns: int = Field(20, ge=1, description="Turns per episode before truncation")
     max_new_tokens: int = Field(8, ge=1, description="Tokens the policy may generate per turn")
     max_context_tokens: int = Field(1024, ge=16, description="Prompt + generation budget per sample")
-    include_instructions: bool = Field(True, description="Put the env's instructions in the system prompt")
+    include_instructions: bool = Field(True, description="Put the env's instructions (and a tool env's tool schemas) in the system prompt")
     temperature: float = Field(1.0, gt=0, description="Sampling temperature of training rollouts")
     truncation_marker: str = Field(" ...[truncated]", description="Text appended where an observation was cut")
 
