@@ -157,3 +157,25 @@ def test_potential_counts_box_distances_and_deadlocks(env):
     assert env.potential() == -1.0
     room(env, "#####\n#$__#\n#_@.#\n#####")  # box in a corner: dead, counts 2 * dim
     assert env.potential() == -2.0 * env.dim
+
+
+def test_end_on_deadlock_stops_at_the_dead_push_only():
+    env = make("sokoban", end_on_deadlock=True, deadlock_penalty=-0.5, max_steps=10)
+    room(env, "######\n#_$@.#\n#____#\n######")
+    env.step("Down")
+    r = env.step("Up")
+    assert not r.terminated
+    r = env.step("Left")  # box pushed into the top-left corner: no target can be reached
+    assert r.terminated and not r.success and not r.truncated and r.info["deadlock"]
+    # this step's penalty, the 7 skipped steps' penalties (max_steps 10, 3 steps taken), the deadlock penalty
+    assert r.reward == pytest.approx(-0.1 - 0.7 - 0.5)
+    room(env, "######\n#____#\n#_$@_#\n#.___#\n######")
+    r = env.step("Left")  # box pushed against the wall, but it can still be pushed down onto the target
+    assert not r.terminated and "deadlock" not in r.info
+    room(env, "######\n#.$@_#\n######")
+    r = env.step("Left")  # onto the target in a corner: solved, not dead
+    assert r.terminated and r.success and "deadlock" not in r.info
+    plain = make("sokoban")  # off by default: the episode runs on in the dead room
+    room(plain, "######\n#_$@.#\n#____#\n######")
+    r = plain.step("Left")
+    assert not r.terminated and r.reward == pytest.approx(-0.1)

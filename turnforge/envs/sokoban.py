@@ -161,6 +161,16 @@ class SokobanEnv(Env[SokobanLevel]):
     Standard rules: walking into a wall, or pushing a box into a wall or another box, is
     a valid move that changes nothing (it still costs ``step_penalty``). Boxes, targets
     and the player start on distinct cells.
+
+    ``end_on_deadlock``: a push that leaves a box off-target on a dead cell (no push
+    sequence can bring it to any target, ``live_cells``) ends the episode at once, unsolved,
+    with ``info["deadlock"] = True``. The test is sound (such a room can never be solved)
+    but not complete (boxes blocking each other are not detected), so success rates are
+    the same as without it; only the hopeless turns after the push are skipped. Those
+    turns are still charged: the push's reward adds ``step_penalty`` for every step left
+    until ``max_steps``, plus ``deadlock_penalty``. Without the charge an early deadlock
+    would return more than a late one or than wandering until the limit, and group
+    baselines would reward deadlocking fast. Set ``max_steps`` to the rollout's turn limit.
     """
 
     action_names = ACTIONS
@@ -182,6 +192,8 @@ class SokobanEnv(Env[SokobanLevel]):
         solved_reward: float = 10.0,
         min_solution_length: int = 1,
         max_solution_length: int | None = None,
+        end_on_deadlock: bool = False,
+        deadlock_penalty: float = 0.0,
     ) -> None:
         super().__init__(invalid_action_penalty=invalid_action_penalty, max_steps=max_steps)
         if dim < 5:
@@ -194,6 +206,7 @@ class SokobanEnv(Env[SokobanLevel]):
         self.step_penalty, self.box_on_target_reward = float(step_penalty), float(box_on_target_reward)
         self.solved_reward = float(solved_reward)
         self.min_solution_length, self.max_solution_length = int(min_solution_length), max_solution_length
+        self.end_on_deadlock, self.deadlock_penalty = bool(end_on_deadlock), float(deadlock_penalty)
         self._expert_cache: dict[tuple[SokobanLevel, Pos, frozenset[Pos]], int] = {}
         self._live: dict[SokobanLevel, frozenset[Pos]] = {}
 
@@ -295,7 +308,19 @@ class SokobanEnv(Env[SokobanLevel]):
         if solved:
             reward += self.solved_reward
         info = {"boxes_on_target": on_target, "moved": moved, "pushed": pushed}
+        if self.end_on_deadlock and pushed and not solved and (s.boxes - level.targets) - self._live_cells(level):
+            info["deadlock"] = True
+            skipped = self.step_penalty * max(self.max_steps - self.steps, 0)
+            return Outcome(reward + skipped + self.deadlock_penalty, terminated=True, success=False, info=info)
         return Outcome(reward, terminated=solved, success=solved, info=info)
+
+    def _live_cells(self, level: SokobanLevel) -> frozenset[Pos]:
+        live = self._live.get(level)
+        if live is None:
+            if len(self._live) > 10_000:
+                self._live.clear()
+            live = self._live[level] = live_cells(level)
+        return live
 
     def potential(self) -> float:
         """Shaping potential: minus the summed Manhattan distance of each box to its nearest
@@ -303,11 +328,7 @@ class SokobanEnv(Env[SokobanLevel]):
         ``live_cells``) counts ``2 * dim``. Pushing a box closer raises it by 1; a deadlocking
         push drops it by up to ``2 * dim``."""
         s: SokobanState = self.state
-        live = self._live.get(s.level)
-        if live is None:
-            if len(self._live) > 10_000:
-                self._live.clear()
-            live = self._live[s.level] = live_cells(s.level)
+        live = self._live_cells(s.level)
         total = 0
         for box in s.boxes:
             if box not in live:
