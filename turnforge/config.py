@@ -57,6 +57,9 @@ class BCConfig(Section):
     epochs: int = Field(4, ge=1, description="Passes over the demonstration samples")
     batch_size: int = Field(32, ge=1, description="Samples per gradient step")
     lr: float = Field(1e-3, gt=0, description="AdamW learning rate")
+    lr_schedule: Literal["constant", "cosine"] = Field(
+        "constant", description="'cosine' decays the learning rate to 0 over the BC steps (averages out label noise)"
+    )
 
 
 class RLConfig(Section):
@@ -71,6 +74,9 @@ class RLConfig(Section):
     tasks_per_iteration: int = Field(16, ge=1, description="Distinct train tasks per iteration")
     group_size: int = Field(8, ge=2, description="Rollouts per task (G); advantages are normalised within the group")
     lr: float = Field(2e-4, gt=0, description="AdamW learning rate")
+    lr_schedule: Literal["constant", "cosine"] = Field(
+        "constant", description="'cosine' decays the learning rate per iteration to 0 at rl.iterations"
+    )
     epochs: int = Field(1, ge=1, description="Passes over each iteration's samples")
     minibatch_size: int = Field(256, ge=1, description="Samples per optimizer step")
     clip_low: float = Field(0.2, ge=0, description="PPO ratio clip below 1 (1 - clip_low)")

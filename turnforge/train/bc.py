@@ -18,7 +18,7 @@ from turnforge.data.store import write_trajectories
 from turnforge.envs.base import stable_hash
 from turnforge.policy.generate import token_logprobs
 from turnforge.rollout.runner import EpisodeRequest, ExpertActor, rollout
-from turnforge.train.common import GuardedStep, collate, rng
+from turnforge.train.common import GuardedStep, collate, lr_factor, rng
 from turnforge.train.session import Session
 
 
@@ -51,6 +51,7 @@ def run_bc(s: Session) -> dict[str, float]:
     optimizer = torch.optim.AdamW(policy.model.parameters(), lr=bc.lr, weight_decay=0.0)
     step = GuardedStep(policy.model, optimizer, cfg.rl.max_grad_norm, cfg.rl.max_bad_steps)
     steps_per_epoch = -(-len(samples) // bc.batch_size)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: lr_factor(bc.lr_schedule, i, bc.epochs * steps_per_epoch))
     s.progress.stage("bc", bc.epochs * steps_per_epoch)
     policy.model.train()
     n, loss_value, t0 = 0, float("nan"), time.time()
@@ -61,6 +62,7 @@ def run_bc(s: Session) -> dict[str, float]:
             logprobs, _ = token_logprobs(policy.model, batch.ids, batch.attention)
             loss = sft_loss(logprobs, batch.mask)
             step(loss)
+            scheduler.step()
             n += 1
             s.state.train_tokens += batch.num_tokens
             loss_value = loss.item()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -11,6 +12,14 @@ import torch
 from turnforge.envs.base import stable_hash
 from turnforge.policy.generate import pad_right
 from turnforge.types import Sample, Trajectory
+
+
+def lr_factor(schedule: str, step: int, total: int) -> float:
+    """Multiplier of the base learning rate at step ``step`` of ``total``: 1 for
+    'constant'; for 'cosine', half a cosine from 1 down to 0 at ``total`` (and 0 after)."""
+    if schedule == "constant":
+        return 1.0
+    return 0.5 * (1.0 + math.cos(math.pi * min(step, total) / max(total, 1)))
 
 
 def generator(*parts: object) -> torch.Generator:

@@ -49,7 +49,7 @@ from turnforge.policy.model import Policy
 from turnforge.rollout.runner import EpisodeRequest, PolicyActor, rollout
 from turnforge.train.rollouts import make_rollouts
 from turnforge.train.checkpoint import save_resumable
-from turnforge.train.common import GuardedStep, collate, event_counts, generator, rng
+from turnforge.train.common import GuardedStep, collate, event_counts, generator, lr_factor, rng
 from turnforge.train.credit import action_turns, gae_turn_advantages, monte_carlo_returns, sample_advantage, turn_advantages
 from turnforge.critic.mc import blend
 from turnforge.train.mc import mc_grpo_batch, mc_turn_values
@@ -89,6 +89,8 @@ def run_rl(
         while s.state.iteration < end and not budget_spent(s):
             it = s.state.iteration
             t0 = time.time()
+            for group in optimizer.param_groups:  # from the iteration alone, so a resumed run matches
+                group["lr"] = rl.lr * lr_factor(rl.lr_schedule, it, rl.iterations)
 
             # 1. rollout: G episodes of each of tasks_per_iteration tasks (lock-step, or the
             #    oldest groups the asynchronous engine finished, each at most engine.eta versions old)

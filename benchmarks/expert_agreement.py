@@ -1,0 +1,76 @@
+"""How well a checkpoint knows the expert's move: its action distribution on held-out states.
+
+    python benchmarks/expert_agreement.py RUN_DIR [RUN_DIR ...] [--levels 200]
+        [--checkpoints bc final] [--out benchmarks/results/expert_agreement.json]
+
+The env's expert (noise-free) plays the first ``levels`` held-out levels through the run's
+rollout and context code, so each of its turns is a prompt exactly as the policy sees it.
+At each such state the checkpoint's next-token distribution is read over the first tokens
+of the env's action names. Reported per checkpoint: the mean probability of the expert's
+move, and how often it is the most likely of the actions ("argmax agreement"). Sampling
+at T = 1 plays the first; a sharpened policy plays the second, so the gap between them is
+what sharpening alone (all GRPO does on levels it already solves sometimes) can gain.
+Where several moves are optimal the expert names one, so both figures are lower bounds.
+Writes JSON and a Markdown table next to it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from turnforge.config import load_config
+from turnforge.envs import make
+from turnforge.policy.model import load_policy
+from turnforge.rollout.runner import EpisodeRequest, ExpertActor, rollout
+
+
+def agreement(run: Path, checkpoint: str, levels: int) -> dict[str, float]:
+    cfg = load_config(str(run / "config.yaml"))
+    policy = load_policy(run / "checkpoints" / checkpoint)
+    envs = [make(cfg.env.id, **cfg.env.kwargs) for _ in range(50)]
+    if not envs[0].action_names:
+        raise SystemExit(f"{cfg.env.id}: needs an env with a fixed action set (action_names)")
+    actions = torch.tensor([policy.tokenizer.encode(a)[0] for a in envs[0].action_names])
+    requests = [EpisodeRequest(envs[0].task("heldout", i), i, f"level-{i}", f"expert-{i}") for i in range(levels)]
+    probs, hits = [], []
+    with torch.no_grad():
+        for b in range(0, levels, len(envs)):
+            trajs, _ = rollout(ExpertActor(policy, 0.0, random.Random(0)), envs, requests[b:b + len(envs)], cfg.rollout, policy)
+            for sample in (x for t in trajs for x in t.samples):
+                ids, start = list(sample.token_ids), list(sample.loss_mask).index(1)
+                p = torch.softmax(policy.model(torch.tensor([ids[:start]])).logits[0, -1], -1)
+                probs.append(p[ids[start]].item())
+                hits.append(bool(actions[p[actions].argmax()] == ids[start]))
+    return {"states": len(probs), "p_expert": float(np.mean(probs)), "argmax_agreement": float(np.mean(hits))}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("runs", nargs="+", type=Path)
+    ap.add_argument("--levels", type=int, default=200)
+    ap.add_argument("--checkpoints", nargs="+", default=["bc", "final"])
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--out", type=Path, default=Path("benchmarks/results/expert_agreement.json"))
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    rows = []
+    for run in args.runs:
+        for ck in args.checkpoints:
+            rows.append({"run": str(run), "checkpoint": ck, **agreement(run, ck, args.levels)})
+            print(json.dumps(rows[-1]))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(rows, indent=2) + "\n")
+    lines = ["| run | checkpoint | held-out expert states | mean p(expert move) | argmax agreement |", "|---|---|---|---|---|"]
+    lines += [f"| {r['run']} | {r['checkpoint']} | {r['states']} | {r['p_expert']:.3f} | {r['argmax_agreement']:.3f} |" for r in rows]
+    args.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
