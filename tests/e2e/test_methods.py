@@ -18,7 +18,7 @@ pytestmark = pytest.mark.slow
 
 METHODS = {
     "gigpo-shaped": ["rl.advantage=gigpo", "rl.shaping=potential", "rl.shaping_coef=0.5"],
-    "grpo-kl-reward": ["rl.kl_coef=0.05", "rl.kl_mode=reward", "rl.kl_estimator=k1"],
+    "grpo-kl-reward": ["rl.kl_coef=0.05", "rl.kl_mode=reward", "rl.kl_estimator=k1", "rl.lr_schedule=cosine", "bc.lr_schedule=cosine"],
     "ppo-vapo": [
         "rl.advantage=gae", "critic.enabled=true", "critic.length_adaptive=true", "critic.pretrain_episodes=6",
         "critic.pretrain_max_steps=4", "critic.minibatch_size=8",
@@ -50,6 +50,8 @@ def test_method_trains_end_to_end(tmp_path, method):
         assert all(e["mc_states"] > 0 for e in iters) and summary["mc_env_steps"] > 0
     if method == "grpo-kl-reward":
         assert all("kl_penalty_per_turn" in e and e["kl_ref"] == 0 for e in iters)
+        lr = load_config("sokoban-tiny", FAST).rl.lr  # cosine over 3 iterations: 1, 0.75, 0.25 of it
+        assert [e["lr"] for e in iters] == pytest.approx([lr, 0.75 * lr, 0.25 * lr])
     if method == "ppo-vapo":
         (pre,) = _events(run, "value_pretrain")
         assert pre["steps"] <= 4 and pre["episodes"] == 6 and summary["value_pretrain"]["steps"] == pre["steps"]

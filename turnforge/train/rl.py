@@ -165,6 +165,7 @@ def run_rl(
                 "mean_turns": sum(t.num_turns for t in ok) / n_ok,
                 **{k: v for k, v in stats.items() if k != "tokens"},
                 "samples": len(samples),
+                "lr": optimizer.param_groups[0]["lr"],
                 "zero_variance_groups": len(flat) / max(len(groups), 1),
                 "group_return_std": float(np.mean([np.std(r, ddof=1) for r in returns_by_group.values() if len(r) > 1] or [0.0])),
                 "action_tokens_per_turn": sum(x.num_action_tokens for t in ok for x in t.samples) / max(sum(t.num_turns for t in ok), 1),
