@@ -16,7 +16,6 @@ Writes JSON and a Markdown table next to it.
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 from pathlib import Path
@@ -24,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from _checkpoints import parser, save
 from turnforge.config import load_config
 from turnforge.envs import make
 from turnforge.policy.model import load_policy
@@ -51,12 +51,8 @@ def agreement(run: Path, checkpoint: str, levels: int) -> dict[str, float]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("runs", nargs="+", type=Path)
+    ap = parser(__doc__, "expert_agreement")
     ap.add_argument("--levels", type=int, default=200)
-    ap.add_argument("--checkpoints", nargs="+", default=["bc", "final"])
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--out", type=Path, default=Path("benchmarks/results/expert_agreement.json"))
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     rows = []
@@ -64,12 +60,9 @@ def main() -> None:
         for ck in args.checkpoints:
             rows.append({"run": str(run), "checkpoint": ck, **agreement(run, ck, args.levels)})
             print(json.dumps(rows[-1]))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(rows, indent=2) + "\n")
     lines = ["| run | checkpoint | held-out expert states | mean p(expert move) | argmax agreement |", "|---|---|---|---|---|"]
     lines += [f"| {r['run']} | {r['checkpoint']} | {r['states']} | {r['p_expert']:.3f} | {r['argmax_agreement']:.3f} |" for r in rows]
-    args.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    save(args.out, rows, lines)
 
 
 if __name__ == "__main__":

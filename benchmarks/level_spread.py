@@ -14,13 +14,13 @@ Writes JSON and a Markdown table next to it.
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from _checkpoints import parser, save
 from turnforge.config import load_config
 from turnforge.envs import make
 from turnforge.policy.model import load_policy
@@ -50,14 +50,10 @@ def level_rates(run: Path, checkpoint: str, levels: int, samples: int, seed: int
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("runs", nargs="+", type=Path)
+    ap = parser(__doc__, "level_spread")
     ap.add_argument("--levels", type=int, default=100)
     ap.add_argument("--samples", type=int, default=8)
-    ap.add_argument("--checkpoints", nargs="+", default=["bc", "final"])
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--out", type=Path, default=Path("benchmarks/results/level_spread.json"))
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     rows = []
@@ -70,15 +66,12 @@ def main() -> None:
                 "histogram": dict(zip(LABELS, np.histogram(r, bins=BINS)[0].tolist())),
             })
             print(json.dumps(rows[-1]))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(rows, indent=2) + "\n")
     lines = ["| run | checkpoint | success | never solved | always solved | levels by success rate " + " / ".join(LABELS) + " |",
              "|---|---|---|---|---|---|"]
     for row in rows:
         lines.append(f"| {row['run']} | {row['checkpoint']} | {row['success']:.3f} | {row['never_solved']:.2f} | "
                      f"{row['always_solved']:.2f} | {' / '.join(str(v) for v in row['histogram'].values())} |")
-    args.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    save(args.out, rows, lines)
 
 
 if __name__ == "__main__":
