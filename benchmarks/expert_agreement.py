@@ -17,7 +17,6 @@ Writes JSON and a Markdown table next to it.
 from __future__ import annotations
 
 import json
-import random
 from pathlib import Path
 
 import numpy as np
@@ -41,7 +40,7 @@ def agreement(run: Path, checkpoint: str, levels: int) -> dict[str, float]:
     probs, hits = [], []
     with torch.no_grad():
         for b in range(0, levels, len(envs)):
-            trajs, _ = rollout(ExpertActor(policy, 0.0, random.Random(0)), envs, requests[b:b + len(envs)], cfg.rollout, policy)
+            trajs, _ = rollout(ExpertActor(policy), envs, requests[b:b + len(envs)], cfg.rollout, policy)
             for sample in (x for t in trajs for x in t.samples):
                 ids, start = list(sample.token_ids), list(sample.loss_mask).index(1)
                 p = torch.softmax(policy.model(torch.tensor([ids[:start]])).logits[0, -1], -1)

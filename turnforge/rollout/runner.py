@@ -30,7 +30,7 @@ from typing import Protocol, Sequence
 import torch
 
 from turnforge.config import RolloutConfig
-from turnforge.envs.base import Env, EnvSnapshot
+from turnforge.envs.base import Env, EnvSnapshot, stable_hash
 from turnforge.errors import UserError
 from turnforge.policy.generate import Generation, sample
 from turnforge.policy.model import Policy
@@ -96,29 +96,34 @@ class ExpertActor:
 
     With ``noise > 0`` it is an imperfect demonstrator: at each turn, with probability
     ``noise``, it plays a uniformly random action of ``env.action_names`` instead of the
-    expert's (which may be the expert's by chance), drawn from ``rng``.
+    expert's (which may be the expert's by chance). The draw is a function of ``seed``,
+    the episode's task and the turn index only, so the demonstrations do not depend on
+    how many envs play at once or in which order episodes finish (two episodes of the
+    same task get the same draws).
     """
 
     version = -1
 
-    def __init__(self, policy: Policy, noise: float = 0.0, rng: random.Random | None = None) -> None:
+    def __init__(self, policy: Policy, noise: float = 0.0, seed: int = 0) -> None:
         if not 0.0 <= noise <= 1.0:
             raise ValueError(f"noise must be in [0, 1]; got {noise}")
-        self.policy, self.noise, self.rng = policy, noise, rng or random.Random(0)
+        self.policy, self.noise, self.seed = policy, noise, int(seed)
         self.random_actions = 0  # turns where the random action replaced the expert's
 
     def act(self, prompts, envs):
         out = []
         for env in envs:
             text = env.expert_action()
-            if self.noise > 0 and self.rng.random() < self.noise:
-                if not env.action_names:
-                    raise UserError(
-                        f"a noisy demonstrator needs an env with a discrete action set (Env.action_names); "
-                        f"{type(env).__name__} has none: set bc.expert_noise=0"
-                    )
-                text = self.rng.choice(env.action_names)
-                self.random_actions += 1
+            if self.noise > 0:
+                draw = random.Random(stable_hash(self.seed, "expert-noise", env.current_task.task_id, env.steps))
+                if draw.random() < self.noise:
+                    if not env.action_names:
+                        raise UserError(
+                            f"a noisy demonstrator needs an env with a discrete action set (Env.action_names); "
+                            f"{type(env).__name__} has none: set bc.expert_noise=0"
+                        )
+                    text = draw.choice(env.action_names)
+                    self.random_actions += 1
             ids = self.policy.chat.encode(text) + (self.policy.stop_ids[0],)
             out.append(Generation(ids, tuple([float("nan")] * len(ids)), True))
         return out

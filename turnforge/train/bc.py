@@ -8,7 +8,6 @@ and template tokens are context.
 
 from __future__ import annotations
 
-import random
 import time
 
 import torch
@@ -27,19 +26,17 @@ def run_bc(s: Session) -> dict[str, float]:
     policy, envs = s.policy, s.envs
 
     # 1. demonstrations: the expert (with bc.expert_noise, an imperfect one) plays distinct train tasks
-    demos, random_actions = [], 0
+    demos, expert = [], ExpertActor(policy, bc.expert_noise, seed=cfg.seed)
     for start in range(0, bc.num_demos, len(envs)):
         requests = [
             EpisodeRequest(envs[0].task("train", i), stable_hash(cfg.seed, "demo", i), f"demo-{i}", f"demo-{i}")
             for i in range(start, min(bc.num_demos, start + len(envs)))
         ]
-        expert = ExpertActor(policy, bc.expert_noise, random.Random(stable_hash(cfg.seed, "demo-noise", start)))
         trajs, _ = rollout(expert, envs, requests, cfg.rollout, policy)
-        random_actions += expert.random_actions
         demos.extend(t for t in trajs if t.infra_failure is None)
     write_trajectories(s.run_dir / "trajectories" / "bc_demos.parquet", demos, stage="bc", iteration=0)
     samples = [x for t in demos for x in t.samples]
-    demo_steps = sum(t.num_turns for t in demos)
+    demo_steps, random_actions = sum(t.num_turns for t in demos), expert.random_actions
     s.state.env_steps += demo_steps
     demo_success = sum(t.success for t in demos) / max(len(demos), 1)
     s.progress.message(
