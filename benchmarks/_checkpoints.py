@@ -5,6 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import Callable
+
+import torch
 
 
 def parser(doc: str, name: str) -> argparse.ArgumentParser:
@@ -15,6 +18,18 @@ def parser(doc: str, name: str) -> argparse.ArgumentParser:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", type=Path, default=Path(f"benchmarks/results/{name}.json"))
     return ap
+
+
+def score(args: argparse.Namespace, row_of: Callable[[Path, str], dict]) -> list[dict]:
+    """``row_of(run, checkpoint)`` for every run and checkpoint on the command line, each row
+    printed as JSON as it comes (torch limited to ``--threads``)."""
+    torch.set_num_threads(args.threads)
+    rows = []
+    for run in args.runs:
+        for ck in args.checkpoints:
+            rows.append({"run": str(run), "checkpoint": ck, **row_of(run, ck)})
+            print(json.dumps(rows[-1]), flush=True)
+    return rows
 
 
 def save(out: Path, rows: list[dict], table: list[str]) -> None:

@@ -16,13 +16,12 @@ Writes JSON and a Markdown table next to it.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from _checkpoints import parser, save
+from _checkpoints import parser, save, score
 from turnforge.config import load_config
 from turnforge.envs import make
 from turnforge.policy.model import load_policy
@@ -53,12 +52,7 @@ def main() -> None:
     ap = parser(__doc__, "expert_agreement")
     ap.add_argument("--levels", type=int, default=200)
     args = ap.parse_args()
-    torch.set_num_threads(args.threads)
-    rows = []
-    for run in args.runs:
-        for ck in args.checkpoints:
-            rows.append({"run": str(run), "checkpoint": ck, **agreement(run, ck, args.levels)})
-            print(json.dumps(rows[-1]))
+    rows = score(args, lambda run, ck: agreement(run, ck, args.levels))
     lines = ["| run | checkpoint | held-out expert states | mean p(expert move) | argmax agreement |", "|---|---|---|---|---|"]
     lines += [f"| {r['run']} | {r['checkpoint']} | {r['states']} | {r['p_expert']:.3f} | {r['argmax_agreement']:.3f} |" for r in rows]
     save(args.out, rows, lines)

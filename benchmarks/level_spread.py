@@ -14,13 +14,11 @@ Writes JSON and a Markdown table next to it.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
-import torch
 
-from _checkpoints import parser, save
+from _checkpoints import parser, save, score
 from turnforge.config import load_config
 from turnforge.envs import make
 from turnforge.policy.model import load_policy
@@ -55,17 +53,16 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=8)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
-    torch.set_num_threads(args.threads)
-    rows = []
-    for run in args.runs:
-        for ck in args.checkpoints:
-            r = level_rates(run, ck, args.levels, args.samples, args.seed)
-            rows.append({
-                "run": str(run), "checkpoint": ck, "levels": args.levels, "samples": args.samples,
-                "success": float(r.mean()), "never_solved": float(np.mean(r == 0)), "always_solved": float(np.mean(r == 1)),
-                "histogram": dict(zip(LABELS, np.histogram(r, bins=BINS)[0].tolist())),
-            })
-            print(json.dumps(rows[-1]))
+
+    def row_of(run: Path, ck: str) -> dict:
+        r = level_rates(run, ck, args.levels, args.samples, args.seed)
+        return {
+            "levels": args.levels, "samples": args.samples,
+            "success": float(r.mean()), "never_solved": float(np.mean(r == 0)), "always_solved": float(np.mean(r == 1)),
+            "histogram": dict(zip(LABELS, np.histogram(r, bins=BINS)[0].tolist())),
+        }
+
+    rows = score(args, row_of)
     lines = ["| run | checkpoint | success | never solved | always solved | levels by success rate " + " / ".join(LABELS) + " |",
              "|---|---|---|---|---|---|"]
     for row in rows:
