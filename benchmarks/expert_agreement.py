@@ -7,7 +7,9 @@ The env's expert (noise-free) plays the first ``levels`` held-out levels through
 rollout and context code, so each of its turns is a prompt exactly as the policy sees it.
 At each such state the checkpoint's next-token distribution is read over the first tokens
 of the env's action names. Reported per checkpoint: the mean probability of the expert's
-move, and how often it is the most likely of the actions ("argmax agreement"). Sampling
+move, how often it is the most likely of the actions ("argmax agreement"), and the
+entropy of the distribution renormalised over the actions (ln 4 = 1.386 nats is uniform
+over Sokoban's four moves; a cloned policy near it has learnt little of the rooms). Sampling
 at T = 1 plays the first; a sharpened policy plays the second, so the gap between them is
 what sharpening alone (all GRPO does on levels it already solves sometimes) can gain.
 Where several moves are optimal the expert names one, so both figures are lower bounds.
@@ -36,7 +38,7 @@ def agreement(run: Path, checkpoint: str, levels: int) -> dict[str, float]:
         raise SystemExit(f"{cfg.env.id}: needs an env with a fixed action set (action_names)")
     actions = torch.tensor([policy.tokenizer.encode(a)[0] for a in envs[0].action_names])
     requests = [EpisodeRequest(envs[0].task("heldout", i), i, f"level-{i}", f"expert-{i}") for i in range(levels)]
-    probs, hits = [], []
+    probs, hits, entropies = [], [], []
     with torch.no_grad():
         for b in range(0, levels, len(envs)):
             trajs, _ = rollout(ExpertActor(policy), envs, requests[b:b + len(envs)], cfg.rollout, policy)
@@ -45,7 +47,10 @@ def agreement(run: Path, checkpoint: str, levels: int) -> dict[str, float]:
                 p = torch.softmax(policy.model(torch.tensor([ids[:start]])).logits[0, -1], -1)
                 probs.append(p[ids[start]].item())
                 hits.append(bool(actions[p[actions].argmax()] == ids[start]))
-    return {"states": len(probs), "p_expert": float(np.mean(probs)), "argmax_agreement": float(np.mean(hits))}
+                q = p[actions] / p[actions].sum()
+                entropies.append(-(q * q.clamp_min(1e-12).log()).sum().item())
+    return {"states": len(probs), "p_expert": float(np.mean(probs)), "argmax_agreement": float(np.mean(hits)),
+            "action_entropy": float(np.mean(entropies))}
 
 
 def main() -> None:
@@ -53,8 +58,10 @@ def main() -> None:
     ap.add_argument("--levels", type=int, default=200)
     args = ap.parse_args()
     rows = score(args, lambda run, ck: agreement(run, ck, args.levels))
-    lines = ["| run | checkpoint | held-out expert states | mean p(expert move) | argmax agreement |", "|---|---|---|---|---|"]
-    lines += [f"| {r['run']} | {r['checkpoint']} | {r['states']} | {r['p_expert']:.3f} | {r['argmax_agreement']:.3f} |" for r in rows]
+    lines = ["| run | checkpoint | held-out expert states | mean p(expert move) | argmax agreement | action entropy (nats) |",
+             "|---|---|---|---|---|---|"]
+    lines += [f"| {r['run']} | {r['checkpoint']} | {r['states']} | {r['p_expert']:.3f} | {r['argmax_agreement']:.3f} "
+              f"| {r['action_entropy']:.3f} |" for r in rows]
     save(args.out, rows, lines)
 
 
