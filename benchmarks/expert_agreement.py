@@ -12,7 +12,7 @@ entropy of the distribution renormalised over the actions (ln 4 = 1.386 nats is 
 over Sokoban's four moves; a cloned policy near it has learnt little of the rooms). Sampling
 at T = 1 plays the first; a sharpened policy plays the second, so the gap between them is
 what sharpening alone (all GRPO does on levels it already solves sometimes) can gain.
-Where several moves are optimal the expert names one, so both figures are lower bounds.
+Where several moves are optimal the expert names one, so the first two figures are lower bounds.
 Writes JSON and a Markdown table next to it.
 """
 
