@@ -115,6 +115,10 @@ class RLConfig(Section):
     skip_zero_variance_groups: bool = Field(
         True, description="Leave groups whose returns are all equal (zero advantage) out of the update (DAPO's filter)"
     )
+    merge_duplicates: bool = Field(
+        True, description="Score repeated (prompt, action) samples of an iteration once, weighted by their copies "
+        "(exact for PPO-clip up to ~1e-6 logprob numerics; turnforge.train.merge)"
+    )
     max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping norm")
     max_bad_steps: int = Field(3, ge=1, description="Consecutive NaN/inf losses before the run stops")
 

@@ -21,8 +21,8 @@ class PolicyLossOutput:
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Mean of ``x`` over positions where ``mask`` is 1 (0 if the mask is empty)."""
-    return (x * mask).sum() / mask.sum().clamp(min=1)
+    """Mean of ``x`` weighted by ``mask`` (0/1, or non-negative weights); 0 if the mask is empty."""
+    return (x * mask).sum() / mask.sum().clamp(min=1e-12)
 
 
 def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
@@ -62,6 +62,7 @@ def ppo_clip_loss(
     kl_estimator: str = "k3",
     entropy: torch.Tensor | None = None,  # [B, T] entropy of the current policy at each position
     entropy_coef: float = 0.0,
+    counts: torch.Tensor | None = None,  # [B] sampled copies each row stands for (metrics only)
 ) -> PolicyLossOutput:
     """PPO-clip surrogate ``-min(ratio * A, clip(ratio, 1 - clip_low, 1 + clip_high) * A)``,
     weighted mean over action tokens, plus ``kl_coef * KL(pi, ref)`` (estimator ``k1``/``k2``/
@@ -69,6 +70,10 @@ def ppo_clip_loss(
 
     ``dual_clip = c > 1`` (Ye et al. 2020) bounds the loss of negative-advantage tokens whose
     ratio has exploded: for ``A < 0`` the objective is ``max(min(...), c * A)``.
+
+    ``counts`` (merged repeated samples, ``turnforge.train.merge``) weights the logged
+    clip fraction and approximate KL by the copies each row stands for; the loss takes the
+    copies through ``weights``.
     """
     if dual_clip is not None and dual_clip <= 1:
         raise ValueError(f"dual_clip must be > 1; got {dual_clip}")
@@ -92,8 +97,9 @@ def ppo_clip_loss(
     with torch.no_grad():
         # tokens whose gradient the clip cut off (the clipped branch won the min)
         was_clipped = (((ratio > 1 + clip_high) & (advantages > 0)) | ((ratio < 1 - clip_low) & (advantages < 0))) & mask.bool()
-        clip_fraction = float(was_clipped.sum() / mask.sum().clamp(min=1))
-        approx_kl = float(masked_mean((ratio - 1) - log_ratio, mask))
+        per_token = mask if counts is None else mask * counts.to(mask.dtype)[:, None]
+        clip_fraction = float(masked_mean(was_clipped.to(mask.dtype), per_token))
+        approx_kl = float(masked_mean((ratio - 1) - log_ratio, per_token))
     return PolicyLossOutput(loss, clip_fraction, approx_kl, float(kl_ref.detach()))
 
 

@@ -53,6 +53,7 @@ from turnforge.train.common import GuardedStep, collate, event_counts, generator
 from turnforge.train.credit import action_turns, gae_turn_advantages, monte_carlo_returns, sample_advantage, turn_advantages
 from turnforge.critic.mc import blend
 from turnforge.train.mc import mc_grpo_batch, mc_turn_values
+from turnforge.train.merge import MergedSample, merge_samples, minibatches
 from turnforge.train.session import Session
 from turnforge.types import Sample, Trajectory
 
@@ -255,40 +256,48 @@ def ppo_update(
     ``decoupled`` (asynchronous rollouts): the trust region is around the proximal policy,
     the weights before this update, whose logprobs are recomputed here once; the gap to
     the behaviour policy (the sampling logprobs of whatever version sampled each token) is
-    a truncated importance weight, capped at ``engine.is_cap``."""
+    a truncated importance weight, capped at ``engine.is_cap``.
+
+    With ``rl.merge_duplicates`` repeated samples are scored once (``turnforge.train.merge``);
+    minibatches still hold ``rl.minibatch_size`` sampled copies each."""
     cfg, rl, policy = s.cfg, s.cfg.rl, s.policy
     episode_tokens: dict[str, int] = {}
     for x, _ in samples:
         episode_tokens[x.trajectory_id] = episode_tokens.get(x.trajectory_id, 0) + x.num_action_tokens
-    prox, offpolicy = (proximal_logprobs(s, [x for x, _ in samples]) if decoupled else (None, {}))
+    weights = aggregation_weights(
+        rl.loss_agg,
+        torch.tensor([x.num_action_tokens for x, _ in samples]),
+        torch.tensor([episode_tokens[x.trajectory_id] for x, _ in samples]),
+    ).tolist()
+    if rl.merge_duplicates:  # repeated (prompt, action) samples are scored once (turnforge.train.merge)
+        rows = merge_samples(samples, weights)
+    else:
+        rows = [MergedSample(x, a, w, 1) for (x, a), w in zip(samples, weights)]
+    prox, offpolicy = (proximal_logprobs(s, [r.sample for r in rows]) if decoupled else (None, {}))
     policy.model.train()
-    order = rng(cfg.seed, "rl-shuffle", it).permutation(len(samples)).tolist()
+    order = rng(cfg.seed, "rl-shuffle", it).permutation(len(rows)).tolist()
     losses, clip_fracs, kls, norms, entropies, ref_kls, tokens = [], [], [], [], [], [], 0
     for _ in range(rl.epochs):
-        for b in range(0, len(order), rl.minibatch_size):
-            chunk = [samples[i] for i in order[b:b + rl.minibatch_size]]
-            batch = collate([x for x, _ in chunk], policy.pad_id, [a for _, a in chunk])
+        for idx in minibatches(rows, order, rl.minibatch_size):
+            chunk = [rows[i] for i in idx]
+            batch = collate([r.sample for r in chunk], policy.pad_id, [r.advantage for r in chunk])
+            counts = torch.tensor([r.count for r in chunk], dtype=torch.float32)
             logprobs, entropy = token_logprobs(policy.model, batch.ids, batch.attention, cfg.rollout.temperature, with_entropy=True)
             ref = None
             if reference is not None:
                 with torch.no_grad():
                     ref, _ = token_logprobs(reference, batch.ids, batch.attention, cfg.rollout.temperature)
-            weights = aggregation_weights(
-                rl.loss_agg,
-                torch.tensor([x.num_action_tokens for x, _ in chunk]),
-                torch.tensor([episode_tokens[x.trajectory_id] for x, _ in chunk]),
-            )
             ppo_kwargs = dict(
-                clip_low=rl.clip_low, clip_high=rl.clip_high, ref_logprobs=ref, kl_coef=rl.kl_coef, weights=weights,
-                dual_clip=rl.dual_clip, kl_estimator=rl.kl_estimator, entropy=entropy, entropy_coef=rl.entropy_coef,
+                clip_low=rl.clip_low, clip_high=rl.clip_high, ref_logprobs=ref, kl_coef=rl.kl_coef,
+                weights=torch.tensor([r.weight for r in chunk], dtype=torch.float32), dual_clip=rl.dual_clip,
+                kl_estimator=rl.kl_estimator, entropy=entropy, entropy_coef=rl.entropy_coef, counts=counts,
             )
             if prox is None:
                 out = ppo_clip_loss(logprobs, batch.old_logprobs, batch.advantages, batch.mask, **ppo_kwargs)
             else:
-                rows = [prox[i] for i in order[b:b + rl.minibatch_size]]
                 prox_b = torch.zeros_like(batch.old_logprobs)
-                for r, row in enumerate(rows):
-                    prox_b[r, : len(row)] = row
+                for r, i in enumerate(idx):
+                    prox_b[r, : len(prox[i])] = prox[i]
                 out, _ = decoupled_ppo_loss(logprobs, prox_b, batch.old_logprobs, batch.advantages, batch.mask,
                                             is_cap=cfg.engine.is_cap, **ppo_kwargs)
             norm = step(out.loss)
@@ -297,9 +306,9 @@ def ppo_update(
             losses.append(out.loss.item())
             clip_fracs.append(out.clip_fraction)
             kls.append(out.approx_kl)
-            entropies.append(float(masked_mean(entropy.detach(), batch.mask)))
+            entropies.append(float(masked_mean(entropy.detach(), batch.mask * counts[:, None])))
             ref_kls.append(out.kl_ref)
-            tokens += batch.num_tokens
+            tokens += int((batch.attention.sum(dim=1) * counts).sum())
     policy.model.eval()
 
     def mean(xs: list[float]) -> float:
@@ -307,7 +316,8 @@ def ppo_update(
 
     return {
         "loss": mean(losses), "clip_fraction": mean(clip_fracs), "approx_kl": mean(kls), "kl_ref": mean(ref_kls),
-        "entropy": mean(entropies), "grad_norm": mean(norms), "tokens": tokens, **offpolicy,
+        "entropy": mean(entropies), "grad_norm": mean(norms), "tokens": tokens,
+        "merged_row_fraction": len(rows) / max(len(samples), 1), **offpolicy,
     }
 
 
