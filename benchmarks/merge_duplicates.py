@@ -22,11 +22,11 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
-import pyarrow.parquet as pq
 import torch
 
 from _checkpoints import save
 from turnforge.config import load_config
+from turnforge.data.store import read_trajectories
 from turnforge.policy.model import load_policy
 from turnforge.train.common import GuardedStep
 from turnforge.train.rl import ppo_update
@@ -34,7 +34,7 @@ from turnforge.types import Sample
 
 
 def load_samples(run: Path, iteration: int) -> list[tuple[Sample, float]]:
-    rows = pq.read_table(run / "trajectories" / f"rl_{iteration:05d}.parquet").to_pylist()
+    rows = read_trajectories(run / "trajectories" / f"rl_{iteration:05d}.parquet").to_pylist()
     flat = {g for g in {r["group_id"] for r in rows} if all(abs(r["advantage"]) < 1e-8 for r in rows if r["group_id"] == g)}
     return [
         (

@@ -22,7 +22,7 @@ already accepts. Copies whose advantages differ in sign stay in two rows.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 import numpy as np
@@ -67,7 +67,7 @@ def merge_samples(
         share = w / w.sum() if w.sum() > 0 else np.full(len(idx), 1.0 / len(idx))
         mean_adv = np.tensordot(share, advs, axes=1)
         logprobs = np.mean(np.stack([samples[i][0].logprobs for i in idx]), axis=0).astype(np.float32)
-        rep = Sample(first.token_ids, first.loss_mask, logprobs, first.versions, first.trajectory_id, first.turn_index)
+        rep = replace(first, logprobs=logprobs)
         adv = float(mean_adv) if np.ndim(first_adv) == 0 else mean_adv.astype(np.float32)
         out.append(MergedSample(rep, adv, float(w.sum()), len(idx)))
     return out
