@@ -12,13 +12,13 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 torch.set_num_threads(2)
 
-from turnforge.envs.base import Env, InvalidAction, Outcome  # noqa: E402
+from turnforge.envs.levels import InvalidAction, LevelEnv, Outcome  # noqa: E402
 from turnforge.envs.registry import register  # noqa: E402
 
 WORDS = "the box wall floor target up down left right # _ . $ @ 2 4 8 16 hole goal".split()
 
 
-class EchoEnv(Env):
+class EchoEnv(LevelEnv):
     """A test env: observations are seeded random word strings of varying length (1 to
     ``max_obs_words`` words); any action that is not the literal word 'bad' is valid;
     the episode terminates with success after ``episode_len`` valid actions. If

@@ -28,7 +28,12 @@ def run_cli(*args, cwd=None):
         (["train", "engine.eta=2"], "engine.eta=2 needs engine.mode=async"),
         (["train", "engine.mode=async", "engine.partial_rollouts=true"], "engine.partial_rollouts=true needs engine.eta >= 1"),
         (["train", "engine.env_slots=4"], "engine.env_slots=4 cannot hold one group of rl.group_size=8"),
-        (["bench", "rollout", "--env", "chess"], "unknown benchmark env 'chess'"),
+        (["train", "env.id=sokoban", "rl.advantage=gigpo", "env.id=test-nope"], "unknown env 'test-nope'"),
+        (["train", "frozenlake-tiny", "rl.shaping=potential"],
+         "potential-based shaping (rl.shaping=potential) needs env 'frozenlake' to implement potential(), or set rl.shaping=none"),
+        (["train", "env.tasks=/no/such/tasks.jsonl"], "env 'sokoban' generates its own levels (a LevelEnv); env.tasks applies"),
+        (["check-env", "chess"], "unknown env 'chess'; valid envs:"),
+        (["check-env", "sokoban", "bogus=1"], "env 'sokoban' has no option 'bogus'"),
         (["train", "calculator-tiny", "rollout.context=window"], "env 'calculator' answers with tool messages"),
         (["train", "calculator-tiny", "env.kwargs.tool_call_format=xml"], "unknown tool_call_format 'xml'"),
         (["train", "env.id=sokoban-slow", "env.kwargs.median_ms=-1", "engine.env_workers=2"],
@@ -43,6 +48,49 @@ def test_user_errors_exit_2_with_one_line(tmp_path, args, expected):
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: ") and expected in lines[0], proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_check_env_takes_options_and_a_task_file(tmp_path):
+    ok = run_cli("check-env", "sokoban", "dim=7")
+    assert ok.returncode == 0 and "sokoban: ok" in ok.stdout, ok.stderr
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text("".join(f'{{"n": {i}, "split": "{"heldout" if i < 2 else "train"}"}}\n' for i in range(20)))
+    # a level env generates its own tasks: a task file is refused with the reason
+    refused = run_cli("check-env", "sokoban", "--tasks", str(tasks))
+    assert refused.returncode == 2 and "generates its own levels" in refused.stderr
+
+
+def test_check_env_failure_is_one_line_with_exit_1(tmp_path):
+    plugin = tmp_path / "tinyheld.py"
+    plugin.write_text(
+        "from turnforge import Env, StepResult, TaskDataset\n"
+        "class OneHeldout(Env):\n"
+        "    action_names = ('go',)\n"
+        "    tasks = TaskDataset([{'n': i, 'split': 'heldout' if i == 0 else 'train'} for i in range(30)])\n"
+        "    def reset(self, task, seed):\n"
+        "        return f'task {task.data[\"n\"]}'\n"
+        "    def step(self, action):\n"
+        "        ok = action.strip() == 'go'\n"
+        "        return StepResult('done' if ok else 'say go', 1.0 if ok else -0.1, ok, False, invalid_action=not ok, success=ok)\n"
+    )
+    dist = tmp_path / "tinyheld-0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: tinyheld\nVersion: 0\n")
+    (dist / "entry_points.txt").write_text("[turnforge.envs]\none-heldout = tinyheld:OneHeldout\n")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(tmp_path)}
+    proc = subprocess.run([sys.executable, "-m", "turnforge.cli", "check-env", "one-heldout"], capture_output=True,
+                          text=True, env=env, timeout=120)
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 1 and len(lines) == 1 and "Traceback" not in proc.stderr
+    assert "held-out split has only 1 task(s)" in lines[0] and "give it at least 10 distinct tasks" in lines[0]
+    ok = subprocess.run([sys.executable, "-m", "turnforge.cli", "check-env", "one-heldout", "--min-heldout", "1"],
+                        capture_output=True, text=True, env=env, timeout=120)
+    assert ok.returncode == 0 and "one-heldout: ok" in ok.stdout, ok.stderr
+    # train refuses it at start, before any model work, with the same fix
+    train = subprocess.run([sys.executable, "-m", "turnforge.cli", "train", "env.id=one-heldout", "bc.enabled=false",
+                            "--out", str(tmp_path / "run")], capture_output=True, text=True, env=env, timeout=120)
+    assert train.returncode == 2 and "fails check_env" in train.stderr and "at least 10" in train.stderr
+    assert not (tmp_path / "run").exists()
 
 
 def test_recipes_and_envs_list(tmp_path):

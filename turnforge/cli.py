@@ -1,4 +1,4 @@
-"""The ``turnforge`` command line: train, eval, recipes, envs, check-env, tiny-model, bench.
+"""The ``turnforge`` command line: train, eval, recipes, envs, check-env, tiny-model.
 
 User errors (unknown recipe/env/key, malformed YAML, wrong types, missing paths) print
 one line ``error: ...`` naming the bad input and the valid choices and exit with code 2.
@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from contextlib import closing
 from pathlib import Path
 from typing import List, Optional
 
@@ -81,12 +82,37 @@ def envs() -> None:
 
 
 @app.command("check-env")
-def check_env_cmd(env_id: str = typer.Argument(..., help="Registered env id")) -> None:
-    """Run check_env on a registered env; errors name the fix."""
-    from turnforge.envs import check_env, make
+def check_env_cmd(
+    env_id: str = typer.Argument(..., help="Registered env id (see `turnforge envs`)"),
+    options: Optional[List[str]] = typer.Argument(None, help="Env options as key=value (e.g. dim=8 num_boxes=2)"),
+    tasks: Optional[Path] = typer.Option(None, "--tasks", help="JSONL task file, as env.tasks in a recipe"),
+    model: Optional[Path] = typer.Option(None, "--model", help="HF model directory whose tokenizer measures the actions"),
+    max_new_tokens: int = typer.Option(8, "--max-new-tokens", min=1, help="rollout.max_new_tokens to measure against"),
+    min_heldout: int = typer.Option(10, "--min-heldout", min=1, help="Fewest distinct held-out tasks accepted"),
+) -> None:
+    """Run check_env on a registered env with options; a failure names the fix (exit 1)."""
+    from turnforge.config import parse_overrides
+    from turnforge.envs import EnvCheckError, check_env
 
-    check_env(make(env_id))
-    console.print(f"{env_id}: ok")
+    kwargs = parse_overrides(list(options or []))
+    chat = None
+    if model is not None:
+        from turnforge.policy.model import load_chat_format
+        from turnforge.train.run import _quiet_hf
+
+        _quiet_hf()
+        chat = load_chat_format(model)
+    try:
+        report = check_env(env_id, env_kwargs=kwargs, tasks=str(tasks) if tasks else None, min_heldout=min_heldout,
+                           tokenizer=chat, max_new_tokens=max_new_tokens)
+    except EnvCheckError as err:
+        print(f"FAIL {env_id}: {err}", file=sys.stderr)
+        sys.exit(1)
+    for warning in report.warnings:
+        console.print(f"[yellow]warning[/yellow] {warning}", highlight=False, soft_wrap=True)
+    if chat is None:
+        console.print("note: action lengths not checked; give --model DIR (and --max-new-tokens N) to check them", soft_wrap=True)
+    console.print(f"{env_id}: ok ({', '.join(report.checks)})", highlight=False, soft_wrap=True)
 
 
 @app.command("eval")
@@ -103,9 +129,9 @@ def eval_cmd(
     import torch
     import yaml
 
-    from turnforge.config import RolloutConfig, config_from_dict
-    from turnforge.envs import make_batch
+    from turnforge.config import EnvConfig, TrainConfig, config_from_dict
     from turnforge.policy.model import load_policy
+    from turnforge.rollout.engine import make_engine
     from turnforge.train.evaluate import evaluate
     from turnforge.train.run import _quiet_hf
 
@@ -113,15 +139,15 @@ def eval_cmd(
         raise UserError(f"unknown split {split!r}; valid splits: 'heldout', 'train'")
     _quiet_hf()
     torch.set_num_threads(2)
-    rollout_cfg, env_kwargs = RolloutConfig(), {}
+    cfg = TrainConfig(env=EnvConfig(id=env))
     run_cfg = checkpoint.resolve().parent.parent / "config.yaml"  # RUN/checkpoints/<name>/ -> RUN/config.yaml
     if run_cfg.exists():
         cfg = config_from_dict(yaml.safe_load(run_cfg.read_text()))
-        rollout_cfg = cfg.rollout
-        env_kwargs = cfg.env.kwargs if cfg.env.id == env else {}
+        if cfg.env.id != env:
+            cfg = cfg.model_copy(update={"env": EnvConfig(id=env)})
     policy = load_policy(checkpoint)
-    batch = make_batch(env, min(episodes, 256), **env_kwargs)
-    result, _ = evaluate(policy, batch, rollout_cfg, episodes=episodes, split=split, temperature=temperature, seed=seed)
+    with closing(make_engine(cfg, policy, min(episodes, 256))) as engine:
+        result, _ = evaluate(engine, policy, episodes=episodes, split=split, temperature=temperature, seed=seed)
     data = {**result.as_dict(), "checkpoint": str(checkpoint), "seed": seed, "temperature": temperature}
     path = out or checkpoint / f"eval_{env}_{split}.json"
     path.write_text(json.dumps(data, indent=2) + "\n")
@@ -137,45 +163,6 @@ def tiny_model(out: Path = typer.Argument(..., help="Directory to write the mode
     _quiet_hf()
     build_tiny_model(out)
     console.print(f"saved a tiny Qwen2 model to {out}")
-
-bench_app = typer.Typer(no_args_is_help=True, help="Reproducible benchmarks; results as JSON (and Markdown next to it).")
-app.add_typer(bench_app, name="bench")
-
-
-@bench_app.command("rollout")
-def bench_rollout_cmd(
-    out: Path = typer.Option(Path("benchmarks/results/rollout.json"), "--out", help="JSON result file (Markdown next to it)"),
-    runs_dir: Path = typer.Option(Path("runs/bench-rollout"), "--runs-dir", help="Where the training runs are written"),
-    slow_env_steps: int = typer.Option(12000, "--slow-env-steps", min=1, help="Env-step budget per run on sokoban-slow"),
-    env_steps: int = typer.Option(12000, "--env-steps", min=1, help="Env-step budget per run on sokoban"),
-    eval_episodes: int = typer.Option(200, "--eval-episodes", min=1, help="Held-out episodes per final evaluation"),
-    env: Optional[List[str]] = typer.Option(None, "--env", help="Only these envs (sokoban-slow, sokoban); default both"),
-    envpool: bool = typer.Option(True, "--envpool/--no-envpool", help="Also benchmark the EnvPool alone"),
-    seeds: int = typer.Option(3, "--seeds", min=1, help="RL seeds per run (from one BC start)"),
-) -> None:
-    """Synchronous vs asynchronous RL: throughput, env utilisation, trainer idle, held-out success."""
-    from turnforge.bench.rollout import ENVS, bench_rollout, to_markdown
-    from turnforge.train.run import _quiet_hf
-
-    for e in env or []:
-        if e not in ENVS:
-            raise UserError(f"unknown benchmark env {e!r}; valid: {', '.join(ENVS)}")
-    _quiet_hf()
-    t0 = time.time()
-    result = bench_rollout(runs_dir, {"sokoban-slow": slow_env_steps, "sokoban": env_steps}, eval_episodes, env or None, seeds)
-    md = to_markdown(result)
-    if envpool:
-        from turnforge.bench.envpool import bench_envpool
-        from turnforge.bench.envpool import to_markdown as envpool_md
-
-        result["envpool"] = bench_envpool("sokoban-slow", num_envs=16, num_workers=8, steps_per_env=40)
-        md += "\n\nEnvPool alone (sokoban-slow, 16 envs, 8 workers):\n\n" + envpool_md(result["envpool"])
-    result["wall_seconds"] = round(time.time() - t0, 1)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    out.with_suffix(".md").write_text(md + "\n")
-    print(md)
-
 
 def main() -> None:
     try:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from turnforge.errors import UserError, choices
 from turnforge.policy.tiny import TinyModelConfig
@@ -31,6 +31,19 @@ class ModelConfig(Section):
 class EnvConfig(Section):
     id: str = Field("sokoban", description="Registered env id (see `turnforge envs`)")
     kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments for the env constructor")
+    tasks: str | None = Field(
+        None, description="JSONL file of task dicts (one per line, each with a 'split' of 'train' or 'heldout'); "
+        "None = the env's own task source"
+    )
+    heldout_fraction: float | None = Field(
+        None, ge=0, le=1, description="With env.tasks: split the rows that have no 'split' field by content hash, "
+        "this share held out"
+    )
+
+    @field_validator("tasks")
+    @classmethod
+    def _absolute(cls, value: str | None) -> str | None:
+        return None if value is None else str(Path(value).expanduser().resolve())
 
 
 class RolloutConfig(Section):
@@ -160,9 +173,9 @@ class CriticConfig(Section):
     )
     mc_rollouts: int = Field(4, ge=1, description="Monte-Carlo rollouts (M) per state from its env snapshot")
     mc_policy: Literal["random", "bc"] = Field(
-        "random", description="Who plays the Monte-Carlo rollouts: uniform random actions, or the frozen BC policy"
+        "random", description="Who plays the Monte-Carlo rollouts (and MC-GRPO's tails): uniform random actions, "
+        "or the frozen BC policy"
     )
-    mc_workers: int = Field(1, ge=1, description="Processes for random-policy Monte-Carlo rollouts")
 
 
 class EngineConfig(Section):
@@ -181,9 +194,13 @@ class EngineConfig(Section):
     is_cap: float | None = Field(
         2.0, gt=0, description="Truncated importance sampling cap C on pi_prox / pi_behav (async; None = untruncated)"
     )
-    env_workers: int = Field(0, ge=0, description="Env worker processes (EnvPool); 0 = envs run in the rollout worker itself")
+    env_workers: int = Field(
+        0, ge=0, description="Env worker processes (EnvPool; Ray actors with cluster=ray) for every episode of the run; "
+        "0 = envs run in the process that plays them"
+    )
     env_slots: int | None = Field(
-        None, ge=1, description="Envs the engine keeps busy (default: (eta + 1) x the trajectories of one iteration)"
+        None, ge=1, description="Envs the asynchronous rollout worker keeps busy (default: (eta + 1) x the trajectories "
+        "of one iteration)"
     )
     step_timeout: float = Field(30.0, gt=0, description="Seconds an env step may take before its worker is restarted")
     worker_memory_mb: int | None = Field(None, ge=64, description="Address-space limit of each env worker (None = none)")
@@ -203,6 +220,10 @@ class EvalConfig(Section):
     split: Literal["heldout", "train"] = Field("heldout", description="Task split to evaluate on")
     every: int = Field(5, ge=0, description="Evaluate every N RL iterations (0 = only before and after RL)")
     temperature: float = Field(0.0, ge=0, description="0 = greedy decoding")
+    min_heldout_tasks: int = Field(
+        10, ge=1, description="The run refuses to start when the env's held-out split holds fewer distinct tasks "
+        "(checked at start with check_env)"
+    )
 
 
 class TrainConfig(Section):
@@ -220,6 +241,10 @@ class TrainConfig(Section):
     engine: EngineConfig = Field(default_factory=EngineConfig, description="Synchronous or asynchronous rollouts")
     cluster: Literal["local", "ray"] = Field(
         "local", description="'local': one process (plus env worker processes); 'ray': env and rollout workers are Ray actors"
+    )
+    check_env: bool = Field(
+        True, description="Run the quick check_env on the env at start, and measure its actions against "
+        "rollout.max_new_tokens (false only for envs that fail on purpose, e.g. fault injection)"
     )
     checkpoint_every: int = Field(5, ge=1, description="Save a resumable checkpoint every N RL iterations")
     threads: int = Field(2, ge=1, description="torch intra-op threads (fixed for determinism)")
@@ -254,8 +279,6 @@ def incompatible_options(cfg: TrainConfig) -> str | None:
         return "critic.pretrain_episodes > 0 pretrains the learned critic, but critic.enabled=false"
     if rl.advantage == "mc_grpo" and cfg.rollout.context == "full_history":
         return "rl.advantage=mc_grpo samples actions at single states and needs rollout.context=window (got full_history)"
-    if rl.advantage == "mc_grpo" and critic.mc_policy != "random":
-        return "rl.advantage=mc_grpo scores actions with random-policy rollouts; critic.mc_policy=bc is for rl.advantage=gae"
     if rl.advantage == "mc_grpo" and rl.kl_mode == "reward":
         return "rl.kl_mode=reward penalises episode turns; rl.advantage=mc_grpo scores single actions: use rl.kl_mode=loss"
     if rl.advantage == "mc_grpo" and rl.shaping != "none":
@@ -266,20 +289,10 @@ def incompatible_options(cfg: TrainConfig) -> str | None:
         return f"{what} needs engine.mode=async (the sync loop is always on-policy)"
     if eng.partial_rollouts and eng.eta < 1:
         return "engine.partial_rollouts=true needs engine.eta >= 1: a carried-over trajectory is at least one version old"
-    if eng.mode == "async" and rl.advantage in ("gae", "mc_grpo"):
-        return f"engine.mode=async supports the critic-free estimators (grpo, rloo, reinforce_pp, gigpo); got rl.advantage={rl.advantage}"
-    if eng.mode == "async" and rl.kl_mode == "reward" and rl.kl_coef > 0:
-        return "rl.kl_mode=reward is not supported with engine.mode=async: use rl.kl_mode=loss"
-    batch = rl.tasks_per_iteration * rl.group_size
     if eng.env_slots is not None and eng.env_slots < rl.group_size:
         return f"engine.env_slots={eng.env_slots} cannot hold one group of rl.group_size={rl.group_size}"
-    if eng.mode == "sync" and eng.env_slots is not None and eng.env_slots < batch:
-        return f"engine.env_slots={eng.env_slots} < one iteration's {batch} trajectories (rl.tasks_per_iteration x rl.group_size) in engine.mode=sync"
-    uses_mc = rl.advantage == "mc_grpo" or critic.mc_weight > 0
-    if uses_mc and eng.env_workers > 0:
-        return f"Monte-Carlo values (rl.advantage={rl.advantage}, critic.mc_weight={critic.mc_weight}) need env snapshots in the trainer: set engine.env_workers=0"
-    if cfg.cluster == "ray" and eng.mode == "sync":
-        return "cluster=ray runs rollout workers as Ray actors and needs engine.mode=async (eta=0 is on-policy)"
+    if eng.env_slots is not None and eng.mode == "sync":
+        return "engine.env_slots sizes the asynchronous rollout worker; engine.mode=sync plays each iteration's groups at once"
     if eng.ray_address is not None and cfg.cluster != "ray":
         return f"engine.ray_address={eng.ray_address} is only used with cluster=ray (got cluster={cfg.cluster})"
     return None
@@ -348,7 +361,8 @@ def _merge(base: dict, extra: dict) -> dict:
 
 
 def load_recipe_data(recipe: str) -> tuple[str, dict]:
-    """Read a shipped recipe by name or a YAML file by path -> (name, data)."""
+    """Read a shipped recipe by name or a YAML file by path -> (name, data). A relative
+    ``env.tasks`` path in a recipe file is relative to the file."""
     shipped = list_recipes()
     if recipe in shipped:
         path, name = shipped[recipe], recipe
@@ -366,6 +380,9 @@ def load_recipe_data(recipe: str) -> tuple[str, dict]:
         raise UserError(f"malformed YAML in {str(path)!r}{where}: {getattr(err, 'problem', err)}") from None
     if not isinstance(data, dict):
         raise UserError(f"recipe {str(path)!r} must be a YAML mapping of config keys, got {type(data).__name__}")
+    tasks = data.get("env", {}).get("tasks") if isinstance(data.get("env"), dict) else None
+    if isinstance(tasks, str) and not Path(tasks).expanduser().is_absolute():
+        data = {**data, "env": {**data["env"], "tasks": str(path.parent / tasks)}}
     return name, data
 
 

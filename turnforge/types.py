@@ -8,7 +8,7 @@ and token-exact ``Sample`` objects -> ``Trajectory`` -> trainer. Nothing here is
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal, Mapping
+from typing import TYPE_CHECKING, Any, Literal, Mapping
 
 import numpy as np
 
@@ -27,15 +27,18 @@ class TokenAlignmentError(ValueError):
 
 @dataclass(frozen=True)
 class Task:
-    """One procedurally generated level: ``(env_id, split, index)`` names it exactly.
+    """One task of an env: ``(env_id, split, index)`` names it exactly.
 
-    Train and held-out tasks of an env are disjoint by content (each env checks the
-    generated level's split bucket), not only by index.
+    ``data`` holds the task's fields when the task comes from a dataset or a task generator
+    (``turnforge.envs.tasks``); it is ``None`` for envs that build the task themselves from
+    its split and index (the generated levels of ``LevelEnv``). Train and held-out tasks are
+    disjoint by content, not only by index (each task source checks it).
     """
 
     env_id: str
     split: Split
     index: int
+    data: Mapping[str, Any] | None = field(default=None, compare=False, hash=False, repr=False)
 
     @property
     def task_id(self) -> str:
@@ -131,7 +134,8 @@ class Trajectory:
     ``infra_failure`` is set when the machinery (env code, not the policy) failed; such
     a trajectory is excluded from advantages and never scored as reward 0.
 
-    ``snapshots`` (only with ``rollout(..., keep_snapshots=True)``) holds the env snapshot
+    ``snapshots`` (only with ``RolloutEngine.play(..., keep_snapshots=True)`` or a group stream
+    that keeps them) holds the env snapshot
     taken before each turn's action, one per turn; they live in memory only and are
     never written by the trajectory store.
     """

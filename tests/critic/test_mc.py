@@ -6,17 +6,21 @@ import numpy as np
 import pytest
 import torch
 
-from turnforge.config import RolloutConfig
-from turnforge.critic.mc import blend, mc_q_values, mc_values, mc_values_policy
+from turnforge.config import EngineConfig, RolloutConfig
+from turnforge.critic.mc import blend, mc_q_values, mc_values
+from turnforge.envpool import InlineEnvs, make_backend
 from turnforge.envs import make, register
-from turnforge.envs.base import Env, Outcome, parse_choice
-from turnforge.rollout.runner import ExpertActor, PolicyActor
+from turnforge.envs.base import parse_choice
+from turnforge.envs.levels import LevelEnv, Outcome
+from turnforge.errors import UserError
+from turnforge.rollout.actors import ExpertActor, PolicyActor, RandomActor
+from turnforge.rollout.engine import RolloutEngine
 
 N = 6  # positions 0..N; 0 and N end the episode
 STATES = list(range(1, N))
 
 
-class WalkEnv(Env[int]):
+class WalkEnv(LevelEnv[int]):
     """1-D random walk on 0..N: 'left'/'right' move one cell; reaching N pays 1 and ends the
     episode (success), reaching 0 ends it with 0. The level (start cell) is the task index.
     With ``crash_at`` set, step() raises on entering that cell (an infrastructure failure)."""
@@ -68,6 +72,10 @@ register("test-walk", WalkEnv, overwrite=True)
 register("test-walk-open", OpenTextWalk, overwrite=True)
 
 
+CFG = RolloutConfig(max_turns=20, max_new_tokens=4, max_context_tokens=128, include_instructions=False)
+RANDOM = RandomActor(0, WalkEnv.action_names)
+
+
 def snapshots_at(positions, env_id="test-walk"):
     env = make(env_id)
     out = []
@@ -75,6 +83,19 @@ def snapshots_at(positions, env_id="test-walk"):
         env.reset(seed=0, task=env.task("train", s))
         out.append(env.snapshot())
     return out
+
+
+def tasks_at(positions):
+    env = make("test-walk")
+    return [env.task("train", s) for s in positions]
+
+
+def engine(n=64, policy=None, cfg=CFG, env_id="test-walk", backend=None, **kwargs):
+    return RolloutEngine(backend or InlineEnvs(env_id, n, kwargs), cfg, policy, make(env_id, **kwargs))
+
+
+def values(positions, actor=RANDOM, eng=None, **kw):
+    return mc_values(eng or engine(), snapshots_at(positions), tasks_at(positions), actor, **kw)
 
 
 def true_values(gamma: float) -> np.ndarray:
@@ -91,7 +112,7 @@ def true_values(gamma: float) -> np.ndarray:
 
 @pytest.mark.parametrize("gamma", [1.0, 0.9])
 def test_random_policy_values_match_the_exact_ones(gamma):
-    est = mc_values("test-walk", {}, snapshots_at(STATES), rollouts=2000, gamma=gamma, max_turns=500, seed=0)
+    est = values(STATES, eng=engine(256), rollouts=2000, gamma=gamma, max_turns=500, seed=0)
     exact = true_values(gamma)
     if gamma == 1.0:
         np.testing.assert_allclose(exact, np.array(STATES) / N)
@@ -100,23 +121,27 @@ def test_random_policy_values_match_the_exact_ones(gamma):
     assert est.env_steps > 2000 * (N - 1)
 
 
-def test_workers_and_seeds():
-    snaps = snapshots_at(STATES * 3)
+def test_backends_and_seeds():
+    """The same estimates on in-process envs and on worker processes; the seeds decide them."""
+    positions = STATES * 3
     kw = dict(rollouts=20, gamma=0.95, max_turns=[15, 10, 5] * (N - 1), seed=7)
-    one = mc_values("test-walk", {}, snaps, workers=1, **kw)
-    two = mc_values("test-walk", {}, snaps, workers=2, **kw)
+    one = values(positions, **kw)
+    pool = make_backend("test-walk", {}, 64, EngineConfig(env_workers=2))
+    try:
+        two = values(positions, eng=engine(backend=pool), **kw)
+    finally:
+        pool.close()
     np.testing.assert_array_equal(one.values, two.values)
     np.testing.assert_array_equal(one.stderr, two.stderr)
     assert one.env_steps == two.env_steps
-    again = mc_values("test-walk", {}, snaps, workers=1, **kw)
+    again = values(positions, **kw)
     np.testing.assert_array_equal(one.values, again.values)
-    other = mc_values("test-walk", {}, snaps, workers=1, **{**kw, "seed": 8})
+    other = values(positions, RandomActor(8, WalkEnv.action_names), **kw)  # the walk's randomness is the actor's
     assert not np.array_equal(one.values, other.values)
 
 
 def test_turn_budget_bounds_each_rollout():
-    snaps = snapshots_at([1, N - 1, N - 1])
-    est = mc_values("test-walk", {}, snaps, rollouts=50, gamma=1.0, max_turns=[N - 2, 0, 1], seed=0)
+    est = values([1, N - 1, N - 1], rollouts=50, gamma=1.0, max_turns=[N - 2, 0, 1], seed=0)
     assert est.values[0] == 0.0  # N - 1 steps are needed to reach N from 1
     assert est.values[1] == 0.0  # no turns left
     assert 0.0 < est.values[2] < 1.0  # one step: right wins (p = 1/2)
@@ -124,9 +149,8 @@ def test_turn_budget_bounds_each_rollout():
 
 
 def test_stderr_shrinks_with_more_rollouts():
-    snaps = snapshots_at(STATES)
-    few = mc_values("test-walk", {}, snaps, rollouts=50, gamma=1.0, max_turns=500, seed=1)
-    many = mc_values("test-walk", {}, snaps, rollouts=800, gamma=1.0, max_turns=500, seed=1)
+    few = values(STATES, rollouts=50, gamma=1.0, max_turns=500, seed=1)
+    many = values(STATES, eng=engine(256), rollouts=800, gamma=1.0, max_turns=500, seed=1)
     assert (many.stderr < few.stderr / 2).all()  # ~ 1/sqrt(M): 4x smaller expected
 
 
@@ -135,7 +159,8 @@ def test_q_values_of_the_two_moves(gamma):
     v = np.concatenate([[0.0], true_values(gamma), [0.0]])  # V(0..N)
     for s in (1, 3, N - 1):
         (snap,) = snapshots_at([s])
-        est = mc_q_values("test-walk", {}, snap, ["left", "right"], rollouts=2000, gamma=gamma, max_turns=500, seed=s)
+        est = mc_q_values(engine(256), snap, tasks_at([s])[0], ["left", "right"], RANDOM, rollouts=2000, gamma=gamma,
+                          max_turns=500, seed=s)
         exact = np.array([gamma * v[s - 1], float(s + 1 == N) + gamma * v[s + 1]])
         assert (np.abs(est.values - exact) <= 4 * est.stderr + 1e-12).all(), (s, est.values, exact)
         diff_se = np.sqrt((est.stderr**2).sum())
@@ -147,16 +172,19 @@ def test_q_values_of_the_two_moves(gamma):
 
 def test_q_values_with_a_one_turn_budget_are_the_immediate_rewards():
     (snap,) = snapshots_at([N - 1])
-    est = mc_q_values("test-walk", {}, snap, ["left", "right", "jump"], rollouts=3, gamma=0.9, max_turns=1, seed=0)
+    est = mc_q_values(engine(), snap, tasks_at([N - 1])[0], ["left", "right", "jump"], RANDOM, rollouts=3, gamma=0.9,
+                      max_turns=1, seed=0)
     np.testing.assert_allclose(est.values, [0.0, 1.0, -0.1])
     assert est.env_steps == 9
 
 
-def test_an_env_without_a_discrete_action_set_is_refused():
-    with pytest.raises(ValueError, match="test-walk-open"):
-        mc_values("test-walk-open", {}, snapshots_at([2], "test-walk-open"), rollouts=2, gamma=1.0, max_turns=5, seed=0)
+def test_an_env_without_random_actions_is_refused():
+    eng = engine(env_id="test-walk-open")
+    with pytest.raises(UserError, match="'test-walk-open' to implement action_names or random_action"):
+        mc_values(eng, snapshots_at([2], "test-walk-open"), tasks_at([2]), RandomActor(0), rollouts=2, gamma=1.0,
+                  max_turns=5, seed=0)
     with pytest.raises(ValueError, match="max_turns has 2 budgets for 1 snapshots"):
-        mc_values("test-walk", {}, snapshots_at([2]), rollouts=2, gamma=1.0, max_turns=[3, 3], seed=0)
+        values([2], rollouts=2, gamma=1.0, max_turns=[3, 3], seed=0)
 
 
 def test_blend():
@@ -169,17 +197,12 @@ def test_blend():
             blend(np.zeros(1), np.zeros(1), w)
 
 
-CFG = RolloutConfig(max_turns=20, max_new_tokens=4, max_context_tokens=128, include_instructions=False)
-
-
 def test_policy_values_of_an_expert_that_always_goes_right(tiny_policy):
     gamma = 0.9
     positions = [1, 3, N - 1, 2]
-    snaps = snapshots_at(positions)
-    envs = [make("test-walk") for _ in range(3)]  # fewer than N * M episodes: played in chunks
     budgets = [20, 20, 20, N - 2 - 1]  # the last one runs out one turn short of the goal
-    est = mc_values_policy(ExpertActor(tiny_policy), envs, tiny_policy, CFG, snaps, rollouts=2, gamma=gamma,
-                           max_turns=budgets, trajectory_prefix="mc")
+    eng = engine(3, tiny_policy)  # fewer than N * M episodes: played in waves
+    est = values(positions, ExpertActor(), eng, rollouts=2, gamma=gamma, max_turns=budgets, seed=0)
     np.testing.assert_allclose(est.values, [gamma ** (N - s - 1) for s in positions[:3]] + [0.0])
     np.testing.assert_array_equal(est.stderr, np.zeros(4))
     assert est.env_steps == 2 * ((N - 1) + (N - 3) + 1 + (N - 3))
@@ -187,9 +210,8 @@ def test_policy_values_of_an_expert_that_always_goes_right(tiny_policy):
 
 
 def test_policy_values_exclude_infra_failures(tiny_policy):
-    envs = [make("test-walk", crash_at=4) for _ in range(4)]
-    est = mc_values_policy(ExpertActor(tiny_policy), envs, tiny_policy, CFG, snapshots_at([1, 4]), rollouts=2,
-                           gamma=1.0, max_turns=20, trajectory_prefix="mc")
+    eng = engine(4, tiny_policy, crash_at=4)
+    est = values([1, 4], ExpertActor(), eng, rollouts=2, gamma=1.0, max_turns=20, seed=0)
     assert np.isnan(est.values[0]) and est.failed == 2  # every episode from 1 crashes on entering 4
     assert est.values[1] == 1.0
 
@@ -197,8 +219,6 @@ def test_policy_values_exclude_infra_failures(tiny_policy):
 def test_policy_values_under_the_sampling_policy_are_finite(tiny_policy):
     actor = PolicyActor(tiny_policy, max_new_tokens=4, temperature=1.0, generator=torch.Generator().manual_seed(0))
     cfg = RolloutConfig(max_turns=3, max_new_tokens=4, max_context_tokens=128, include_instructions=False)
-    envs = [make("test-walk") for _ in range(4)]
-    est = mc_values_policy(actor, envs, tiny_policy, cfg, snapshots_at([2, 3]), rollouts=2, gamma=0.9, max_turns=3,
-                           trajectory_prefix="mc")
+    est = values([2, 3], actor, engine(4, tiny_policy, cfg), rollouts=2, gamma=0.9, max_turns=3, seed=0)
     assert est.values.shape == (2,) and np.isfinite(est.values).all()
     assert 2 * 2 <= est.env_steps <= 2 * 2 * 3

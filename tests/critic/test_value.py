@@ -16,14 +16,16 @@ from turnforge.critic.value import (
     value_positions,
 )
 from turnforge.envs import make_batch
-from turnforge.rollout.runner import EpisodeRequest, ExpertActor, rollout
+from engine_helpers import inline_engine
+from turnforge.rollout.actors import ExpertActor
+from turnforge.rollout.engine import EpisodeRequest
 
 
 def _episodes(policy, context, n=4, turns=3):
     cfg = RolloutConfig(context=context, max_turns=turns, max_new_tokens=4, max_context_tokens=512)
     envs = make_batch("test-echo", n, episode_len=turns, max_obs_words=6)
     requests = [EpisodeRequest(envs[0].task("train", i), i, f"g{i}", f"t{i}") for i in range(n)]
-    trajs, _ = rollout(ExpertActor(policy), envs, requests, cfg, policy)
+    trajs, _ = inline_engine(policy, envs, cfg).play(requests, ExpertActor())
     return trajs
 
 

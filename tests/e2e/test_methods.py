@@ -1,10 +1,10 @@
 """One tiny end-to-end run per credit-assignment family: critic-free (GiGPO with shaping),
 PPO with a learned critic (decoupled, length-adaptive GAE, value pretraining), MC-critic
-values blended with the critic, MC-GRPO; plus exact resume with a critic."""
+values blended with the critic, MC-GRPO; combinations that one rollout engine made possible
+(Monte-Carlo rollouts on env worker processes, MC-GRPO with BC-policy tails, PPO with a critic
+on asynchronous rollouts); plus exact resume with a critic."""
 
 from __future__ import annotations
-
-import json
 
 import pytest
 import torch
@@ -12,6 +12,7 @@ from safetensors.torch import load_file
 
 from test_train_tiny import FAST
 from turnforge.config import load_config
+from turnforge.train.metrics import read_metrics
 from turnforge.train.run import load_run_config, train
 
 pytestmark = pytest.mark.slow
@@ -23,38 +24,41 @@ METHODS = {
         "rl.advantage=gae", "critic.enabled=true", "critic.length_adaptive=true", "critic.pretrain_episodes=6",
         "critic.pretrain_max_steps=4", "critic.minibatch_size=8",
     ],
-    "mc-blend": ["rl.advantage=gae", "critic.enabled=true", "critic.mc_weight=0.5", "critic.mc_rollouts=2", "critic.mc_workers=2"],
+    "mc-blend": ["rl.advantage=gae", "critic.enabled=true", "critic.mc_weight=0.5", "critic.mc_rollouts=2"],
+    "mc-critic-env-workers": ["rl.advantage=gae", "critic.mc_weight=1.0", "critic.mc_rollouts=2", "engine.env_workers=2"],
     "mc-critic-bc": ["rl.advantage=gae", "critic.mc_weight=1.0", "critic.mc_rollouts=2", "critic.mc_policy=bc"],
     # a BC start that plays some valid moves: MC-GRPO's state groups need Q values that differ
     "mc-grpo": ["rl.advantage=mc_grpo", "rl.mc_grpo_states=4", "critic.mc_rollouts=2", "bc.num_demos=24", "bc.epochs=6", "bc.lr=0.003"],
+    "mc-grpo-bc-tails": ["rl.advantage=mc_grpo", "rl.mc_grpo_states=4", "critic.mc_rollouts=2", "critic.mc_policy=bc",
+                         "bc.num_demos=24", "bc.epochs=6", "bc.lr=0.003"],
+    "async-ppo-critic": ["engine.mode=async", "engine.eta=1", "rl.advantage=gae", "critic.enabled=true"],
 }
-
-
-def _events(run_dir, name):
-    return [e for e in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if e["event"] == name]
 
 
 @pytest.mark.parametrize("method", list(METHODS))
 def test_method_trains_end_to_end(tmp_path, method):
     run = tmp_path / method
     summary = train(load_config("sokoban-tiny", FAST + METHODS[method]), run, live=False)
-    assert summary["rl_iterations"] == 3 and summary["eval_after_rl"]["episodes"] == 6
+    assert summary.rl_iterations == 3 and summary.eval_after_rl.episodes == 6
     bc = load_file(str(run / "checkpoints" / "bc" / "model.safetensors"))
     final = load_file(str(run / "checkpoints" / "final" / "model.safetensors"))
     assert any(not torch.equal(bc[k], final[k]) for k in bc), "RL changed no weight"
-    iters = _events(run, "rl_iter")
-    assert len(iters) == 3 and all(e["samples"] >= 0 for e in iters)
+    metrics = read_metrics(run)
+    iters = metrics.iterations
+    assert len(iters) == 3 and all(m.samples >= 0 for m in iters)
     if "critic.enabled=true" in METHODS[method]:
-        assert all("value_loss" in e and "explained_variance" in e for e in iters)
-    if "critic.mc_weight" in " ".join(METHODS[method]) or method == "mc-grpo":
-        assert all(e["mc_states"] > 0 for e in iters) and summary["mc_env_steps"] > 0
+        assert all(m.critic.value_loss is not None and m.critic.explained_variance is not None for m in iters)
+    if "critic.mc_weight" in " ".join(METHODS[method]) or method.startswith("mc-grpo"):
+        assert all(m.mc.states > 0 for m in iters) and summary.mc_env_steps > 0
+    if method == "mc-critic-env-workers":
+        assert summary.env_pool is not None and summary.env_pool.steps > 0
     if method == "grpo-kl-reward":
-        assert all("kl_penalty_per_turn" in e and e["kl_ref"] == 0 for e in iters)
+        assert all(m.kl_penalty_per_turn is not None and m.update.kl_ref == 0 for m in iters)
         lr = load_config("sokoban-tiny", FAST).rl.lr  # cosine over 3 iterations: 1, 0.75, 0.25 of it
-        assert [e["lr"] for e in iters] == pytest.approx([lr, 0.75 * lr, 0.25 * lr])
+        assert [m.lr for m in iters] == pytest.approx([lr, 0.75 * lr, 0.25 * lr])
     if method == "ppo-vapo":
-        (pre,) = _events(run, "value_pretrain")
-        assert pre["steps"] <= 4 and pre["episodes"] == 6 and summary["value_pretrain"]["steps"] == pre["steps"]
+        pre = metrics.value_pretrain
+        assert pre.steps <= 4 and pre.episodes == 6 and summary.value_pretrain == pre
 
 
 def test_resume_with_a_critic_matches_an_uninterrupted_run(tmp_path):

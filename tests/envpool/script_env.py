@@ -8,10 +8,10 @@ import random
 import time
 from pathlib import Path
 
-from turnforge.envs import Env, Outcome, make, register
+from turnforge.envs import LevelEnv, Outcome, make, register
 
 
-class ScriptEnv(Env):
+class ScriptEnv(LevelEnv):
     """Actions are commands: 'sleep S', 'spin S' (busy CPU loop), 'alloc MB', 'raise', 'crash' (the process exits), 'crash_once P' /
     'hang_once P' (crash / hang 60 s unless file P exists, creating it first), anything else a
     plain move. Every completed action draws from ``self.rng``, so observations depend on the
@@ -65,6 +65,6 @@ register("test-script", ScriptEnv, overwrite=True)
 def run_reference(seed: int, actions: list[str]) -> list[str]:
     """Observations of an in-process ``test-script`` env: the reset, then one per action."""
     env = make("test-script")
-    obs = [env.reset(seed)]
+    obs = [env.reset(seed=seed)]
     obs += [env.step(a).observation for a in actions]
     return obs

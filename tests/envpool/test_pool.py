@@ -54,7 +54,7 @@ def test_matches_in_process_sokoban_over_random_steps():
         seeds = list(range(n))
         pool.send_reset(range(n), seeds)
         got = {r.env_id: r for r in pool.recv(batch_size=n)}
-        assert [got[i].observation for i in range(n)] == [ref[i].reset(seeds[i]) for i in range(n)]
+        assert [got[i].observation for i in range(n)] == [ref[i].reset(seed=seeds[i]) for i in range(n)]
         assert all(r.status == "ok" and r.kind == "reset" for r in got.values())
         next_seed = n
         for _ in range(steps // n):
@@ -71,7 +71,7 @@ def test_matches_in_process_sokoban_over_random_steps():
             if done:
                 pool.send_reset(done, [next_seed + k for k in range(len(done))])
                 for r in pool.recv(batch_size=len(done)):
-                    assert r.observation == ref[r.env_id].reset(next_seed + done.index(r.env_id))
+                    assert r.observation == ref[r.env_id].reset(seed=next_seed + done.index(r.env_id))
                 next_seed += len(done)
         stats = pool.stats()
         assert stats.steps == steps and stats.restarts == 0 and stats.failed == 0
@@ -125,7 +125,7 @@ def test_sokoban_worker_killed_between_steps_continues_the_episode():
     ref = make("sokoban")
     with EnvPool("sokoban", num_envs=1, num_workers=1) as pool:
         pool.send_reset([0], [7])
-        assert pool.recv()[0].observation == ref.reset(7)
+        assert pool.recv()[0].observation == ref.reset(seed=7)
         for k, action in enumerate(["Up", "Left", "Down", "Right", "Up"]):
             if k == 2:
                 os.kill(pool.worker_pids()[0], signal.SIGKILL)

@@ -58,7 +58,7 @@ def test_matches_in_process_sokoban_and_close_stops_the_actors():
         assert len(set(pids)) == 2 and os.getpid() not in pids
         pool.send_reset(range(n), list(range(n)))
         got = {r.env_id: r for r in pool.recv(batch_size=n)}
-        assert [got[i].observation for i in range(n)] == [ref[i].reset(i) for i in range(n)]
+        assert [got[i].observation for i in range(n)] == [ref[i].reset(seed=i) for i in range(n)]
         for _ in range(10):
             actions = [rng.choice(texts) for _ in range(n)]
             results = pool.step_all(list(range(n)), actions)
@@ -66,12 +66,13 @@ def test_matches_in_process_sokoban_and_close_stops_the_actors():
             wants = [ref[i].step(a) for i, a in enumerate(actions)]
             assert [outcome(r) for r in results] == [outcome(w) for w in wants]
             assert [(r.anchor_key, r.potential) for r in results] == [
-                (ref[i].anchor_key(), 0.0 if w.terminated else ref[i].potential()) for i, w in enumerate(wants)]
+                ("" if w.terminated or w.truncated else ref[i].anchor_key(), 0.0 if w.terminated else ref[i].potential())
+                for i, w in enumerate(wants)]
             done = [i for i in range(n) if ref[i].done]
             if done:
                 pool.send_reset(done, [100 + i for i in done])
                 for r in pool.recv(batch_size=len(done)):
-                    assert r.observation == ref[r.env_id].reset(100 + r.env_id)
+                    assert r.observation == ref[r.env_id].reset(seed=100 + r.env_id)
         stats = pool.stats()
         assert (stats.steps, stats.restarts, stats.failed) == (10 * n, 0, 0) and stats.resets >= n
         assert 0.0 < stats.env_utilization <= 1.0

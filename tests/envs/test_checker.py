@@ -6,11 +6,11 @@ import random
 
 import pytest
 
-from turnforge.envs import Env, EnvCheckError, InvalidAction, Outcome, check_env, parse_choice
-from turnforge.types import StepResult
+from turnforge import Env, StepResult, TaskDataset
+from turnforge.envs import EnvCheckError, InvalidAction, LevelEnv, Outcome, check_env, parse_choice
 
 
-class Corridor(Env):
+class Corridor(LevelEnv):
     """A correct toy env: walk right to the end of a corridor of length 2..6."""
 
     env_id = "corridor"
@@ -128,11 +128,58 @@ class EmptyInstructions(Corridor):
     instructions = ""
 
 
-class StepAfterEndAllowed(Corridor):
-    def step(self, action_text):
-        if self.done:
-            return StepResult(self.render(), 0.0, True, False)
-        return super().step(action_text)
+class SharedLevelObject(Corridor):
+    """Hands out the generated level itself as the mutable state: the next reset of the task,
+    and every other env of the batch playing it, start from the moved position."""
+
+    def generate_level(self, level_seed):
+        return {"length": random.Random(level_seed).randint(3, 6), "pos": 0, "seed": level_seed % 997}
+
+    def level_key(self, level):
+        return f"{level['length']}-{level['seed']}"
+
+    def initial_state(self, level, rng):
+        return level
+
+
+class InvalidChangesHiddenState(Corridor):
+    """An invalid move drains a hidden battery that the render (and so the anchor key) never
+    shows; the win pays less afterwards."""
+
+    def initial_state(self, level, rng):
+        return {"length": level[0], "pos": 0, "battery": 2}
+
+    def parse_action(self, text):
+        try:
+            return super().parse_action(text)
+        except InvalidAction:
+            self.state["battery"] -= 1
+            raise
+
+    def apply(self, action):
+        out = super().apply(action)
+        return Outcome(out.reward * self.state["battery"] / 2, out.terminated, out.success) if out.terminated else out
+
+
+class OneHeldoutLevel(Corridor):
+    """Only 12 distinct levels exist; the split hash puts one of them in heldout."""
+
+    def generate_level(self, level_seed):
+        return (2 + level_seed % 3, level_seed % 4)
+
+
+class RestoreMissesAField(Corridor):
+    """Steps also count moves in an attribute outside self.state; snapshot/restore forget it and
+    the reward depends on it."""
+
+    def initial_state(self, level, rng):
+        self.moves = 0
+        return {"length": level[0], "pos": 0}
+
+    def apply(self, action):
+        self.moves += 1
+        out = super().apply(action)
+        return Outcome(out.reward / self.moves, out.terminated, out.success)
 
 
 class BothEndings(Corridor):
@@ -147,16 +194,20 @@ class BothEndings(Corridor):
         (TupleStep, "returned a tuple; return a turnforge.types.StepResult"),
         (IntReward, "reward is int; return a float"),
         (GlobalRandomReset, "reset() with the same seed and task gave different observations"),
-        (ValueErrorParse, "raised ValueError; raise InvalidAction"),
+        (ValueErrorParse, "raised ValueError: bad action"),
         (StateOutsideState, "keep all mutable episode state in self.state"),
-        (GlobalRandomDynamics, "draw all dynamics randomness from self.rng"),
+        (GlobalRandomDynamics, "make step() depend only on the state"),
         (InvalidMutates, "an invalid action changed the state"),
         (SharedSplits, "appear in both train and heldout"),
         (LosingExpert, "the expert did not win"),
         (UnparsableExpert, "returned 'Forward', which parse_action rejects"),
         (EmptyInstructions, "instructions is ''; return a non-empty str"),
-        (StepAfterEndAllowed, "step() after the episode ended did not raise"),
         (BothEndings, "terminated and truncated are both True"),
+        # the patterns a first-time plugin author hit, each with the fix in the message
+        (SharedLevelObject, "copy it in reset()"),
+        (InvalidChangesHiddenState, "an invalid action must leave all state, hidden state too, as it was"),
+        (OneHeldoutLevel, "the held-out split has only 1 distinct task(s) in 50 drawn"),
+        (RestoreMissesAField, "keep all mutable episode state in self.state"),
     ],
 )
 def test_broken_env_is_caught(env_cls, message):
@@ -168,7 +219,7 @@ def test_broken_env_is_caught(env_cls, message):
 
 
 def test_not_an_env():
-    with pytest.raises(EnvCheckError, match="subclass turnforge.envs.Env"):
+    with pytest.raises(EnvCheckError, match="subclass turnforge.Env"):
         check_env(object())  # type: ignore[arg-type]
 
 
@@ -197,3 +248,92 @@ def test_invalid_action_helper_is_reusable():
         parse_choice("north", ("Up", "Down"))
     assert parse_choice("  <answer>\nDOWN </answer> ", ("Up", "Down")) == 1
     assert parse_choice("<answer>up</answer> no, <answer>down</answer>", ("Up", "Down")) == 1
+
+
+# ---------------------------------------------------------------------- light envs
+ROWS = [{"target": t, "split": "heldout" if t % 5 == 0 else "train"} for t in range(60)]
+
+
+class Counter(Env):
+    """A light env (reset/step only): count up to task.data['target'] % 4 + 1 with 'inc'."""
+
+    instructions = "Say inc until you reach the target."
+    action_names = ("inc", "dec")
+    tasks = TaskDataset(ROWS)
+
+    def reset(self, task, seed):
+        self.goal, self.count = task.data["target"] % 4 + 1, 0
+        return f"count 0 of {self.goal}"
+
+    def step(self, action):
+        if action.strip() not in self.action_names:
+            return StepResult(f"say inc or dec (count {self.count})", -0.1, False, False, invalid_action=True)
+        self.count += 1 if action.strip() == "inc" else -1
+        won = self.count == self.goal
+        return StepResult(f"count {self.count} of {self.goal}", 1.0 if won else 0.0, won, False, success=won)
+
+
+class MutatesTaskData(Counter):
+    """Keeps a reference to the dataset row and counts in it: every env and every later reset
+    of the task sees the count."""
+
+    def reset(self, task, seed):
+        self.row = task.data
+        self.row["count"] = 0
+        self.goal = self.row["target"] % 4 + 1
+        return f"count 0 of {self.goal}"
+
+    def step(self, action):
+        if action.strip() not in self.action_names:
+            return StepResult("say inc or dec", -0.1, False, False, invalid_action=True)
+        self.row["count"] = self.row.get("count", 0) + (1 if action.strip() == "inc" else -1)
+        won = self.row["count"] == self.goal
+        return StepResult(f"count {self.row['count']} of {self.goal}", 1.0 if won else 0.0, won, False, success=won)
+
+
+def test_a_light_env_passes():
+    report = check_env(Counter())
+    assert {"tasks", "reset determinism", "invalid actions", "batch independence"} <= set(report.checks)
+    assert report.warnings == []
+
+
+def test_light_env_sharing_the_task_row_between_envs_is_caught():
+    with pytest.raises(EnvCheckError, match="changed each other.*copy the task's data"):
+        check_env(MutatesTaskData(), make_another=MutatesTaskData)
+
+
+def test_tiny_or_empty_heldout_dataset_is_caught():
+    class FewHeldout(Counter):
+        tasks = TaskDataset([{"target": t, "split": "heldout" if t == 0 else "train"} for t in range(40)])
+
+    with pytest.raises(EnvCheckError, match=r"held-out split has only 1 task\(s\).*at least 10"):
+        check_env(FewHeldout())
+    check_env(FewHeldout(), min_heldout=1)
+
+    class NoHeldout(Counter):
+        tasks = TaskDataset([{"target": t, "split": "train"} for t in range(40)])
+
+    with pytest.raises(EnvCheckError, match="has no heldout tasks"):
+        check_env(NoHeldout())
+
+
+def test_env_without_tasks_names_the_fix():
+    class NoTasks(Counter):
+        tasks = None
+
+    with pytest.raises(EnvCheckError, match="set env.tasks=PATH.jsonl"):
+        check_env(NoTasks())
+
+
+def test_actions_longer_than_max_new_tokens_are_reported_with_the_number_needed(tiny_policy):
+    class Coordinates(Counter):
+        action_names = ("[2 3]", "[0 1]")
+
+        def step(self, action):
+            return super().step("inc" if action.strip() in self.action_names else action)
+
+    need = len(tiny_policy.chat.encode("[2 3]")) + 1
+    report = check_env(Coordinates(), tokenizer=tiny_policy.chat, max_new_tokens=need - 1)
+    (warning,) = report.warnings
+    assert f"needs {need} tokens with the stop token: set rollout.max_new_tokens={need}" in warning
+    assert check_env(Coordinates(), tokenizer=tiny_policy.chat, max_new_tokens=need).warnings == []

@@ -20,7 +20,7 @@ def test_builtins_are_registered():
 
 @pytest.mark.parametrize("env_id", BUILTIN)
 def test_check_env(env_id):
-    check_env(make(env_id))
+    check_env(env_id)
 
 
 @pytest.mark.parametrize("env_id", BUILTIN)
@@ -71,9 +71,9 @@ def test_registered_defaults_can_be_overridden():
 FAKE_MODULE = '''
 """A third-party env: walk right along a corridor of length 2..6."""
 import random
-from turnforge.envs import Env, Outcome, parse_choice
+from turnforge.envs import LevelEnv, Outcome, parse_choice
 
-class CorridorEnv(Env):
+class CorridorEnv(LevelEnv):
     def __init__(self, *, invalid_action_penalty=-0.1, max_steps=20):
         super().__init__(invalid_action_penalty=invalid_action_penalty, max_steps=max_steps)
     instructions = "Walk to the end of the corridor. Answer with Left or Right."
@@ -113,5 +113,21 @@ def test_third_party_env_via_entry_point(tmp_path, monkeypatch):
     env = make("corridor-v0", max_steps=30)
     assert type(env).__name__ == "CorridorEnv" and env.env_id == "corridor-v0" and env.max_steps == 30
     check_env(env)
+    check_env("corridor-v0", env_kwargs={"max_steps": 30})
     with pytest.raises(UserError, match="'bogus'.*'max_steps'"):
         make("corridor-v0", bogus=1)
+
+
+def test_a_plugin_that_does_not_import_names_the_env_and_entry_point(tmp_path, monkeypatch):
+    dist = tmp_path / "brokenpkg-0.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: brokenpkg\nVersion: 0.0\n")
+    (dist / "entry_points.txt").write_text("[turnforge.envs]\nbroken-v0 = brokenpkg_missing.envs:Broken\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+    monkeypatch.setattr(registry, "_entry_points_loaded", False)
+    with pytest.raises(UserError) as err:
+        make("broken-v0")
+    msg = str(err.value)
+    assert "env 'broken-v0'" in msg and "brokenpkg_missing.envs:Broken" in msg and "ModuleNotFoundError" in msg
+    assert "\n" not in msg

@@ -48,7 +48,6 @@ TRAIN_OVERRIDES = [
     "rl.iterations=3", "rl.tasks_per_iteration=4", "rl.group_size=4", "rl.minibatch_size=16",
     "rollout.max_turns=8", "eval.episodes=16", "eval.every=1", "checkpoint_every=1",
 ]
-RL_KEYS = ("reward", "success", "loss", "samples", "clip_fraction", "entropy", "invalid_action_rate", "mean_turns")
 
 
 def _floats(xs) -> list:
@@ -86,15 +85,19 @@ def _digest(obj) -> str:
 
 def record_run(run: Path) -> dict:
     """A training run's outcome: evaluations, per-iteration RL figures, a digest of every
-    trajectory file's token columns, and a digest of the final weights."""
+    trajectory file's token columns, and a digest of the final weights (read with the run's
+    typed readers; the keys are those the old runner's flat metrics had)."""
     import pyarrow.parquet as pq
     from safetensors.torch import load_file
 
-    summary = json.loads((run / "summary.json").read_text())
-    events = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x]
-    rl = [{k: e[k] for k in RL_KEYS} for e in events if e["event"] == "rl_iter"]
-    evals = [{k: e[k] for k in ("tag", "success_rate", "mean_return", "invalid_action_rate", "mean_turns")}
-             for e in events if e["event"] == "eval"]
+    from turnforge.train.metrics import read_metrics, read_summary
+
+    summary, metrics = read_summary(run), read_metrics(run)
+    rl = [{"reward": m.reward, "success": m.success, "loss": m.update.loss, "samples": m.samples,
+           "clip_fraction": m.update.clip_fraction, "entropy": m.update.entropy,
+           "invalid_action_rate": m.invalid_action_rate, "mean_turns": m.mean_turns} for m in metrics.iterations]
+    evals = [{"tag": e.tag, "success_rate": e.result.success_rate, "mean_return": e.result.mean_return,
+              "invalid_action_rate": e.result.invalid_action_rate, "mean_turns": e.result.mean_turns} for e in metrics.evals]
     files = {}
     for path in sorted((run / "trajectories").glob("*.parquet")):
         rows = pq.read_table(path).to_pylist()
@@ -107,7 +110,7 @@ def record_run(run: Path) -> dict:
         h.update(name.encode())
         h.update(weights[name].contiguous().numpy().tobytes())
     return {
-        "eval_before_rl": summary["eval_before_rl"]["success_rate"], "eval_after_rl": summary["eval_after_rl"]["success_rate"],
-        "env_steps": summary["env_steps"], "train_tokens": summary["train_tokens"],
+        "eval_before_rl": summary.eval_before_rl.success_rate, "eval_after_rl": summary.eval_after_rl.success_rate,
+        "env_steps": summary.env_steps, "train_tokens": summary.train_tokens,
         "rl": rl, "evals": evals, "files": files, "weights": h.hexdigest(),
     }

@@ -4,21 +4,23 @@ from __future__ import annotations
 
 import torch
 
+from engine_helpers import inline_engine
 from turnforge.config import RolloutConfig
-from turnforge.envs import make_batch
-from turnforge.rollout.runner import EpisodeRequest, ExpertActor, PolicyActor, rollout
+from turnforge.envpool.host import NO_PROBE
+from turnforge.rollout.actors import ExpertActor, PolicyActor
+from turnforge.rollout.engine import EpisodeRequest
 
 
 def _run(policy, cfg, actor=None, n=2, **env_kwargs):
-    envs = make_batch("test-echo", n, **env_kwargs)
-    reqs = [EpisodeRequest(envs[0].task("train", i), i, "g", f"t{i}") for i in range(n)]
+    engine = inline_engine(policy, "test-echo", cfg, n, **env_kwargs)
+    reqs = [EpisodeRequest(engine.env.task("train", i), i, "g", f"t{i}") for i in range(n)]
     actor = actor or PolicyActor(policy, cfg.max_new_tokens, 1.0, torch.Generator().manual_seed(0))
-    return rollout(actor, envs, reqs, cfg, policy)
+    return engine.play(reqs, actor)
 
 
 def test_long_observation_is_cut_by_tokens_with_marker_and_counted(tiny_policy):
     cfg = RolloutConfig(context="window", max_turns=2, max_new_tokens=4, max_context_tokens=40)
-    trajs, stats = _run(tiny_policy, cfg, actor=ExpertActor(tiny_policy), max_obs_words=200)
+    trajs, stats = _run(tiny_policy, cfg, actor=ExpertActor(), max_obs_words=200)
     marker = list(tiny_policy.chat.encode(cfg.truncation_marker))
     cut_turns = [turn for t in trajs for turn in t.turns if turn.obs_truncated_tokens > 0]
     assert cut_turns and stats.obs_truncations == len(cut_turns)
@@ -36,7 +38,7 @@ def test_long_observation_is_cut_by_tokens_with_marker_and_counted(tiny_policy):
 
 def test_full_history_overflow_ends_episode_as_context_budget(tiny_policy):
     cfg = RolloutConfig(context="full_history", max_turns=10, max_new_tokens=4, max_context_tokens=60)
-    trajs, stats = _run(tiny_policy, cfg, actor=ExpertActor(tiny_policy), episode_len=10, max_obs_words=15)
+    trajs, stats = _run(tiny_policy, cfg, actor=ExpertActor(), episode_len=10, max_obs_words=15)
     assert stats.context_overflows >= 1
     ended = [t for t in trajs if t.truncation_reason == "context_budget"]
     assert len(ended) == stats.context_overflows
@@ -47,13 +49,13 @@ def test_full_history_overflow_ends_episode_as_context_budget(tiny_policy):
 
 def test_window_drops_oldest_history_first_and_counts_it(tiny_policy):
     cfg = RolloutConfig(context="window", history_window=3, max_turns=4, max_new_tokens=4, max_context_tokens=70)
-    trajs, stats = _run(tiny_policy, cfg, actor=ExpertActor(tiny_policy), episode_len=4, max_obs_words=12)
+    trajs, stats = _run(tiny_policy, cfg, actor=ExpertActor(), episode_len=4, max_obs_words=12)
     assert stats.history_dropped > 0
 
 
 def test_max_turns_truncates_and_env_crash_is_infra_failure(tiny_policy):
     cfg = RolloutConfig(max_turns=2, max_new_tokens=3, max_context_tokens=512)
-    trajs, stats = _run(tiny_policy, cfg, actor=ExpertActor(tiny_policy), n=5, episode_len=5, crash_on=2)
+    trajs, stats = _run(tiny_policy, cfg, actor=ExpertActor(), n=5, episode_len=5, crash_on=2)
     crashed = [t for t in trajs if t.infra_failure]
     assert [t.task.index for t in crashed] == [0, 4] and stats.infra_failures == 2
     assert "simulated env crash" in crashed[0].infra_failure
@@ -64,12 +66,16 @@ def test_max_turns_truncates_and_env_crash_is_infra_failure(tiny_policy):
 def test_invalid_actions_are_observations_not_errors(tiny_policy):
     class SaysBad:
         version = 0
+        needs_tokens = True
 
-        def act(self, prompts, envs):
+        def probe(self, task, trajectory_id, turn):
+            return NO_PROBE
+
+        def act(self, inputs):
             from turnforge.policy.generate import Generation
 
             ids = tiny_policy.chat.encode("bad") + (tiny_policy.stop_ids[0],)
-            return [Generation(ids, tuple([-1.0] * len(ids)), True) for _ in prompts]
+            return [Generation(ids, tuple([-1.0] * len(ids)), True) for _ in inputs]
 
     cfg = RolloutConfig(max_turns=3, max_new_tokens=4, max_context_tokens=512)
     trajs, _ = _run(tiny_policy, cfg, actor=SaysBad())

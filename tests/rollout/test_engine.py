@@ -1,5 +1,5 @@
-"""The asynchronous rollout engine: equivalence with the lock-step runner, per-trajectory
-scheduling, bounded staleness, partial rollouts, infra-failure accounting, the thread."""
+"""The rollout engine's group stream: equivalence with ``play``, per-trajectory scheduling,
+bounded staleness, partial rollouts, infra-failure accounting, the rollout thread."""
 
 from __future__ import annotations
 
@@ -14,11 +14,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from turnforge.config import RolloutConfig
-from turnforge.envs import make_batch
-from turnforge.envpool import EnvResult
-from turnforge.rollout.context import PromptSpec
-from turnforge.rollout.engine import InlineEnvs, RolloutEngine
-from turnforge.rollout.runner import EpisodeRequest, PolicyActor, rollout
+from turnforge.envpool import EnvResult, InlineEnvs
+from turnforge.envs import make, make_batch
+from turnforge.rollout.actors import PolicyActor
+from turnforge.rollout.engine import EpisodeRequest, GroupStream, RolloutEngine
 
 CFG = RolloutConfig(max_turns=4, max_new_tokens=3, max_context_tokens=256)
 G = 2
@@ -31,11 +30,11 @@ def _group_maker(env, n_tasks=1000):
     return make_group
 
 
-def _engine(policy, backend, env, eta=0, groups_per_batch=2, seed=0, **kw):
-    return RolloutEngine(
-        policy, backend, CFG, _group_maker(env), group_size=G, groups_per_batch=groups_per_batch, eta=eta,
-        generator=torch.Generator().manual_seed(seed), prompt=PromptSpec.of(env, CFG.include_instructions), **kw,
-    )
+def _engine(policy, backend, env, eta=0, groups_per_batch=2, seed=0, lockstep=False, **kw):
+    engine = RolloutEngine(backend, CFG, policy, env)
+    actor = PolicyActor(policy, CFG.max_new_tokens, CFG.temperature, torch.Generator().manual_seed(seed))
+    return GroupStream(engine, actor, _group_maker(env), group_size=G, groups_per_batch=groups_per_batch, eta=eta,
+                       lockstep=lockstep, **kw)
 
 
 def _same(a, b):
@@ -50,17 +49,17 @@ def _same(a, b):
 
 
 @pytest.mark.parametrize("lockstep", [True, False])
-def test_inline_engine_equals_lockstep_runner(tiny_policy, lockstep):
+def test_group_stream_equals_play(tiny_policy, lockstep):
     """Inline envs answer at once, so every running episode acts in every round: the
-    engine must then produce exactly what ``rollout()`` produces, token for token."""
-    envs = make_batch("test-echo", 4, episode_len=3)
-    engine = _engine(tiny_policy, InlineEnvs(envs), envs[0], lockstep=lockstep)
-    batch = engine.take()
-    reqs = [r for k in range(2) for r in _group_maker(envs[0])(k)]
+    stream must then produce exactly what ``play`` produces, token for token."""
+    env = make("test-echo", episode_len=3)
+    stream = _engine(tiny_policy, InlineEnvs("test-echo", 4, {"episode_len": 3}), env, lockstep=lockstep)
+    batch = stream.take()
+    reqs = [r for k in range(2) for r in _group_maker(env)(k)]
     actor = PolicyActor(tiny_policy, CFG.max_new_tokens, CFG.temperature, torch.Generator().manual_seed(0))
-    ref, _ = rollout(actor, make_batch("test-echo", 4, episode_len=3), reqs, CFG, tiny_policy)
+    ref, stats = RolloutEngine(InlineEnvs("test-echo", 4, {"episode_len": 3}), CFG, tiny_policy, env).play(reqs, actor)
     _same(batch.trajectories, ref)
-    assert batch.staleness == [0, 0, 0, 0]
+    assert batch.staleness == [0, 0, 0, 0] and batch.stats == stats
 
 
 class ShuffledBackend:
@@ -68,7 +67,7 @@ class ShuffledBackend:
     ``recv`` calls (long-tailed), so results arrive out of order."""
 
     def __init__(self, envs, seed, fail_every=0):
-        self.inline, self.num_envs = InlineEnvs(envs), len(envs)
+        self.inline, self.num_envs = InlineEnvs.from_envs(envs), len(envs)
         self.rng, self.fail_every, self.count = random.Random(seed), fail_every, 0
         self.waiting: list[tuple[int, EnvResult]] = []
         self.sent = deque()
@@ -77,15 +76,15 @@ class ShuffledBackend:
         for r in self.inline.recv():
             self.count += 1
             if self.fail_every and self.count % self.fail_every == 0:
-                r = EnvResult(r.env_id, r.kind, "", 0.0, False, False, False, False, {}, "failed", "injected", 0.0)
+                r = EnvResult.failed(r.env_id, r.kind, "injected", 0.0)
             self.waiting.append((int(self.rng.paretovariate(1.2)), r))
 
-    def send_reset(self, ids, seeds, tasks):
-        self.inline.send_reset(ids, seeds, tasks)
+    def send_reset(self, ids, seeds, tasks, probes=None):
+        self.inline.send_reset(ids, seeds, tasks, probes)
         self._queue()
 
-    def send_step(self, ids, texts):
-        self.inline.send_step(ids, texts)
+    def send_step(self, ids, texts, probes=None):
+        self.inline.send_step(ids, texts, probes)
         self._queue()
 
     def recv(self, batch_size=1, timeout=None):
@@ -123,7 +122,7 @@ def test_staleness_bound_and_accounting(tiny_policy, eta, partial, seed, fail_ev
     taken_groups = [int(i.split("-")[0][1:]) for i in seen[::G]]
     if not partial:  # oldest first, exactly in admission order
         assert taken_groups == sorted(taken_groups) == list(range(10))
-    assert engine.stats.admitted_groups <= (5 + eta + 1) * 2
+    assert engine.admitted <= (5 + eta + 1) * 2
 
 
 def test_engine_runs_ahead_up_to_eta(tiny_policy):
@@ -150,16 +149,16 @@ def test_infra_failures_excluded_not_lost(tiny_policy):
         engine.set_weights(None, v0 + i + 1)
     assert failed > 0 and ok > 0
     assert failed + ok == 16
-    assert engine.stats.infra_failures >= failed
+    assert engine.engine.stats.infra_failures >= failed
 
 
 def test_no_generation_for_finished_envs(tiny_policy):
     """Episodes of different lengths: a generation batch never holds a finished episode."""
     envs = make_batch("test-echo", 4, episode_len=1)
-    engine = _engine(tiny_policy, InlineEnvs(envs), envs[0])
+    engine = _engine(tiny_policy, InlineEnvs.from_envs(envs), envs[0])
     batch = engine.take()
     assert all(t.num_turns == 1 for t in batch.trajectories)
-    assert engine.stats.generation_calls == 1 and engine.stats.turns == 4
+    assert engine.engine.stats.generation_calls == 1 and engine.engine.stats.turns == 4
 
 
 def test_versions_per_token_across_weight_updates(tiny_policy):
@@ -186,7 +185,7 @@ def test_thread_mode_with_weight_sync(tiny_policy):
     envs = make_batch("test-echo", 8, episode_len=2)
     rollout_policy = copy.copy(tiny_policy)
     rollout_policy.model = copy.deepcopy(tiny_policy.model)
-    engine = _engine(rollout_policy, InlineEnvs(envs), envs[0], eta=1)
+    engine = _engine(rollout_policy, InlineEnvs.from_envs(envs), envs[0], eta=1)
     engine.start()
     try:
         for i in range(3):
@@ -198,7 +197,7 @@ def test_thread_mode_with_weight_sync(tiny_policy):
             engine.set_weights({k: v.clone() for k, v in tiny_policy.model.state_dict().items()}, tiny_policy.version + i + 1)
         batch = engine.take(timeout=60)
         deadline = time.time() + 30
-        while engine.version != tiny_policy.version + 3 and time.time() < deadline:
+        while rollout_policy.version != tiny_policy.version + 3 and time.time() < deadline:
             time.sleep(0.01)  # the worker applies new weights before its next generation call
     finally:
         engine.stop()

@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import pyarrow.parquet as pq
 
+from engine_helpers import inline_engine
 from turnforge.config import RolloutConfig
 from turnforge.data.store import write_trajectories
 from turnforge.envs import make_batch
-from turnforge.envs.base import Env, Outcome, parse_choice
-from turnforge.rollout.runner import EpisodeRequest, ExpertActor, rollout
+from turnforge.envs.base import parse_choice
+from turnforge.envs.levels import LevelEnv, Outcome
+from turnforge.rollout.actors import ExpertActor
+from turnforge.rollout.engine import EpisodeRequest
 
 CFG = RolloutConfig(max_turns=12, max_new_tokens=4, max_context_tokens=256, include_instructions=False)
 
 
-class CounterEnv(Env[int]):
+class CounterEnv(LevelEnv[int]):
     """Count up from 0: 'up' adds 1, 'down' subtracts 1; reaching ``goal`` ends the episode
     with reward 1. The shaping potential is the count itself."""
 
@@ -53,7 +56,7 @@ class CounterEnv(Env[int]):
 
 
 def _play(policy, envs, requests, cfg=CFG, keep_snapshots=False):
-    return rollout(ExpertActor(policy), envs, requests, cfg, policy, keep_snapshots=keep_snapshots)
+    return inline_engine(policy, envs, cfg).play(requests, ExpertActor(), keep_snapshots=keep_snapshots)
 
 
 def _requests(envs, n, **kwargs):

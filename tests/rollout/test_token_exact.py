@@ -8,18 +8,19 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from engine_helpers import inline_engine
 from turnforge.config import RolloutConfig
-from turnforge.envs import make_batch
 from turnforge.policy.generate import pad_right, token_logprobs
-from turnforge.rollout.runner import EpisodeRequest, PolicyActor, rollout
+from turnforge.rollout.actors import PolicyActor
+from turnforge.rollout.engine import EpisodeRequest
 from turnforge.types import Sample, TokenAlignmentError
 
 
 def _play(policy, cfg, n=4, episode_len=3, max_obs_words=40, seed=0, crash_on=None):
-    envs = make_batch("test-echo", n, episode_len=episode_len, max_obs_words=max_obs_words, crash_on=crash_on)
-    reqs = [EpisodeRequest(envs[0].task("train", i + seed * 100), i, f"g{i // 2}", f"t{i}") for i in range(n)]
+    engine = inline_engine(policy, "test-echo", cfg, n, episode_len=episode_len, max_obs_words=max_obs_words, crash_on=crash_on)
+    reqs = [EpisodeRequest(engine.env.task("train", i + seed * 100), i, f"g{i // 2}", f"t{i}") for i in range(n)]
     actor = PolicyActor(policy, cfg.max_new_tokens, 1.0, torch.Generator().manual_seed(seed))
-    return rollout(actor, envs, reqs, cfg, policy)
+    return engine.play(reqs, actor)
 
 
 def _rescore(policy, samples):

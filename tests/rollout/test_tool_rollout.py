@@ -11,11 +11,13 @@ import numpy as np
 import pytest
 import torch
 
+from engine_helpers import inline_engine
 from turnforge.config import RolloutConfig
 from turnforge.envs import make_batch
 from turnforge.errors import UserError
 from turnforge.policy.model import ChatFormat
-from turnforge.rollout.runner import EpisodeRequest, ExpertActor, PolicyActor, rollout
+from turnforge.rollout.actors import ExpertActor, PolicyActor
+from turnforge.rollout.engine import EpisodeRequest
 from turnforge.sandbox import SandboxError
 
 
@@ -39,7 +41,7 @@ def test_full_history_tool_episode_is_pieces_of_the_template(tiny_policy, includ
     cfg = RolloutConfig(context="full_history", max_turns=4, max_new_tokens=64, max_context_tokens=2048,
                         include_instructions=include_instructions)
     envs = make_batch("calculator", 3, max_tool_calls=1)
-    trajs, _ = rollout(ExpertActor(tiny_policy), envs, _requests(envs[0], 3), cfg, tiny_policy)
+    trajs, _ = inline_engine(tiny_policy, envs, cfg).play(_requests(envs[0], 3), ExpertActor())
     chat = tiny_policy.chat
     system = envs[0].instructions if include_instructions else None
     tools = json.dumps(list(envs[0].tools)) if include_instructions else ""
@@ -65,7 +67,7 @@ def test_window_context_puts_tool_results_in_tool_messages(tiny_policy):
     cfg = RolloutConfig(context="window", history_window=1, max_turns=4, max_new_tokens=64, max_context_tokens=2048,
                         include_instructions=False)
     envs = make_batch("calculator", 2)
-    trajs, _ = rollout(ExpertActor(tiny_policy), envs, _requests(envs[0], 2), cfg, tiny_policy)
+    trajs, _ = inline_engine(tiny_policy, envs, cfg).play(_requests(envs[0], 2), ExpertActor())
     chat = tiny_policy.chat
     head, tail = chat.start(None, "")
     tool_head, tool_tail = chat.turn("tool")
@@ -83,7 +85,7 @@ def test_sampled_tool_turns_are_token_exact(tiny_policy):
     cfg = RolloutConfig(context="full_history", max_turns=3, max_new_tokens=12, max_context_tokens=1024)
     envs = make_batch("calculator", 4)
     actor = PolicyActor(tiny_policy, 12, 1.0, torch.Generator().manual_seed(0))
-    trajs, stats = rollout(actor, envs, _requests(envs[0], 4), cfg, tiny_policy)
+    trajs, stats = inline_engine(tiny_policy, envs, cfg).play(_requests(envs[0], 4), actor)
     assert stats.infra_failures == 0
     for t in trajs:
         (s,) = t.samples
@@ -101,18 +103,15 @@ def test_sandbox_fault_is_an_infra_failure_and_a_crashing_program_is_not(tiny_po
         raise SandboxError("bwrap exited with status 1 before the program started")
 
     monkeypatch.setattr(envs[1].sandbox, "run", broken)
-    trajs, stats = rollout(ExpertActor(tiny_policy), envs, _requests(envs[0], 3), cfg, tiny_policy)
+    trajs, stats = inline_engine(tiny_policy, envs, cfg).play(_requests(envs[0], 3), ExpertActor())
     assert stats.infra_failures == 1 and "SandboxError: bwrap exited" in trajs[1].infra_failure
     assert trajs[0].success and trajs[2].success and trajs[0].infra_failure is None
 
-    class Crasher(ExpertActor):  # the agent's program crashes: a tool result, the episode goes on
-        def act(self, prompts, envs):
-            for env in envs:
-                env.state["level"] = dataclasses.replace(env.state["level"], program="raise SystemExit(5)")
-            return super().act(prompts, envs)
-
-    envs = make_batch("python-tasks", 1)
-    trajs, stats = rollout(Crasher(tiny_policy), envs, _requests(envs[0], 1), cfg, tiny_policy)
+    envs = make_batch("python-tasks", 1)  # the agent's program crashes: a tool result, the episode goes on
+    start = envs[0].initial_state
+    monkeypatch.setattr(envs[0], "initial_state",
+                        lambda level, rng: start(dataclasses.replace(level, program="raise SystemExit(5)"), rng))
+    trajs, stats = inline_engine(tiny_policy, envs, cfg).play(_requests(envs[0], 1), ExpertActor())
     assert stats.infra_failures == 0 and trajs[0].infra_failure is None
     assert trajs[0].turns[1].observation == "exit code 5" and trajs[0].turns[0].info["n_tool_errors"] == 1
 

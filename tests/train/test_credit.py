@@ -7,7 +7,9 @@ import pytest
 
 from turnforge.config import CriticConfig, RLConfig, RolloutConfig
 from turnforge.envs import make_batch
-from turnforge.rollout.runner import EpisodeRequest, ExpertActor, rollout
+from engine_helpers import inline_engine
+from turnforge.rollout.actors import ExpertActor
+from turnforge.rollout.engine import EpisodeRequest
 from turnforge.train.common import collate
 from turnforge.train.credit import gae_turn_advantages, monte_carlo_returns, sample_advantage, turn_advantages, turn_rewards
 from turnforge.types import Task, Trajectory, Turn
@@ -39,7 +41,7 @@ def test_episode_estimators_repeat_on_every_turn(method, expected):
 def test_sample_advantages_put_each_turn_on_its_action_tokens(tiny_policy, context):
     cfg = RolloutConfig(context=context, max_turns=4, max_new_tokens=4, max_context_tokens=512)
     envs = make_batch("test-echo", 1, episode_len=3, max_obs_words=5)
-    (traj,), _ = rollout(ExpertActor(tiny_policy), envs, [EpisodeRequest(envs[0].task("train", 0), 0, "g", "t")], cfg, tiny_policy)
+    (traj,), _ = inline_engine(tiny_policy, envs, cfg).play([EpisodeRequest(envs[0].task("train", 0), 0, "g", "t")], ExpertActor())
     per_turn = np.array([1.0, -2.0, 3.0], np.float32)
     advs = [sample_advantage(s, per_turn) for s in traj.samples]
     batch = collate(traj.samples, tiny_policy.pad_id, advs)
@@ -58,7 +60,7 @@ def test_sample_advantages_put_each_turn_on_its_action_tokens(tiny_policy, conte
 def test_sample_advantage_rejects_turn_count_mismatch(tiny_policy):
     cfg = RolloutConfig(context="full_history", max_turns=4, max_new_tokens=4, max_context_tokens=512)
     envs = make_batch("test-echo", 1, episode_len=3, max_obs_words=5)
-    (traj,), _ = rollout(ExpertActor(tiny_policy), envs, [EpisodeRequest(envs[0].task("train", 0), 0, "g", "t")], cfg, tiny_policy)
+    (traj,), _ = inline_engine(tiny_policy, envs, cfg).play([EpisodeRequest(envs[0].task("train", 0), 0, "g", "t")], ExpertActor())
     with pytest.raises(ValueError, match="3 runs of action tokens but 2 turns"):
         sample_advantage(traj.samples[0], np.zeros(2, np.float32))
 
@@ -111,14 +113,14 @@ def test_kl_reward_penalty_is_summed_per_turn_and_subtracted(tiny_policy):
 
     from turnforge.algos import kl_estimate
     from turnforge.policy.generate import token_logprobs
-    from turnforge.rollout.runner import PolicyActor
+    from turnforge.rollout.actors import PolicyActor
     from turnforge.train.rl import kl_penalties
 
     cfg = RolloutConfig(context="full_history", max_turns=3, max_new_tokens=3, max_context_tokens=512)
     envs = make_batch("test-echo", 2, episode_len=3, max_obs_words=5)
     actor = PolicyActor(tiny_policy, 3, 1.0, torch.Generator().manual_seed(0))
     requests = [EpisodeRequest(envs[0].task("train", i), i, "g", f"t{i}") for i in range(2)]
-    trajs, _ = rollout(actor, envs, requests, cfg, tiny_policy)
+    trajs, _ = inline_engine(tiny_policy, envs, cfg).play(requests, actor)
     reference = copy.deepcopy(tiny_policy.model)
     with torch.no_grad():
         for p in reference.parameters():

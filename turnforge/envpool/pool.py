@@ -1,13 +1,15 @@
 """EnvPool: N text envs spread over M worker processes, with an async send/recv API.
 
-Env ``i`` lives on worker ``i % M``. ``send_reset``/``send_step`` queue one request per env
-(at most one in flight per env) and return at once; ``recv(batch_size)`` returns as soon as
-``batch_size`` results are ready. Each worker runs its requests one at a time, in the order
-they were sent.
+Env ``i`` lives on worker ``i % M``. ``send_reset``/``send_restore``/``send_step`` queue one
+request per env (at most one in flight per env) and return at once; ``recv(batch_size)``
+returns as soon as ``batch_size`` results are ready. Each worker runs its requests one at a
+time, in the order they were sent, with the same ``EnvHost`` code as the in-process backend
+(``turnforge.envpool.host``).
 
-Fault tolerance: after every successful reset/step the worker sends back ``env.snapshot()``
-with the result, and the parent keeps the latest one per env: that is the source of truth
-for recovery. A worker whose process exits (pipe EOF) or that does not answer within
+Fault tolerance: after every successful request the worker sends back ``env.snapshot()`` with
+the result (envs with the snapshot capability), and the parent keeps the latest one per env:
+that is the source of truth for recovery. A step of an env without snapshots whose worker
+died fails (its episode cannot resume). A worker whose process exits (pipe EOF) or that does not answer within
 ``step_timeout`` is killed and restarted; its envs are restored from their snapshots in the
 new worker and every request that was in flight on it is re-sent. A request that was
 *running* when its worker died is re-sent once only: if it kills (or hangs) the worker again
@@ -19,7 +21,7 @@ Worker boundary: ``BasePool`` holds all of the above bookkeeping and talks to a 
 through the small ``Worker`` interface (start with a list of ``(env_id, snapshot)``, send a
 request, poll for replies in FIFO order and for death, kill). ``EnvPool`` puts a process and a
 pipe behind it; ``turnforge.envpool.ray_pool.RayEnvPool`` a Ray actor. Both run the same
-worker-side code, ``_EnvHost``.
+worker-side code, ``EnvHost``.
 
 Envs registered in the parent reach the workers by shipping the registry's ``EnvSpec``
 (its factory pickles by reference: a ``"module:attr"`` string or a top-level class whose
@@ -29,58 +31,22 @@ module the worker can import; spawned workers inherit the parent's ``sys.path``)
 from __future__ import annotations
 
 import multiprocessing as mp
-import os
 import pickle
 import signal
 import time
-import traceback
 import weakref
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection, wait
-from typing import Any, Callable, Literal, Mapping, Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
-from turnforge.envs.base import EnvSnapshot
-from turnforge.envs.registry import EnvSpec, list_envs, make, register
+from turnforge.envpool.host import (
+    NO_PROBE, Assignments, EnvResult, Message, Probe, Reply, Status, WorkerLimits, open_host,
+)
+from turnforge.envs.base import EnvSnapshot, capabilities
+from turnforge.envs.registry import EnvSpec, list_envs, make
 from turnforge.errors import UserError
-from turnforge.types import Scalar, StepResult, Task
-
-Kind = Literal["reset", "step"]
-Status = Literal["ok", "resumed", "restarted", "failed"]
-Assignments = list[tuple[int, "EnvSnapshot | None"]]  # (env id, snapshot to restore or None) per env of a worker
-Message = tuple[int, Kind, Any]  # (env id, kind, payload): one request as the worker sees it
-# (env id, ok, (StepResult, (anchor key, potential)) or the error line, snapshot, seconds)
-Reply = tuple[int, bool, Any, "EnvSnapshot | None", float]
-
-
-@dataclass(frozen=True)
-class EnvResult:
-    """One finished request.
-
-    ``status``: ``'ok'``; ``'resumed'`` = a step that was in flight on a worker that died or
-    hung, re-run after restoring the env from its last snapshot; ``'restarted'`` = the same for
-    a reset (the episode starts over, nothing is resumed); ``'failed'`` = the env raised
-    (``error`` = the traceback's last line; the worker lives on) or the request took its
-    worker down twice. On ``'failed'`` the observation is ``''``, reward 0 and flags False; the
-    env must be reset before its next step. ``seconds`` = time the env spent on the request in
-    the worker (for a crash or hang: time until the crash was noticed).
-    """
-
-    env_id: int
-    kind: Kind
-    observation: str
-    reward: float
-    terminated: bool
-    truncated: bool
-    invalid_action: bool
-    success: bool
-    info: Mapping[str, Scalar]
-    status: Status
-    error: str | None
-    seconds: float
-    anchor_key: str = ""  # env.anchor_key() of the state the request left (step-level credit)
-    potential: float = 0.0  # env.potential() of that state, 0 after a terminating step (shaping)
-
+from turnforge.types import Task
 
 @dataclass(frozen=True)
 class PoolStats:
@@ -99,116 +65,17 @@ class PoolStats:
 @dataclass
 class _Request:
     env_id: int
-    kind: Kind
-    payload: Any  # (seed, task) for reset, action text for step
+    kind: str
+    payload: Any  # (seed, task, probe), (snapshot, reseed, probe) or (action text, probe)
     attempts: int = 0  # times it was running when its worker died or hung
     resent: bool = False
 
 
 # ---------------------------------------------------------------------------- worker side
-def _last_line(tb: str) -> str:
-    lines = [ln for ln in tb.strip().splitlines() if ln.strip()]
-    return lines[-1].strip() if lines else "unknown error"
-
-
-@dataclass(frozen=True)
-class WorkerLimits:
-    """Per-worker budgets: ``memory_mb`` caps the address space (``RLIMIT_AS``);
-    ``cpu_seconds`` caps the CPU time of one request (``RLIMIT_CPU``, whole seconds): a request
-    over it fails with ``CpuBudgetExceeded`` and the worker lives on."""
-
-    memory_mb: int | None = None
-    cpu_seconds: int | None = None
-
-
-class CpuBudgetExceeded(BaseException):
-    """Raised inside a request that used more than ``WorkerLimits.cpu_seconds`` of CPU (a
-    ``BaseException``, so an env's own ``except Exception`` does not swallow it)."""
-
-
-def _on_sigxcpu(signum: int, frame: Any) -> None:
-    raise CpuBudgetExceeded("the request used more CPU time than the worker's budget")
-
-
-def _limit_memory(memory_limit_mb: int | None, on_top_of_current: bool) -> None:
-    """Set ``RLIMIT_AS``; with ``on_top_of_current`` the limit is the address space mapped now
-    plus ``memory_limit_mb`` (a Ray worker maps gigabytes for its own threads before any env)."""
-    if memory_limit_mb is None:
-        return
-    import resource
-
-    limit = int(memory_limit_mb) * 2**20
-    if on_top_of_current:
-        with open("/proc/self/statm") as f:
-            limit += int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
-    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-
-
-class _EnvHost:
-    """The worker side, shared by every transport: one worker's envs, and one request at a time."""
-
-    def __init__(self, spec: EnvSpec, env_kwargs: dict, assignments: Assignments, cpu_seconds: int | None = None) -> None:
-        self.cpu_seconds = cpu_seconds
-        if cpu_seconds is not None:
-            try:
-                signal.signal(signal.SIGXCPU, _on_sigxcpu)  # else the default action kills the worker: restart, then 'failed'
-            except ValueError:  # not the main thread (some Ray actors)
-                pass
-        register(spec.env_id, spec.factory, overwrite=True, **spec.kwargs)
-        self.envs = {}
-        for env_id, snap in assignments:
-            env = make(spec.env_id, **env_kwargs)
-            if snap is not None:
-                env.restore(snap)
-            self.envs[env_id] = env
-
-    def handle(self, env_id: int, kind: Kind, payload: Any) -> Reply:
-        """Run one request; an env exception becomes a failed reply (the worker lives on)."""
-        t0 = time.perf_counter()
-        self._arm_cpu_budget()
-        try:
-            env = self.envs[env_id]
-            if kind == "reset":
-                seed, task = payload
-                result = StepResult(env.reset(seed, task), 0.0, False, False)
-            else:
-                result = env.step(payload)
-            snap = env.snapshot()
-            keys = (env.anchor_key(), 0.0 if result.terminated else env.potential())
-            return env_id, True, (result, keys), snap, time.perf_counter() - t0
-        except (Exception, CpuBudgetExceeded):
-            return env_id, False, _last_line(traceback.format_exc()), None, time.perf_counter() - t0
-        finally:
-            self._arm_cpu_budget(off=True)
-
-    def _arm_cpu_budget(self, off: bool = False) -> None:
-        """Soft ``RLIMIT_CPU`` = CPU used so far + the budget (whole seconds), or none."""
-        if self.cpu_seconds is None:
-            return
-        import resource
-
-        _, hard = resource.getrlimit(resource.RLIMIT_CPU)
-        soft = hard if off else int(time.process_time()) + 1 + int(self.cpu_seconds)
-        if hard != resource.RLIM_INFINITY:
-            soft = min(soft, hard)
-        resource.setrlimit(resource.RLIMIT_CPU, (soft, hard))
-
-
-def _open_host(receive: Callable[[], tuple[EnvSpec, dict, Assignments]], limits: WorkerLimits,
-               on_top_of_current: bool = False) -> tuple[_EnvHost | None, tuple[str, Any]]:
-    """Apply ``limits``, then build the envs that ``receive()`` describes. Returns the host and
-    the start-up reply for the parent: ``('ready', pid)``, or ``(None, ('error', last line))``."""
-    _limit_memory(limits.memory_mb, on_top_of_current)
-    try:
-        return _EnvHost(*receive(), cpu_seconds=limits.cpu_seconds), ("ready", os.getpid())
-    except Exception:
-        return None, ("error", _last_line(traceback.format_exc()))
-
-
 def _worker_main(conn: Connection, limits: WorkerLimits) -> None:
     """Worker process: build envs, then answer requests one at a time until EOF or ``None``."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
-    host, started = _open_host(conn.recv, limits)
+    host, started = open_host(conn.recv, limits)
     conn.send(started)
     while host is not None:
         try:
@@ -360,7 +227,7 @@ class BasePool:
         if num_envs < 1 or num_workers < 1:
             raise ValueError(f"num_envs and num_workers must be >= 1, got {num_envs} and {num_workers}")
         self.env_kwargs = dict(env_kwargs or {})
-        make(env_id, **self.env_kwargs)  # a bad id or option raises UserError before any worker starts
+        probe_env = make(env_id, **self.env_kwargs)  # a bad id or option raises UserError before any worker starts
         self.spec = list_envs()[env_id]
         try:
             pickle.dumps(self.spec)
@@ -375,6 +242,7 @@ class BasePool:
         self.step_timeout = float(step_timeout)
         self.max_restarts = int(max_restarts)
         self.start_timeout = float(start_timeout)
+        self._can_snapshot = capabilities(probe_env).snapshot
 
         self._snapshots: list[EnvSnapshot | None] = [None] * self.num_envs
         self._in_flight: list[bool] = [False] * self.num_envs
@@ -428,20 +296,29 @@ class BasePool:
         self._workers[w_idx].send((req.env_id, req.kind, req.payload))
 
     def send_reset(self, env_ids: Sequence[int], seeds: Sequence[int | None] | None = None,
-                   tasks: Sequence[Task | None] | None = None) -> None:
+                   tasks: Sequence[Task | None] | None = None, probes: Sequence[Probe] | None = None) -> None:
         """Queue a reset per env (``seeds``/``tasks`` default to None each). Non-blocking."""
-        seeds = list(seeds) if seeds is not None else [None] * len(env_ids)
-        tasks = list(tasks) if tasks is not None else [None] * len(env_ids)
+        n = len(env_ids)
+        seeds, tasks, probes = _each(seeds, n), _each(tasks, n), _each(probes, n, NO_PROBE)
         self._check_ids(env_ids, len(seeds), "seeds")
         self._check_ids(env_ids, len(tasks), "tasks")
-        for i, seed, task in zip(env_ids, seeds, tasks):
-            self._send(_Request(int(i), "reset", (seed, task)))
+        for i, seed, task, probe in zip(env_ids, seeds, tasks, probes):
+            self._send(_Request(int(i), "reset", (seed, task, probe)))
 
-    def send_step(self, env_ids: Sequence[int], action_texts: Sequence[str]) -> None:
+    def send_restore(self, env_ids: Sequence[int], snapshots: Sequence[EnvSnapshot],
+                     reseeds: Sequence[int | None] | None = None, probes: Sequence[Probe] | None = None) -> None:
+        """Queue a restore per env: the env goes to ``snapshots[k]`` (then ``reseed`` unless None). Non-blocking."""
+        n = len(env_ids)
+        reseeds, probes = _each(reseeds, n), _each(probes, n, NO_PROBE)
+        self._check_ids(env_ids, len(snapshots), "snapshots")
+        for i, snap, reseed, probe in zip(env_ids, snapshots, reseeds, probes):
+            self._send(_Request(int(i), "restore", (snap, reseed, probe)))
+
+    def send_step(self, env_ids: Sequence[int], action_texts: Sequence[str], probes: Sequence[Probe] | None = None) -> None:
         """Queue one step per env. Non-blocking."""
         self._check_ids(env_ids, len(action_texts), "action texts")
-        for i, text in zip(env_ids, action_texts):
-            self._send(_Request(int(i), "step", text))
+        for i, text, probe in zip(env_ids, action_texts, _each(probes, len(env_ids), NO_PROBE)):
+            self._send(_Request(int(i), "step", (text, probe)))
 
     # ------------------------------------------------------------------ results
     def recv(self, batch_size: int = 1, timeout: float | None = None) -> list[EnvResult]:
@@ -498,32 +375,32 @@ class BasePool:
         return True
 
     def _on_reply(self, w_idx: int, reply: Reply) -> None:
-        env_id, ok, payload, snap, seconds = reply
+        env_id, ok, payload, seconds = reply
         req = self._queues[w_idx].popleft()
         assert req.env_id == env_id, f"worker replied for env {env_id}, expected {req.env_id}"
         self._head_started[w_idx] = time.perf_counter()
         self._busy += seconds
-        if ok:
-            self._snapshots[env_id] = snap
-            if req.kind == "step":
-                self._steps += 1
-            else:
-                self._resets += 1
-            status: Status = "ok" if not req.resent else ("resumed" if req.kind == "step" else "restarted")
-            payload, (anchor, potential) = payload
-            self._ready.append(EnvResult(env_id, req.kind, payload.observation, payload.reward, payload.terminated,
-                                         payload.truncated, payload.invalid_action, payload.success,
-                                         dict(payload.info), status, None, seconds, anchor, potential))
-        else:
+        if not ok:
             self._fail(req, payload, seconds)
+            return
+        result, after = payload
+        self._snapshots[env_id] = after.snapshot  # the source of truth for recovery (None after the end)
+        if req.kind == "step":
+            self._steps += 1
+        else:
+            self._resets += 1
+        if after.snapshot is not None and not req.payload[-1].snapshot:
+            after = replace(after, snapshot=None)  # kept here for recovery, not handed out unasked
+        status: Status = "ok" if not req.resent else ("resumed" if req.kind == "step" else "restarted")
+        self._ready.append(EnvResult.ok(env_id, req.kind, result, after, seconds, status))  # type: ignore[arg-type]
 
     def _fail(self, req: _Request, error: str, seconds: float) -> None:
         self._failed += 1
-        self._ready.append(EnvResult(req.env_id, req.kind, "", 0.0, False, False, False, False, {},
-                                     "failed", error, seconds))
+        self._ready.append(EnvResult.failed(req.env_id, req.kind, error, seconds))  # type: ignore[arg-type]
 
     def _recover(self, w_idx: int, why: str) -> None:
-        """Kill and restart worker ``w_idx``; restore its envs from snapshots; re-send its queue."""
+        """Kill and restart worker ``w_idx``; restore its envs from snapshots; re-send its queue.
+        A step of an env that has no snapshot to restore fails (its episode cannot resume)."""
         w = self._workers[w_idx]
         seconds = time.perf_counter() - self._head_started[w_idx]
         w.kill()
@@ -541,8 +418,14 @@ class BasePool:
             self._fail(head, f"{why} twice on this request", seconds)
         else:
             rest.insert(0, head)
+        started: set[int] = set()  # envs whose re-sent requests start a new episode first
         for req in rest:  # requests queued behind the head never ran; re-running them is safe
             req.resent = True
+            if req.kind != "step":
+                started.add(req.env_id)
+            elif req.env_id not in started and self._snapshots[req.env_id] is None and not self._can_snapshot:
+                self._fail(req, f"{why}; env {self.env_id!r} has no snapshot() to resume its episode from", seconds)
+                continue
             self._send(req)
 
     # ------------------------------------------------------------------ metrics & lifecycle
@@ -591,3 +474,8 @@ class EnvPool(BasePool):
                          max_restarts=max_restarts, start_timeout=start_timeout,
                          new_workers=lambda n: [_ProcessWorker(ctx, limits) for _ in range(n)],
                          wait=_wait_processes)
+
+
+def _each(values: Sequence[Any] | None, n: int, default: Any = None) -> list[Any]:
+    """``values`` as a list, or ``n`` copies of ``default``."""
+    return list(values) if values is not None else [default] * n

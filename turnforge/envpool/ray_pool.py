@@ -1,7 +1,7 @@
 """RayEnvPool: EnvPool's envs on Ray actors instead of local processes, for scale-out.
 
 Same API, results and fault tolerance as ``EnvPool`` (the bookkeeping is ``BasePool``, shared):
-env ``i`` lives on actor ``i % M``, each actor holds its envs in an ``_EnvHost`` and sends the
+env ``i`` lives on actor ``i % M``, each actor holds its envs in an ``EnvHost`` and sends the
 env's snapshot back with every result; an actor that dies (``RayActorError``: its process
 exited, was killed, or its node went away) or does not answer within ``step_timeout`` is
 killed with ``ray.kill(no_restart=True)`` and replaced by a new actor restored from the
@@ -51,16 +51,8 @@ import socket
 from collections import deque
 from typing import Any, Sequence
 
-from turnforge.envpool.pool import (
-    Assignments,
-    BasePool,
-    Message,
-    Reply,
-    WorkerLimits,
-    _check_started,
-    _last_line,
-    _open_host,
-)
+from turnforge.envpool.host import Assignments, Message, Reply, WorkerLimits, last_line, open_host
+from turnforge.envpool.pool import BasePool, _check_started
 from turnforge.envs.registry import EnvSpec
 from turnforge.errors import UserError
 
@@ -115,14 +107,14 @@ def connect_ray(address: str | None = None, *, num_cpus: int | None = None, runt
         else:
             ray.init(address=address, log_to_driver=False, runtime_env=runtime_env)
     except ConnectionError as err:
-        raise UserError(f"cannot connect to a Ray cluster at {address!r}: {_last_line(str(err))}") from None
+        raise UserError(f"cannot connect to a Ray cluster at {address!r}: {last_line(str(err))}") from None
 
 
 class _EnvActorBody:
-    """The Ray actor: the same worker-side code (``_EnvHost``) as a worker process."""
+    """The Ray actor: the same worker-side code (``EnvHost``) as a worker process."""
 
     def __init__(self, blob: bytes, limits: WorkerLimits) -> None:
-        self.host, self.started = _open_host(lambda: pickle.loads(blob), limits, on_top_of_current=True)
+        self.host, self.started = open_host(lambda: pickle.loads(blob), limits, on_top_of_current=True)
 
     def ready(self) -> tuple[str, Any]:
         return self.started
@@ -176,7 +168,7 @@ class _ActorWorker:
         try:
             reply = ray.get(ref)
         except ray.exceptions.RayTaskError as err:  # Ray could not run the method or ship its reply
-            reply = (msg[0], False, _last_line(str(err)), None, 0.0)
+            reply = (msg[0], False, last_line(str(err)), 0.0)
         except ray.exceptions.RayError as err:  # the actor died (or its node, or the reply with it)
             return [], f"worker died ({type(err).__name__})"
         if self.backlog:

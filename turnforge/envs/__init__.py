@@ -1,9 +1,11 @@
-"""Multi-turn text environments: the Env contract, the registry, check_env, built-in games."""
+"""Multi-turn text environments: the Env contract, task sources, the registry, check_env, built-in games."""
 
-from turnforge.envs.base import Env, EnvSnapshot, InvalidAction, Outcome, parse_choice, stable_hash
+from turnforge.envs.base import Capabilities, Env, EnvSnapshot, InvalidAction, capabilities, parse_choice, stable_hash
 from turnforge.envs.checker import EnvCheckError, check_env
 from turnforge.envs.gym_adapter import from_gymnasium, to_gymnasium
+from turnforge.envs.levels import LevelEnv, Outcome
 from turnforge.envs.registry import list_envs, make, make_batch, register
+from turnforge.envs.tasks import TaskDataset, TaskGenerator, TaskSource
 
 # Built-ins are registered by "module:Class" strings, so a game's module is imported on first make().
 register("sokoban", "turnforge.envs.sokoban:SokobanEnv", dim=6, num_boxes=1)
@@ -16,11 +18,17 @@ register("python-tasks", "turnforge.envs.tool.python_tasks:PythonTasksEnv")
 register("code-repair", "turnforge.envs.code.repair:CodeRepairEnv")
 
 __all__ = [
+    "Capabilities",
     "Env",
     "EnvCheckError",
     "EnvSnapshot",
     "InvalidAction",
+    "LevelEnv",
     "Outcome",
+    "TaskDataset",
+    "TaskGenerator",
+    "TaskSource",
+    "capabilities",
     "check_env",
     "from_gymnasium",
     "list_envs",

@@ -1,63 +1,73 @@
-"""The environment contract: multi-turn text environments.
+"""The env contract: a multi-turn text environment in two methods.
 
-``reset(seed, task) -> observation`` and ``step(action_text) -> StepResult``. Text in, text
-out. An env author subclasses ``Env`` and writes a few hooks:
+A minimal env (see ``examples/`` for a complete one)::
 
-- ``generate_level(level_seed)``: build a level (deterministic in the seed);
-- ``level_key(level)``: a string that identifies the level's content (decides its split);
-- ``initial_state(level, rng)``: the mutable game state for a fresh episode;
-- ``render()``: the observation text of ``self.state`` (deterministic);
-- ``parse_action(text)``: text -> action, or raise ``InvalidAction(reason)``;
-- ``apply(action) -> Outcome``: advance ``self.state``;
-- ``expert_action()`` (optional): a solver's next action, for demonstrations.
+    class GuessNumber(turnforge.Env):
+        instructions = "Guess the secret number between 1 and 100; answer with the number."
+        tasks = TaskGenerator(lambda rng: {"secret": rng.randint(1, 100)})
 
-Tool-using envs (``turnforge.envs.tool``) also set ``tools`` (JSON schemas the chat template
-renders into the system prompt) and ``observation_role = "tool"`` (observations after the
-first come back as tool messages). Integer ``info`` values under keys starting with ``n_``
-are event counters (tool calls, truncated outputs, ...), summed per iteration in the metrics.
+        def reset(self, task, seed):
+            self.secret, self.guesses = task.data["secret"], 0
+            return "Guess a number between 1 and 100."
 
-Everything mutable lives in ``self.state`` and ``self.rng``, so ``snapshot()``/``restore()``
-copy full env state without help from the author. Invalid actions are part of the game:
-they cost ``invalid_action_penalty``, leave the state unchanged, and produce an
-observation that says what was wrong. They never raise.
+        def step(self, action):
+            ...
+            return StepResult(observation, reward, terminated, truncated, invalid_action=..., success=...)
+
+``reset(task, seed) -> observation`` starts an episode of ``task`` (a ``turnforge.types.Task``;
+dataset and generated tasks carry their fields in ``task.data``), with ``seed`` for the env's
+own randomness; ``step(action) -> StepResult`` applies the model's text. Text in, text out.
+Tasks come from ``tasks`` (a ``TaskSource``: a dataset with its own train/held-out split, a
+generator, or ``env.tasks=PATH.jsonl`` in the recipe). Invalid actions are part of the game:
+``step`` returns ``invalid_action=True`` with an observation that says what was wrong, and
+never raises for them. The rollout engine ends episodes at ``rollout.max_turns``, so an env
+needs no step limit of its own.
+
+Everything else is an optional capability, found by ``capabilities(env)``; an option that
+needs a missing one stops the run at start with a one-line error naming the method:
+
+- ``snapshot() -> EnvSnapshot`` and ``restore(snapshot)``: Monte-Carlo values (MC-critic,
+  MC-GRPO) and resuming an episode in a restarted env worker;
+- ``anchor_key() -> str``: a key of the current state (GiGPO's step-level groups);
+- ``potential() -> float``: potential-based reward shaping;
+- ``expert_action() -> str``: behaviour-cloning demonstrations;
+- ``action_names`` (a small discrete action set) or ``random_action(rng) -> str``: random
+  actions (noisy demonstrators, random-policy Monte-Carlo rollouts, ``check_env``);
+- ``reseed(seed)``: a fresh future after ``restore`` (Monte-Carlo rollouts of stochastic envs).
+
+``turnforge.envs.levels.LevelEnv`` implements all of these for procedurally generated levels
+from a handful of hooks; the built-in games use it.
 """
 
 from __future__ import annotations
 
-import copy
 import hashlib
-import random
 import re
 from abc import ABC, abstractmethod
-from collections import OrderedDict
-from dataclasses import dataclass, field
-from typing import Any, Generic, Mapping, Sequence, TypeVar
+from dataclasses import dataclass, fields, replace
+from typing import TYPE_CHECKING, Any, Sequence
 
-from turnforge.types import SPLITS, Scalar, StepResult, Task
+from turnforge.errors import UserError
+from turnforge.types import SPLITS, StepResult, Task
 
-LevelT = TypeVar("LevelT")
+if TYPE_CHECKING:
+    from turnforge.envs.tasks import TaskSource
 
 
 class InvalidAction(Exception):
-    """Raised by ``parse_action``/``apply`` hooks; ``Env.step`` turns it into an observation."""
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """What an ``apply`` hook reports about one valid action."""
-
-    reward: float
-    terminated: bool = False
-    success: bool = False
-    info: Mapping[str, Scalar] = field(default_factory=dict)
+    """Raised by a ``LevelEnv``'s ``parse_action``/``apply`` hooks; ``step`` turns it into an observation."""
 
 
 @dataclass(frozen=True)
 class EnvSnapshot:
-    """Opaque full copy of an env's episode state; pass it to ``Env.restore``."""
+    """Opaque full copy of an env's episode state; pass it to ``Env.restore``.
+
+    ``observation`` is the observation the env showed in that state, when known (the env
+    hosts fill it in), so an episode started from the snapshot can show it again."""
 
     env_id: str
     payload: Any
+    observation: str = ""
 
 
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.IGNORECASE | re.DOTALL)
@@ -84,168 +94,99 @@ def stable_hash(*parts: object) -> int:
     return int.from_bytes(digest, "little") >> 1
 
 
-class Env(ABC, Generic[LevelT]):
-    """Base class of all turnforge environments (see the module docstring for the hooks)."""
+class Env(ABC):
+    """Base class of turnforge environments: ``reset(task, seed)`` and ``step(action)``
+    (see the module docstring for the optional capabilities)."""
 
     #: Registry id; ``make`` sets it on the instance.
     env_id: str = "unregistered"
-    #: Share of generated levels that fall in the held-out split (by content hash).
-    heldout_fraction: float = 0.1
-    #: How many generated levels to keep in memory (generation may run a solver).
-    level_cache_size: int = 4096
-    #: The action texts of a small discrete action set, or () when actions are open text
-    #: (tool calls, code). Noisy demonstrators draw their random actions from it.
-    action_names: tuple[str, ...] = ()
+    #: Rules and action format, shown to the policy as the system prompt ("" = none).
+    instructions: str = ""
     #: Chat role of the observations after the first (the first is always the user's
     #: message): "user", or "tool" for the results of tool calls.
     observation_role: str = "user"
-
-    def __init__(self, *, invalid_action_penalty: float = -0.1, max_steps: int = 100) -> None:
-        self.invalid_action_penalty = float(invalid_action_penalty)
-        self.max_steps = int(max_steps)
-        self.state: Any = None
-        self.rng = random.Random(0)
-        self.current_task: Task | None = None
-        self.steps = 0
-        self.done = True
-        self._levels: OrderedDict[tuple[str, int], LevelT] = OrderedDict()
-
-    # ------------------------------------------------------------------ hooks
-    @property
-    @abstractmethod
-    def instructions(self) -> str:
-        """Rules and action format, shown to the policy as the system prompt."""
-
-    @property
-    @abstractmethod
-    def valid_actions_text(self) -> str:
-        """Short text naming the valid actions, quoted in invalid-action observations."""
+    #: JSON schemas of the tools the agent may call (HF ``apply_chat_template(tools=...)``
+    #: format); () for envs without tools.
+    tools: tuple[dict[str, Any], ...] = ()
+    #: The action texts of a small discrete action set, or () when actions are open text.
+    action_names: tuple[str, ...] = ()
+    #: Where tasks come from (``turnforge.envs.tasks``); None = given by the recipe (``env.tasks``).
+    tasks: TaskSource | None = None
 
     @abstractmethod
-    def generate_level(self, level_seed: int) -> LevelT:
-        """Build one level, deterministically from ``level_seed``."""
+    def reset(self, task: Task, seed: int) -> str:
+        """Start an episode of ``task``; ``seed`` drives the env's own randomness. Returns
+        the first observation."""
 
     @abstractmethod
-    def level_key(self, level: LevelT) -> str:
-        """A string identifying the level's content; its hash decides the split."""
+    def step(self, action: str) -> StepResult:
+        """Apply the model's action text. Invalid actions return ``invalid_action=True``
+        (with an observation saying what was wrong); they never raise."""
 
-    @abstractmethod
-    def initial_state(self, level: LevelT, rng: random.Random) -> Any:
-        """The mutable episode state at the start of ``level``."""
-
-    @abstractmethod
-    def render(self) -> str:
-        """Observation text of the current state. Must be deterministic."""
-
-    @abstractmethod
-    def parse_action(self, text: str) -> Any:
-        """Parse model output into an action; raise ``InvalidAction(reason)`` if it is not one."""
-
-    @abstractmethod
-    def apply(self, action: Any) -> Outcome:
-        """Advance ``self.state`` by one valid action."""
-
-    @property
-    def tools(self) -> tuple[dict[str, Any], ...]:
-        """JSON schemas of the tools the agent may call (HF ``apply_chat_template(tools=...)``
-        format); () for envs without tools."""
-        return ()
-
-    def invalid_observation(self, reason: str) -> str:
-        """The observation after an invalid action (``reason`` says what was wrong)."""
-        return f"Invalid action: {reason}. Valid actions: {self.valid_actions_text}.\n{self.render()}"
-
-    def potential(self) -> float:
-        """Potential Phi of the current state for potential-based reward shaping (Ng et al.
-        1999); higher = closer to success. 0 by default (no shaping)."""
-        return 0.0
-
-    def expert_action(self) -> str:
-        """The expert's next action text from the current state (for demonstrations)."""
-        raise NotImplementedError(f"{type(self).__name__} has no expert policy")
-
-    # ------------------------------------------------------------------ tasks
     def task(self, split: str, index: int) -> Task:
-        """The task ``index`` of ``split`` ('train' or 'heldout')."""
+        """Task ``index`` of ``split`` ('train' or 'heldout') from ``self.tasks``."""
         if split not in SPLITS:
             raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
         if index < 0:
             raise ValueError(f"task index must be >= 0, got {index}")
-        return Task(self.env_id, split, int(index))  # type: ignore[arg-type]
+        return replace(self.task_source().task(split, int(index)), env_id=self.env_id)
 
-    def split_of(self, level: LevelT) -> str:
-        """Which split a level belongs to, from a hash of its content."""
-        bucket = stable_hash("split", self.level_key(level)) % 10_000
-        return "heldout" if bucket < self.heldout_fraction * 10_000 else "train"
+    def task_source(self) -> TaskSource:
+        """``self.tasks``, or a one-line error saying how to give the env tasks."""
+        if self.tasks is None:
+            raise UserError(
+                f"env {self.env_id!r} has no tasks: set env.tasks=PATH.jsonl (one task per line, with a 'split' of "
+                f"'train' or 'heldout') or give {type(self).__name__} a `tasks` source (turnforge.envs.tasks)"
+            )
+        return self.tasks
 
-    def level_for(self, task: Task) -> LevelT:
-        """The level of ``task``: the first generated level whose content falls in the task's split."""
-        key = (task.split, task.index)
-        if key in self._levels:
-            self._levels.move_to_end(key)
-            return self._levels[key]
-        for attempt in range(10_000):
-            level = self.generate_level(stable_hash(self.env_id, task.split, task.index, attempt))
-            if self.split_of(level) == task.split:
-                break
-        else:  # pragma: no cover - only with a degenerate heldout_fraction
-            raise RuntimeError(f"{self.env_id}: no level for {task.task_id} after 10000 attempts")
-        self._levels[key] = level
-        if len(self._levels) > self.level_cache_size:
-            self._levels.popitem(last=False)
-        return level
 
-    # ------------------------------------------------------------------ API
-    def reset(self, seed: int | None = None, task: Task | None = None) -> str:
-        """Start an episode of ``task`` (default: train task ``seed``); ``seed`` drives the
-        env's own randomness (slippery ice, tile spawns). Returns the first observation."""
-        seed = 0 if seed is None else int(seed)
-        if task is None:
-            task = self.task("train", seed)
-        self.current_task = task
-        self.rng = random.Random(stable_hash("dynamics", seed))
-        self.state = self.initial_state(self.level_for(task), self.rng)
-        self.steps = 0
-        self.done = False
-        return self.render()
+# ---------------------------------------------------------------------------- capabilities
+#: Capability name -> the methods/attributes that provide it (quoted in error messages).
+CAPABILITY_METHODS: dict[str, str] = {
+    "snapshot": "snapshot() and restore(snapshot)",
+    "anchor_key": "anchor_key()",
+    "potential": "potential()",
+    "expert": "expert_action()",
+    "random_action": "action_names or random_action(rng)",
+    "reseed": "reseed(seed)",
+}
 
-    def step(self, action_text: str) -> StepResult:
-        """Apply one action. Invalid actions cost ``invalid_action_penalty`` and never raise."""
-        if self.done:
-            raise RuntimeError(f"{self.env_id}: step() after the episode ended; call reset() first")
-        self.steps += 1
-        truncated = self.steps >= self.max_steps
-        try:
-            action = self.parse_action(action_text)
-            outcome = self.apply(action)
-        except InvalidAction as err:
-            self.done = truncated
-            return StepResult(self.invalid_observation(str(err)), self.invalid_action_penalty, False, truncated, invalid_action=True)
-        self.done = outcome.terminated or truncated
-        return StepResult(
-            self.render(),
-            float(outcome.reward),
-            bool(outcome.terminated),
-            bool(truncated and not outcome.terminated),
-            invalid_action=False,
-            success=bool(outcome.success),
-            info=dict(outcome.info),
-        )
 
-    def snapshot(self) -> EnvSnapshot:
-        """A full, independent copy of the episode state (including the env's RNG)."""
-        payload = (copy.deepcopy(self.state), self.rng.getstate(), self.current_task, self.steps, self.done)
-        return EnvSnapshot(self.env_id, payload)
+@dataclass(frozen=True)
+class Capabilities:
+    """The optional capabilities an env implements (``capabilities(env)``)."""
 
-    def restore(self, snapshot: EnvSnapshot) -> None:
-        """Return to a state taken by ``snapshot()`` (the snapshot stays reusable)."""
-        if not isinstance(snapshot, EnvSnapshot) or snapshot.env_id != self.env_id:
-            raise TypeError(f"{self.env_id}: restore() needs an EnvSnapshot taken from this env id")
-        state, rng_state, task, steps, done = snapshot.payload
-        self.state = copy.deepcopy(state)
-        self.rng.setstate(rng_state)
-        self.current_task, self.steps, self.done = task, steps, done
+    snapshot: bool
+    anchor_key: bool
+    potential: bool
+    expert: bool
+    random_action: bool
+    reseed: bool
 
-    def anchor_key(self) -> str:
-        """A key of the current state: equal keys mean the same state (GiGPO anchors)."""
-        return hashlib.blake2b(self.render().encode(), digest_size=12).hexdigest()
+    def require(self, name: str, env_id: str, needed_by: str, otherwise: str = "") -> None:
+        """Raise ``UserError`` naming the method to add (and ``otherwise``, another fix)
+        unless capability ``name`` is present."""
+        if not getattr(self, name):
+            alt = f", or {otherwise}" if otherwise else ""
+            raise UserError(f"{needed_by} needs env {env_id!r} to implement {CAPABILITY_METHODS[name]}{alt}")
+
+    def names(self) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(self) if getattr(self, f.name))
+
+
+def capabilities(env: Env) -> Capabilities:
+    """Which optional capabilities ``env`` implements (methods present on the object)."""
+
+    def has(name: str) -> bool:
+        return callable(getattr(env, name, None))
+
+    return Capabilities(
+        snapshot=has("snapshot") and has("restore"),
+        anchor_key=has("anchor_key"),
+        potential=has("potential"),
+        expert=has("expert_action"),
+        random_action=bool(env.action_names) or has("random_action"),
+        reseed=has("reseed"),
+    )
+

@@ -1,17 +1,41 @@
 """``check_env``: run an env through the contract and name the fix for each violation.
 
-Works on any ``Env`` subclass, built-in or third-party. Random play uses the actions
-named in ``valid_actions_text`` (split on commas, '/', '|' and 'or') that ``parse_action``
-accepts, mixed with ``expert_action`` when the env has one.
+Works on any ``Env`` (light or ``LevelEnv``, built-in or third-party). It plays the env with
+the actions it can find (``action_names``, ``random_action(rng)``, the expert's, or for a
+``LevelEnv`` the words of ``valid_actions_text`` that ``parse_action`` accepts) and checks:
+
+- types: ``reset`` returns a str, ``step`` a ``StepResult`` of the right types;
+- tasks: a task source with train and held-out tasks, disjoint by content, and a held-out
+  split of at least ``min_heldout`` distinct tasks (evaluation on fewer moves in big steps);
+- determinism: the same task and seed give the same episode, also after another episode of
+  the task was played (an env that hands the same mutable level object to every reset
+  fails here);
+- independence: two envs of one batch playing the same task at once do not change each
+  other (shared mutable state corrupts the G parallel rollouts of a group);
+- invalid actions: a garbage action is flagged invalid and changes nothing: the episode
+  goes on exactly as if it had not been sent (hidden state included, not only the anchor key);
+- snapshots (when the env has them): ``restore`` brings back the state, in the same env and
+  in another one, again and again, and snapshots pickle (env workers ship them);
+- the expert (when there is one): its actions are valid, and on a deterministic env it wins;
+- action lengths (given a tokenizer and ``max_new_tokens``): an action that needs more
+  tokens than the rollout allows would always be cut; it is reported with the number needed.
+
+Failures raise ``EnvCheckError`` (an ``AssertionError``) whose message says what to change;
+``check_env`` returns a ``CheckReport`` with the checks that ran and the warnings.
 """
 
 from __future__ import annotations
 
+import copy
+import pickle
 import random
 import re
-from typing import Mapping, NoReturn
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, NoReturn, Sequence
 
-from turnforge.envs.base import Env, EnvSnapshot, InvalidAction
+from turnforge.envs.base import Env, EnvSnapshot, InvalidAction, capabilities
+from turnforge.envs.levels import LevelEnv
+from turnforge.errors import UserError
 from turnforge.types import StepResult, Task
 
 #: An action text no env should accept.
@@ -22,37 +46,88 @@ class EnvCheckError(AssertionError):
     """The env breaks the contract; the message says what to change."""
 
 
+@dataclass
+class CheckReport:
+    """What ``check_env`` checked and what it warns about (problems that do not stop a run)."""
+
+    env_id: str
+    checks: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+
 def check_env(
-    env: Env,
+    env: Env | str,
     *,
+    env_kwargs: Mapping[str, Any] | None = None,
+    tasks: str | None = None,
+    heldout_fraction: float | None = None,
+    make_another: Callable[[], Env] | None = None,
     episodes: int = 3,
     max_steps: int = 200,
     split_sample: int = 50,
+    min_heldout: int = 10,
     deterministic: bool | None = None,
     invalid_action: str | None = GARBAGE_ACTION,
-) -> None:
-    """Raise ``EnvCheckError`` at the first contract violation of ``env``.
+    expert_solves: bool = True,
+    tokenizer: Any = None,
+    max_new_tokens: int | None = None,
+    quick: bool = False,
+) -> CheckReport:
+    """Check ``env`` (an instance, or a registered id made with ``env_kwargs`` and the task
+    file ``tasks``); raise ``EnvCheckError`` at the first contract violation.
 
-    Plays ``episodes`` train and held-out tasks for at most ``max_steps`` steps each,
-    and samples ``split_sample`` levels per split for the disjointness check. The expert
-    must win every sampled task when the env is deterministic; ``deterministic=None``
-    decides that from the env's use of ``self.rng``. ``invalid_action`` is a text the env
-    must reject (None skips that check, for envs that accept any text).
+    ``make_another`` builds a second env for the batch-independence check (default: the
+    registry's ``make_batch`` for an id, a deep copy of a fresh instance; skipped with a
+    warning when neither works). ``episodes`` train and held-out tasks are played, each for at
+    most ``max_steps`` steps; ``split_sample`` tasks per split are drawn for the split checks of
+    a generated (unbounded) task source. The expert must win every played task when the env
+    is deterministic and ``expert_solves``; ``deterministic=None`` decides that by replaying
+    with another seed. ``invalid_action`` is a text the env must reject (None skips that check,
+    for envs that accept any text). ``tokenizer`` (a ``ChatFormat`` or HF tokenizer) with
+    ``max_new_tokens`` adds the action-length check. ``quick``: one task per split and no
+    expert-wins check (what ``turnforge train`` runs at start).
     """
+    if isinstance(env, str):
+        from turnforge.envs.registry import build_env, share_levels
+
+        env, second = share_levels([build_env(env, dict(env_kwargs or {}), tasks, heldout_fraction) for _ in range(2)])
+        make_another = make_another or (lambda: second)
     if not isinstance(env, Env):
-        _fail(f"{type(env).__name__} is not a turnforge Env; subclass turnforge.envs.Env")
-    _check_text_hooks(env)
-    _check_splits(env, split_sample)
-    tasks = [env.task(split, i) for split in ("train", "heldout") for i in range(episodes)]
-    env.reset(seed=0, task=tasks[0])  # parse_action may look at the state
-    candidates = _candidate_actions(env)
-    for seed, task in enumerate(tasks):
-        _check_reset(env, seed, task)
+        _fail(f"{type(env).__name__} is not a turnforge Env; subclass turnforge.Env (or turnforge.envs.LevelEnv)")
+    report = CheckReport(env.env_id)
+    if make_another is None:
+        make_another = _copier(env, report)
+    episodes = 1 if quick else episodes
+    _check_text(env)
+    tasks = _check_tasks(env, split_sample, min_heldout, report)
+    played = [t for split in ("train", "heldout") for t in tasks[split][:episodes]]
+    _reset(env, played[0], 0)  # parse_action may look at the state
+    actions = _Actions(env)
+    if actions.empty:
+        report.warnings.append(
+            f"{_name(env)}: check_env found no actions to play; give the env action_names, random_action(rng) or "
+            "expert_action() so the state checks can run"
+        )
+    caps = capabilities(env)
+    for seed, task in enumerate(played):
+        _check_reset(env, task, seed, actions, max_steps)
         if invalid_action is not None:
-            _check_invalid_action(env, seed, task, invalid_action)
-        _check_snapshot(env, seed, task, candidates)
-    _check_expert(env, tasks, max_steps, deterministic)
-    _check_step_after_end(env, tasks[0], candidates, max_steps)
+            _check_invalid_action(env, task, seed, actions, invalid_action, max_steps)
+        if caps.snapshot:
+            _check_snapshot(env, task, seed, actions, make_another)
+    report.checks += ["types", "tasks", "reset determinism", "invalid actions" if invalid_action else "", "snapshots" if caps.snapshot else ""]
+    other = make_another() if make_another is not None else None
+    if other is not None and not actions.empty:
+        _check_batch(env, other, played[0], actions, max_steps)
+        report.checks.append("batch independence")
+    if caps.expert:
+        _check_expert(env, played, max_steps, deterministic if expert_solves and not quick else False)
+        report.checks.append("expert")
+    if tokenizer is not None and max_new_tokens is not None:
+        report.warnings += check_action_lengths(env, tokenizer, max_new_tokens, played, max_steps)
+        report.checks.append("action lengths")
+    report.checks = [c for c in report.checks if c]
+    return report
 
 
 def _fail(message: str) -> NoReturn:
@@ -63,16 +138,39 @@ def _name(env: Env) -> str:
     return f"{type(env).__name__} ({env.env_id!r})"
 
 
-# ---------------------------------------------------------------------- pieces
-def _check_text_hooks(env: Env) -> None:
-    for hook in ("instructions", "valid_actions_text"):
-        value = getattr(env, hook)
-        if not isinstance(value, str) or not value.strip():
-            _fail(f"{_name(env)}.{hook} is {value!r}; return a non-empty str")
+def _is_level(env: Env) -> bool:
+    return isinstance(env, LevelEnv)
 
 
-def _candidate_actions(env: Env) -> list[str]:
-    """Action texts from ``valid_actions_text`` that ``parse_action`` accepts."""
+def _keep_state_hint(env: Env) -> str:
+    if _is_level(env):
+        return "keep all mutable episode state in self.state (deep-copyable) and draw all randomness from self.rng"
+    return "make snapshot() copy every attribute step() changes, and restore() put each one back"
+
+
+# ---------------------------------------------------------------------- actions
+class _Actions:
+    """Action texts for the env's current state: a random one, or the expert's half of the time."""
+
+    def __init__(self, env: Env) -> None:
+        self.env = env
+        self.caps = capabilities(env)
+        self.names = tuple(env.action_names) or (_valid_words(env) if _is_level(env) else ())
+        self.empty = not (self.names or self.caps.random_action or self.caps.expert)
+
+    def pick(self, rng: random.Random) -> str:
+        env, caps = self.env, self.caps
+        if caps.expert and (rng.random() < 0.5 or not (self.names or caps.random_action)):
+            return _expert(env)
+        if self.names:
+            return rng.choice(self.names)
+        if caps.random_action:
+            return env.random_action(rng)
+        return GARBAGE_ACTION
+
+
+def _valid_words(env: LevelEnv) -> tuple[str, ...]:
+    """The words of ``valid_actions_text`` that ``parse_action`` accepts (a ``LevelEnv``)."""
     words = [w.strip(" .'\"`") for w in re.split(r",|/|\||\bor\b|\n", env.valid_actions_text)]
     found = []
     for word in words:
@@ -83,45 +181,37 @@ def _candidate_actions(env: Env) -> list[str]:
         except Exception as err:  # any other exception is a contract violation
             _fail(f"{_name(env)}.parse_action({word!r}) raised {type(err).__name__}; raise InvalidAction instead")
         found.append(word)
-    return found
+    return tuple(found)
 
 
-def _check_splits(env: Env, sample: int) -> None:
-    keys: dict[str, set[str]] = {}
-    for split in ("train", "heldout"):
-        keys[split] = set()
-        for i in range(sample):
-            key = env.level_key(env.level_for(env.task(split, i)))
-            if not isinstance(key, str):
-                _fail(f"{_name(env)}.level_key() returned {type(key).__name__}; return a str describing the level")
-            keys[split].add(key)
-    shared = keys["train"] & keys["heldout"]
-    if shared:
+def _expert(env: Env) -> str:
+    action = env.expert_action()
+    if not isinstance(action, str):
+        _fail(f"{_name(env)}.expert_action() returned {type(action).__name__}; return the action text")
+    return action
+
+
+# ---------------------------------------------------------------------- playing
+def _reset(env: Env, task: Task, seed: int) -> str:
+    obs = env.reset(task=task, seed=seed)
+    if not isinstance(obs, str):
+        _fail(f"{_name(env)}.reset() returned {type(obs).__name__}; return the observation str")
+    return obs
+
+
+def _step(env: Env, action: str) -> StepResult:
+    try:
+        result = env.step(action)
+    except InvalidAction:
+        _fail(f"{_name(env)}.step({action!r}) let InvalidAction escape; return a StepResult with invalid_action=True "
+              "(a LevelEnv raises it only from parse_action/apply)")
+    except Exception as err:
         _fail(
-            f"{_name(env)}: {len(shared)} level(s) appear in both train and heldout, e.g. {sorted(shared)[0]!r}; "
-            "make level_key() describe the level's full content (the split is a hash of it)"
+            f"{_name(env)}.step({action!r}) raised {type(err).__name__}: {err}; an action the env cannot use is an "
+            "invalid action: return a StepResult with invalid_action=True (a LevelEnv raises InvalidAction in "
+            "parse_action/apply)"
         )
-    for seed in (0, 1):
-        a, b = env.level_key(env.generate_level(seed)), env.level_key(env.generate_level(seed))
-        if a != b:
-            _fail(f"{_name(env)}.generate_level({seed}) gave different levels; draw all randomness from level_seed")
-
-
-def _check_reset(env: Env, seed: int, task: Task) -> None:
-    first = env.reset(seed=seed, task=task)
-    if not isinstance(first, str):
-        _fail(f"{_name(env)}.reset() returned {type(first).__name__}; return the observation str")
-    key = env.anchor_key()
-    if not isinstance(key, str):
-        _fail(f"{_name(env)}.anchor_key() returned {type(key).__name__}; return a str")
-    if env.render() != env.render():
-        _fail(f"{_name(env)}.render() gave different text for the same state; make it depend only on self.state")
-    again = env.reset(seed=seed, task=task)
-    if again != first or env.anchor_key() != key:
-        _fail(
-            f"{_name(env)}: reset() with the same seed and task gave different observations; make "
-            "generate_level/initial_state depend only on their arguments and self.rng"
-        )
+    return _check_result(env, result, action)
 
 
 def _check_result(env: Env, result: object, action: str) -> StepResult:
@@ -146,139 +236,309 @@ def _check_result(env: Env, result: object, action: str) -> StepResult:
     return result
 
 
-def _step(env: Env, action: str) -> StepResult:
-    try:
-        result = env.step(action)
-    except InvalidAction:
-        _fail(f"{_name(env)}.step({action!r}) let InvalidAction escape; raise it only from parse_action/apply")
-    except Exception as err:
-        _fail(
-            f"{_name(env)}.step({action!r}) raised {type(err).__name__}; raise InvalidAction in "
-            f"parse_action/apply so Env.step can turn it into an observation (the error: {err})"
-        )
-    return _check_result(env, result, action)
+def _draw(env: Env, task: Task, seed: int, actions: _Actions, rng: random.Random, n: int) -> tuple[list[str], list[StepResult]]:
+    """Reset, then play up to ``n`` actions drawn in the live state; the actions and results."""
+    _reset(env, task, seed)
+    played, results = [], []
+    while len(played) < n and not (results and (results[-1].terminated or results[-1].truncated)):
+        played.append(actions.pick(rng))
+        results.append(_step(env, played[-1]))
+    return played, results
 
 
-def _check_invalid_action(env: Env, seed: int, task: Task, action: str) -> None:
-    env.reset(seed=seed, task=task)
-    key = env.anchor_key()
-    result = _step(env, action)
-    if not result.invalid_action:
-        _fail(f"{_name(env)}: step({action!r}) was not flagged invalid; raise InvalidAction in parse_action")
-    if result.reward != env.invalid_action_penalty:
-        _fail(f"{_name(env)}: an invalid action gave reward {result.reward}, not invalid_action_penalty")
-    if env.anchor_key() != key:
-        _fail(f"{_name(env)}: an invalid action changed the state; raise InvalidAction before mutating self.state")
-
-
-def _pick(env: Env, candidates: list[str], rng: random.Random) -> str:
-    """A random candidate action, or the expert's action half of the time."""
-    if rng.random() < 0.5 or not candidates:
-        try:
-            return env.expert_action()
-        except NotImplementedError:
-            pass
-    return rng.choice(candidates) if candidates else GARBAGE_ACTION
-
-
-def _play_out(env: Env, seed: int, task: Task, candidates: list[str], max_steps: int) -> None:
-    """Play until the episode ends (invalid actions still count towards ``env.max_steps``)."""
-    env.reset(seed=seed, task=task)
-    rng, steps = random.Random(seed), 0
-    while not env.done and steps < max(max_steps, env.max_steps):
-        _step(env, _pick(env, candidates, rng))
-        steps += 1
-
-
-def _replay(env: Env, actions: list[str]) -> list[StepResult]:
-    results = []
-    for action in actions:
-        if env.done:
+def _replay(env: Env, played: Sequence[str]) -> list[StepResult]:
+    """Step ``played`` from the env's current state, stopping when the episode ends."""
+    results: list[StepResult] = []
+    for action in played:
+        if results and (results[-1].terminated or results[-1].truncated):
             break
         results.append(_step(env, action))
     return results
 
 
-def _check_snapshot(env: Env, seed: int, task: Task, candidates: list[str]) -> None:
-    env.reset(seed=seed, task=task)
+def _first_difference(a: Sequence[StepResult], b: Sequence[StepResult]) -> str:
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return f"step {i + 1}: {_short(x.observation)} / reward {x.reward} vs {_short(y.observation)} / reward {y.reward}"
+    return f"{len(a)} vs {len(b)} steps"
+
+
+def _short(text: str) -> str:
+    text = text.replace("\n", "\\n")
+    return repr(text if len(text) <= 40 else text[:37] + "...")
+
+
+# ---------------------------------------------------------------------- pieces
+def _check_text(env: Env) -> None:
+    if not isinstance(env.instructions, str):
+        _fail(f"{_name(env)}.instructions is {type(env.instructions).__name__}; make it a str")
+    if _is_level(env):
+        for hook in ("instructions", "valid_actions_text"):
+            value = getattr(env, hook)
+            if not isinstance(value, str) or not value.strip():
+                _fail(f"{_name(env)}.{hook} is {value!r}; return a non-empty str")
+    if env.observation_role not in ("user", "tool"):
+        _fail(f"{_name(env)}.observation_role is {env.observation_role!r}; use 'user' or 'tool'")
+
+
+def _check_tasks(env: Env, sample: int, min_heldout: int, report: CheckReport) -> dict[str, list[Task]]:
+    try:
+        source = env.task_source()
+    except UserError as err:
+        _fail(str(err))
+    tasks: dict[str, list[Task]] = {}
+    keys: dict[str, set[str]] = {}
+    for split in ("train", "heldout"):
+        size = source.size(split)
+        if size == 0:
+            _fail(f"{_name(env)} has no {split} tasks; add {split} tasks to its task source")
+        n = sample if size is None else min(size, sample)
+        tasks[split] = [env.task(split, i) for i in range(n)]
+        keys[split] = set()
+        for t in tasks[split]:
+            key = source.key(t)
+            if not isinstance(key, str):
+                _fail(f"{_name(env)}: the task source's key() returned {type(key).__name__}; return a str of the task's content")
+            keys[split].add(key)
+    shared = keys["train"] & keys["heldout"]
+    if shared:
+        fix = ("make level_key() describe the level's full content (the split is a hash of it)" if _is_level(env)
+               else "a held-out task must not also be a train task")
+        _fail(f"{_name(env)}: {len(shared)} task(s) appear in both train and heldout, e.g. {sorted(shared)[0]!r}; {fix}")
+    distinct = len(keys["heldout"])
+    if distinct < min(min_heldout, sample):
+        where = f"{distinct} distinct task(s) in {len(tasks['heldout'])} drawn" if source.size("heldout") is None else f"{distinct} task(s)"
+        _fail(
+            f"{_name(env)}: the held-out split has only {where}; held-out success would move in steps of "
+            f"{100 / max(distinct, 1):.0f} points: give it at least {min_heldout} distinct tasks (or lower min_heldout)"
+        )
+    if _is_level(env):
+        for seed in (0, 1):
+            a, b = env.level_key(env.generate_level(seed)), env.level_key(env.generate_level(seed))
+            if a != b:
+                _fail(f"{_name(env)}.generate_level({seed}) gave different levels; draw all randomness from level_seed")
+    return tasks
+
+
+def _check_reset(env: Env, task: Task, seed: int, actions: _Actions, max_steps: int) -> None:
+    first = _reset(env, task, seed)
+    for _ in range(4):
+        if _reset(env, task, seed) != first:
+            _fail(
+                f"{_name(env)}: reset() with the same seed and task gave different observations; make reset() depend "
+                "only on the task and seed (draw randomness from a generator seeded by them, not the global one)"
+            )
     rng = random.Random(seed)
-    for _ in range(rng.randrange(3)):  # snapshot mid-episode, not only at the start
-        if not env.done:
-            _step(env, _pick(env, candidates, rng))
-    if env.done:
+    played, results = _draw(env, task, seed, actions, rng, rng.randint(2, 6))
+    again = _reset(env, task, seed)
+    if again != first:
+        _fail(
+            f"{_name(env)}: reset() gave another first observation after an episode of the same task was played "
+            f"({_short(first)} became {_short(again)}): the episode changed state that reset() reuses (e.g. the "
+            "task's level object); copy it in reset() (a LevelEnv's initial_state must return a fresh state)"
+        )
+    replayed = _replay(env, played)
+    if replayed != results:
+        _fail(
+            f"{_name(env)}: the same actions from the same reset gave different results ({_first_difference(results, replayed)}); "
+            "make step() depend only on the state and the env's own seeded randomness"
+        )
+
+
+def _check_invalid_action(env: Env, task: Task, seed: int, actions: _Actions, garbage: str, max_steps: int) -> None:
+    caps = capabilities(env)
+    rng = random.Random(seed + 7)
+    played, clean = _draw(env, task, seed, actions, rng, 5)
+    _reset(env, task, seed)
+    key = env.anchor_key() if caps.anchor_key else None
+    result = _step(env, garbage)
+    if not result.invalid_action:
+        _fail(f"{_name(env)}: step({garbage!r}) was not flagged invalid; return invalid_action=True for text the env "
+              "cannot use (a LevelEnv raises InvalidAction in parse_action)")
+    if _is_level(env) and result.reward != env.invalid_action_penalty:
+        _fail(f"{_name(env)}: an invalid action gave reward {result.reward}, not invalid_action_penalty")
+    if key is not None and env.anchor_key() != key:
+        _fail(f"{_name(env)}: an invalid action changed the state (its anchor key); leave the state as it was "
+              "(a LevelEnv raises InvalidAction before mutating self.state)")
+    if result.terminated or result.truncated:
         return
-    snap, key = env.snapshot(), env.anchor_key()
+    after = _replay(env, played)
+    if after != clean:
+        _fail(
+            f"{_name(env)}: an invalid action changed the episode: the same actions after it gave other results "
+            f"({_first_difference(clean, after)}); an invalid action must leave all state, hidden state too, as it was"
+        )
+
+
+def _check_snapshot(env: Env, task: Task, seed: int, actions: _Actions, make_another: Callable[[], Env] | None) -> None:
+    rng = random.Random(seed + 13)
+    _, results = _draw(env, task, seed, actions, rng, rng.randrange(3))  # snapshot mid-episode, not only at the start
+    if results and (results[-1].terminated or results[-1].truncated):
+        return
+    snap = env.snapshot()
     if not isinstance(snap, EnvSnapshot):
-        _fail(f"{_name(env)}.snapshot() returned {type(snap).__name__}; return an EnvSnapshot")
-    actions = []
+        _fail(f"{_name(env)}.snapshot() returned {type(snap).__name__}; return a turnforge.envs.EnvSnapshot")
+    try:
+        pickle.loads(pickle.dumps(snap))
+    except Exception as err:
+        _fail(f"{_name(env)}: its snapshot does not pickle ({type(err).__name__}: {err}); env workers ship snapshots "
+              "between processes: keep only plain data in the payload")
+    key = env.anchor_key() if capabilities(env).anchor_key else None
+    played = []
     for _ in range(8):
-        if env.done:
+        played.append(actions.pick(rng))
+        r = _step(env, played[-1])
+        if r.terminated or r.truncated:
             break
-        actions.append(_pick(env, candidates, rng))
-        _step(env, actions[-1])
-    env.restore(snap)
-    if env.anchor_key() != key:
-        _fail(
-            f"{_name(env)}: restore() did not bring back the snapshot's state (anchor_key differs); keep all "
-            "mutable episode state in self.state (deep-copyable), not in other attributes"
+    _restore(env, snap)
+    original = _replay(env, played)  # the snapshot's future, as the env plays it after restore
+    if key is not None:
+        _restore(env, snap)
+        if env.anchor_key() != key:
+            _fail(f"{_name(env)}: restore() did not bring back the snapshot's state (anchor_key differs); {_keep_state_hint(env)}")
+    for attempt in ("again", "a third time"):
+        _restore(env, snap)
+        again = _replay(env, played)
+        if again != original:
+            _fail(
+                f"{_name(env)}: replaying the same actions after restore() {attempt} gave different results "
+                f"({_first_difference(original, again)}); restore() must not share state with the snapshot "
+                f"(copy it), and {_keep_state_hint(env)}"
+            )
+    other = make_another() if make_another is not None else None
+    if other is not None and capabilities(other).snapshot:
+        _reset(other, task, seed + 1)
+        _restore(other, snap)
+        moved = _replay(other, played)
+        if moved != original:
+            _fail(
+                f"{_name(env)}: restoring the snapshot into another env of the same id gave different results "
+                f"({_first_difference(original, moved)}); the snapshot must hold the whole episode state "
+                f"(env workers restore it in other processes); {_keep_state_hint(env)}"
+            )
+
+
+def _restore(env: Env, snap: EnvSnapshot) -> None:
+    try:
+        env.restore(snap)
+    except Exception as err:
+        _fail(f"{_name(env)}.restore() raised {type(err).__name__}: {err}; it must accept any snapshot of its env id")
+
+
+def _copier(env: Env, report: CheckReport) -> Callable[[], Env] | None:
+    """A second env like ``env`` for the independence checks, sharing the level cache as
+    ``make_batch``'s envs do: made again with the same options when ``env`` came from the
+    registry, else a deep copy made before any episode."""
+    from turnforge.envs.registry import make, share_levels
+
+    try:
+        made_with = getattr(env, "_made_with", None)
+        if made_with is not None:
+            other = make(env.env_id, **made_with)
+            other.tasks = env.tasks
+        else:
+            other = copy.deepcopy(env)
+    except Exception as err:
+        report.warnings.append(
+            f"{_name(env)}: could not copy the env ({type(err).__name__}) for the batch-independence check; check it "
+            "by id (check_env('ENV_ID')) or pass make_another"
         )
-    first = _replay(env, actions)
-    env.restore(snap)
-    second = _replay(env, actions)
-    if first != second:
-        _fail(
-            f"{_name(env)}: replaying the same actions after restore() gave different results; keep all "
-            "episode state in self.state and draw all dynamics randomness from self.rng"
-        )
+        return None
+    share_levels([env, other])
+    return lambda: other
+
+
+def _check_batch(a: Env, b: Env, task: Task, actions: _Actions, max_steps: int) -> None:
+    """Two envs of one batch play the same task at once, step by step; each must play as alone."""
+    rng = random.Random(99)
+    played, alone = _draw(a, task, 0, actions, rng, 8)
+    _reset(a, task, 0)
+    _reset(b, task, 0)
+    together_a, together_b = [], []
+    for action in played[: len(alone)]:
+        together_a.append(_step(a, action))
+        together_b.append(_step(b, action))
+    for name, got in (("first", together_a), ("second", together_b)):
+        if got != alone:
+            _fail(
+                f"{_name(a)}: two envs of one batch playing the same task at once changed each other (the {name} "
+                f"env's {_first_difference(alone, got)}); envs must not share mutable state: copy the task's data "
+                "(e.g. the level object) in reset() instead of keeping a reference to a shared one"
+            )
 
 
 def _check_expert(env: Env, tasks: list[Task], max_steps: int, deterministic: bool | None) -> None:
-    """The expert's actions parse, and on a deterministic env it wins every task.
-
-    With ``deterministic=None`` the env counts as stochastic if a step consumed
-    ``self.rng`` or the same actions play out differently under another seed.
-    """
+    """The expert's actions are valid, and on a deterministic env it wins every task."""
     for seed, task in enumerate(tasks):
-        env.reset(seed=seed, task=task)
-        actions, results, used_rng = [], [], False
-        while not env.done and len(actions) < max_steps:
-            try:
-                action = env.expert_action()
-            except NotImplementedError:
-                return
-            if not isinstance(action, str):
-                _fail(f"{_name(env)}.expert_action() returned {type(action).__name__}; return the action text")
+        played, results = _play_expert(env, task, seed, max_steps)
+        for action, r in zip(played, results):
+            if r.invalid_action:
+                _fail(f"{_name(env)}.expert_action() returned {action!r}, which the env rejects as invalid: "
+                      f"{_short(r.observation)}")
+        is_det = deterministic
+        if is_det is None:
+            _reset(env, task, seed + 1000)
+            is_det = _replay(env, played) == results
+            if _is_level(env):
+                _reset(env, task, seed)
+                state = env.rng.getstate()
+                _replay(env, played)
+                is_det = is_det and env.rng.getstate() == state
+        if is_det and not (results and results[-1].success):
+            _fail(
+                f"{_name(env)}: the expert did not win {task.task_id} within {max_steps} steps on a deterministic "
+                "env; fix expert_action (or generate only solvable tasks)"
+            )
+
+
+def _play_expert(env: Env, task: Task, seed: int, max_steps: int) -> tuple[list[str], list[StepResult]]:
+    _reset(env, task, seed)
+    played, results = [], []
+    while len(played) < max_steps and not (results and (results[-1].terminated or results[-1].truncated)):
+        action = _expert(env)
+        if _is_level(env):
             try:
                 env.parse_action(action)
             except InvalidAction as err:
                 _fail(f"{_name(env)}.expert_action() returned {action!r}, which parse_action rejects: {err}")
-            rng_before = env.rng.getstate()
-            actions.append(action)
-            results.append(_step(env, action))
-            used_rng = used_rng or env.rng.getstate() != rng_before
-        is_det = deterministic
-        if is_det is None:
-            env.reset(seed=seed + 1000, task=task)
-            is_det = not used_rng and _replay(env, actions) == results
-        if is_det and not (results and results[-1].success):
-            _fail(
-                f"{_name(env)}: the expert did not win {task.task_id} within {max_steps} steps on a "
-                "deterministic env; fix expert_action (or generate only solvable levels)"
-            )
+        played.append(action)
+        results.append(_step(env, action))
+    return played, results
 
 
-def _check_step_after_end(env: Env, task: Task, candidates: list[str], max_steps: int) -> None:
-    if not env.done:
-        _play_out(env, 0, task, candidates, max_steps)
-    if not env.done:
-        return
-    try:
-        env.step(candidates[0] if candidates else GARBAGE_ACTION)
-    except RuntimeError:
-        return
-    except Exception as err:  # any other exception is a contract violation
-        _fail(f"{_name(env)}: step() after the episode ended raised {type(err).__name__}; raise RuntimeError")
-    _fail(f"{_name(env)}: step() after the episode ended did not raise; raise RuntimeError until reset()")
+def check_action_lengths(env: Env, tokenizer: Any, max_new_tokens: int, tasks: Sequence[Task] | None = None,
+                         max_steps: int = 200) -> list[str]:
+    """Warnings (empty when all is well) for actions that need more than ``max_new_tokens``
+    tokens of ``tokenizer`` (a ``ChatFormat`` or HF tokenizer), counting the stop token: the
+    env's action names, the expert's actions on ``tasks`` (default: one train and one held-out
+    task), or random actions when there is neither."""
+    tasks = list(tasks) if tasks is not None else [env.task("train", 0), env.task("heldout", 0)]
+    _reset(env, tasks[0], 0)
+    actions = _Actions(env)
+    encode = tokenizer.encode if hasattr(tokenizer, "close_after") else (
+        lambda text: tokenizer(text, add_special_tokens=False)["input_ids"])
+    texts: dict[str, str] = {name: "action" for name in actions.names}
+    if capabilities(env).expert:
+        for seed, task in enumerate(tasks):
+            for action in _play_expert(env, task, seed, max_steps)[0]:
+                texts.setdefault(action, "expert action")
+    if not texts and capabilities(env).random_action:
+        rng = random.Random(0)
+        for seed, task in enumerate(tasks):
+            for action in _draw(env, task, seed, actions, rng, 5)[0]:
+                texts.setdefault(action, "action")
+    if not texts:
+        return []
+    need = {text: len(encode(text)) + 1 for text in texts}  # + the stop token the model must emit
+    longest = max(need, key=need.get)
+    cut = [t for t in need if need[t] > max_new_tokens]
+    if not cut:
+        return []
+    return [
+        f"{_name(env)}: {len(cut)} of {len(need)} actions do not fit rollout.max_new_tokens={max_new_tokens}; the "
+        f"longest, {texts[longest]} {_short(longest)}, needs {need[longest]} tokens with the stop token: set "
+        f"rollout.max_new_tokens={need[longest]} or more, or every such action is cut and played as invalid"
+    ]
 
 
-__all__ = ["EnvCheckError", "GARBAGE_ACTION", "check_env"]
+__all__ = ["CheckReport", "EnvCheckError", "GARBAGE_ACTION", "check_action_lengths", "check_env"]

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from turnforge.envs.base import Env, Outcome, parse_choice, stable_hash
+from turnforge.envs.base import parse_choice, stable_hash
+from turnforge.envs.levels import LevelEnv, Outcome
 from turnforge.errors import UserError
 
 ACTIONS = ("Up", "Down", "Left", "Right")
@@ -109,7 +110,7 @@ def slippery_policy(level: FrozenLakeLevel, gamma: float = 0.999, tol: float = 1
     return {p: int(best[i]) for i, p in enumerate(cells) if live[i]}
 
 
-class FrozenLakeEnv(Env[FrozenLakeLevel]):
+class FrozenLakeEnv(LevelEnv[FrozenLakeLevel]):
     """FrozenLake on a random ``size`` x ``size`` map; reward ``success_reward`` at the
     goal, 0 otherwise (a hole ends the episode with 0)."""
 

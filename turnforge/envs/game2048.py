@@ -14,7 +14,8 @@ import random
 from dataclasses import dataclass
 from functools import lru_cache
 
-from turnforge.envs.base import Env, Outcome, parse_choice, stable_hash
+from turnforge.envs.base import parse_choice, stable_hash
+from turnforge.envs.levels import LevelEnv, Outcome
 from turnforge.errors import UserError
 
 ACTIONS = ("Up", "Down", "Left", "Right")
@@ -90,7 +91,7 @@ def heuristic(board: Board) -> float:
     return 2.7 * empty + mono + 0.7 * merges + 3.0 * corner
 
 
-class Game2048Env(Env[Board]):
+class Game2048Env(LevelEnv[Board]):
     """2048 with success at ``target_tile``; reward per move = sum of merged tile values."""
 
     action_names = ACTIONS

@@ -13,7 +13,8 @@ import gymnasium
 import numpy as np
 from gymnasium.spaces import Discrete, Text
 
-from turnforge.envs.base import Env, Outcome, parse_choice
+from turnforge.envs.base import Env, parse_choice
+from turnforge.envs.levels import LevelEnv, Outcome
 from turnforge.types import StepResult, Task
 
 #: Characters the Text spaces allow: printable ASCII (newlines and tabs included).
@@ -43,9 +44,9 @@ class TurnforgeGymEnv(gymnasium.Env):
         task = (options or {}).get("task")
         if task is not None and not isinstance(task, Task):
             raise TypeError(f"options['task'] must be a turnforge Task, got {type(task).__name__}")
-        obs = self.env.reset(seed=seed, task=task)
-        assert self.env.current_task is not None
-        return obs, {"task_id": self.env.current_task.task_id}
+        task = task or self.env.task("train", seed)
+        obs = self.env.reset(task=task, seed=seed)
+        return obs, {"task_id": task.task_id}
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         r = self.env.step(action)
@@ -53,7 +54,8 @@ class TurnforgeGymEnv(gymnasium.Env):
         return r.observation, r.reward, r.terminated, r.truncated, info
 
     def render(self) -> str | None:
-        return self.env.render() if self.render_mode == "ansi" else None
+        render = getattr(self.env, "render", None)  # a LevelEnv's render(); light envs have none
+        return render() if self.render_mode == "ansi" and callable(render) else None
 
 
 def to_gymnasium(env: Env, *, max_length: int = 8192, render_mode: str | None = None) -> TurnforgeGymEnv:
@@ -70,7 +72,7 @@ class GymState:
     truncated: bool = False
 
 
-class GymnasiumEnv(Env[int]):
+class GymnasiumEnv(LevelEnv[int]):
     """A Gymnasium env with a Discrete action space as a turnforge Env.
 
     A level is a Gymnasium reset seed: train task ``i`` resets with seed ``2*i``, held-out

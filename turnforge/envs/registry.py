@@ -19,6 +19,7 @@ from importlib.metadata import entry_points
 from typing import Any, Callable
 
 from turnforge.envs.base import Env
+from turnforge.envs.levels import LevelEnv
 from turnforge.errors import UserError, choices
 
 ENTRY_POINT_GROUP = "turnforge.envs"
@@ -75,7 +76,11 @@ def make(env_id: str, **kwargs: Any) -> Env:
     spec = _REGISTRY.get(env_id)
     if spec is None:
         raise UserError(f"unknown env {env_id!r}; valid envs: {choices(_REGISTRY)}")
-    factory = spec.load()
+    try:
+        factory = spec.load()
+    except Exception as err:  # a plugin that does not import: name the env and where it points
+        where = spec.source if spec.source != "builtin" else f"factory {spec.factory!r}"
+        raise UserError(f"env {env_id!r} ({where}) could not be imported: {type(err).__name__}: {err}") from None
     params = inspect.signature(factory).parameters
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
     if not takes_any:
@@ -92,17 +97,35 @@ def make(env_id: str, **kwargs: Any) -> Env:
     if not isinstance(env, Env):
         raise TypeError(f"factory of env {env_id!r} returned {type(env).__name__}; it must return a turnforge Env")
     env.env_id = env_id
+    env._made_with = dict(kwargs)  # so check_env can build a second env of the same options
     return env
 
 
 def make_batch(env_id: str, n: int, **kwargs: Any) -> list[Env]:
-    """``n`` envs of one id that share one level cache, so the G rollouts of a task (and
-    repeated evaluations) generate each level once."""
-    envs = [make(env_id, **kwargs) for _ in range(n)]
-    for env in envs[1:]:
-        env._levels = envs[0]._levels
-    if envs:
-        envs[0].level_cache_size = max(envs[0].level_cache_size, 4 * n)
-        for env in envs[1:]:
-            env.level_cache_size = envs[0].level_cache_size
+    """``n`` envs of one id. ``LevelEnv``s of a batch share one level cache, so the G
+    rollouts of a task (and repeated evaluations) generate each level once."""
+    return share_levels([make(env_id, **kwargs) for _ in range(n)])
+
+
+def share_levels(envs: list[Env]) -> list[Env]:
+    """Let ``LevelEnv``s of one batch share the first one's level cache and task source."""
+    if envs and all(isinstance(e, LevelEnv) for e in envs):
+        size = max(envs[0].level_cache_size, 4 * len(envs))
+        for env in envs:
+            env._levels, env.level_cache_size = envs[0]._levels, size
+            env.tasks = envs[0].tasks
     return envs
+
+
+def build_env(env_id: str, env_kwargs: dict[str, Any] | None = None, tasks: str | None = None,
+              heldout_fraction: float | None = None) -> Env:
+    """``make(env_id, **env_kwargs)`` with its task source replaced by the JSONL file ``tasks``
+    (the recipe's ``env.tasks``), when given."""
+    env = make(env_id, **(env_kwargs or {}))
+    if tasks is not None:
+        if isinstance(env, LevelEnv):
+            raise UserError(f"env {env_id!r} generates its own levels (a LevelEnv); env.tasks applies to envs that read task.data")
+        from turnforge.envs.tasks import TaskDataset
+
+        env.tasks = TaskDataset.from_jsonl(tasks, heldout_fraction=heldout_fraction)
+    return env

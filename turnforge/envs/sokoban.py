@@ -16,7 +16,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Iterable
 
-from turnforge.envs.base import Env, Outcome, parse_choice, stable_hash
+from turnforge.envs.base import parse_choice, stable_hash
+from turnforge.envs.levels import LevelEnv, Outcome
 from turnforge.errors import UserError
 
 ACTIONS = ("Up", "Down", "Left", "Right")
@@ -155,7 +156,7 @@ def solve(
 
 
 # ---------------------------------------------------------------------- env
-class SokobanEnv(Env[SokobanLevel]):
+class SokobanEnv(LevelEnv[SokobanLevel]):
     """Sokoban on a ``dim`` x ``dim`` grid (outer walls included) with ``num_boxes`` boxes.
 
     Standard rules: walking into a wall, or pushing a box into a wall or another box, is

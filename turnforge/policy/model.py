@@ -161,6 +161,16 @@ def stop_token_ids(tokenizer, model) -> tuple[int, ...]:
     return tuple(dict.fromkeys(ids))
 
 
+def load_chat_format(path: str | Path) -> ChatFormat:
+    """The tokenizer and chat template of a local HF model directory, without the weights."""
+    from transformers import AutoTokenizer
+
+    p = Path(path)
+    if not p.is_dir():
+        raise UserError(f"model path {str(path)!r} does not exist; give a local directory saved with save_pretrained")
+    return ChatFormat(AutoTokenizer.from_pretrained(p, local_files_only=True))
+
+
 def load_policy(path: str | Path, dtype: str = "float32", device: str = "cpu") -> Policy:
     """Load a local HF causal LM directory with ``from_pretrained`` (no download)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer

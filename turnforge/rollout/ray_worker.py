@@ -3,10 +3,12 @@ process; the engine, its copy of the policy and its envs live in the actor.
 
 The actor receives the policy once (pickled through Ray's object store: model, tokenizer
 and chat format, so no shared filesystem is needed) and then only state dicts with a
-version (``set_weights``, also through the object store). It runs ``RolloutEngine`` in a
-background thread, so generation continues while the trainer updates; ``take`` blocks
-until the next batch of whole groups is ready. With ``env_workers > 0`` its envs are Ray
-actors too (``RayEnvPool``), placed by Ray's scheduler anywhere in the cluster.
+version (``set_weights``, also through the object store). It runs a ``GroupStream`` over its
+own ``RolloutEngine`` (asynchronous: a background thread, so generation continues while the
+trainer updates; synchronous: lock-step, driven by ``take``); ``take`` blocks until the next
+batch of whole groups is ready. Its env backend comes from ``make_backend`` like every other:
+with ``engine.env_workers > 0`` the envs are Ray actors too (``RayEnvPool``), placed by Ray's
+scheduler anywhere in the cluster.
 
 Multi-node: start a head (``ray start --head --port=6379``) and workers (``ray start
 --address=HEAD:6379``), then train with ``cluster=ray engine.ray_address=HEAD:6379`` (or
@@ -15,17 +17,27 @@ Multi-node: start a head (``ray start --head --port=6379``) and workers (``ray s
 
 from __future__ import annotations
 
-from dataclasses import asdict
-from typing import Any, Callable
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
 from turnforge.config import EngineConfig, RolloutConfig
-from turnforge.envpool import pool_from_config
-from turnforge.envs import make_batch
+from turnforge.envpool import PoolStats, make_backend
+from turnforge.envs import make
 from turnforge.policy.model import Policy
-from turnforge.rollout.context import PromptSpec
-from turnforge.rollout.engine import GroupBatch, InlineEnvs, RolloutEngine
+from turnforge.rollout.actors import PolicyActor
+from turnforge.rollout.engine import GroupBatch, GroupStream, RolloutEngine
+
+
+@dataclass(frozen=True)
+class WorkerStats:
+    """What the rollout worker reports after each batch (``RolloutWorker.stats``)."""
+
+    turns: int  # env steps the engine ran so far, episodes still running or discarded included
+    stale_restarts: int
+    batch_sizes: tuple[int, ...]  # episodes per generation call (the last 200)
+    pool: PoolStats
 
 
 class RolloutWorker:
@@ -44,42 +56,37 @@ class RolloutWorker:
         groups_per_batch: int,
         num_envs: int,
         seed: int,
+        lockstep: bool,
+        keep_snapshots: bool = False,
+        generator_for: Callable[[int], torch.Generator] | None = None,
         threads: int = 1,
     ) -> None:
         torch.set_num_threads(threads)
         policy.model.eval()
-        self.pool = None
-        if engine_cfg.env_workers > 0:
-            self.pool = pool_from_config(engine_cfg, env_id, env_kwargs, num_envs, on_ray=True)
-            backend = self.pool
-        else:
-            backend = InlineEnvs(make_batch(env_id, num_envs, **env_kwargs))
-        prompt = PromptSpec.of(make_batch(env_id, 1, **env_kwargs)[0], rollout_cfg.include_instructions)
-        self.engine = RolloutEngine(
-            policy, backend, rollout_cfg, make_group, group_size=group_size, groups_per_batch=groups_per_batch,
-            eta=engine_cfg.eta, generator=torch.Generator().manual_seed(seed), partial_rollouts=engine_cfg.partial_rollouts,
-            prompt=prompt,
+        backend = make_backend(env_id, env_kwargs, num_envs, engine_cfg, on_ray=True)
+        self.engine = RolloutEngine(backend, rollout_cfg, policy, make(env_id, **env_kwargs))
+        actor = PolicyActor(policy, rollout_cfg.max_new_tokens, rollout_cfg.temperature, torch.Generator().manual_seed(seed))
+        self.stream = GroupStream(
+            self.engine, actor, make_group, group_size=group_size, groups_per_batch=groups_per_batch, eta=engine_cfg.eta,
+            lockstep=lockstep, partial_rollouts=engine_cfg.partial_rollouts, keep_snapshots=keep_snapshots,
+            generator_for=generator_for,
         )
-        self.engine.start()
+        if not lockstep:
+            self.stream.start()
 
     def take(self) -> GroupBatch:
-        return self.engine.take()
+        return self.stream.take()
 
     def set_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
-        self.engine.set_weights(state_dict, version)
+        self.stream.set_weights(state_dict, version)
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> WorkerStats:
         st = self.engine.stats
-        out: dict[str, Any] = {"turns": st.turns, "stale_restarts": st.stale_restarts,
-                               "batch_sizes": st.batch_sizes[-200:]}
-        if self.pool is not None:
-            out["pool"] = asdict(self.pool.stats())
-        return out
+        return WorkerStats(st.turns, self.stream.stale_restarts, tuple(st.batch_sizes), self.engine.backend.stats())
 
     def close(self) -> None:
-        self.engine.stop()
-        if self.pool is not None:
-            self.pool.close()
+        self.stream.stop()
+        self.engine.close()
 
 
 def remote_worker(num_cpus: float = 1.0):

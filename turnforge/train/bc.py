@@ -1,7 +1,7 @@
 """Stage 1, behaviour cloning: supervised fine-tuning on expert demonstrations.
 
-The demonstrations are played by the env's expert through the same rollout and context
-code as RL (``ExpertActor``), so BC trains on exactly the prompts the policy will see.
+The demonstrations are played by the env's expert on the rollout engine, through the same
+context code as RL (``ExpertActor``), so BC trains on exactly the prompts the policy will see.
 The loss covers the action tokens only (action text + stop token); prompts, observations
 and template tokens are context.
 """
@@ -16,24 +16,23 @@ from turnforge.algos import sft_loss
 from turnforge.data.store import write_trajectories
 from turnforge.envs.base import stable_hash
 from turnforge.policy.generate import token_logprobs
-from turnforge.rollout.runner import EpisodeRequest, ExpertActor, rollout
+from turnforge.rollout.actors import ExpertActor
+from turnforge.rollout.engine import EpisodeRequest
 from turnforge.train.common import GuardedStep, collate, lr_factor, rng
+from turnforge.train.metrics import BCEpoch, BCStats
 from turnforge.train.session import Session
 
 
-def run_bc(s: Session) -> dict[str, float]:
+def run_bc(s: Session) -> BCStats:
     cfg, bc = s.cfg, s.cfg.bc
-    policy, envs = s.policy, s.envs
+    policy, env = s.policy, s.env
 
     # 1. demonstrations: the expert (with bc.expert_noise, an imperfect one) plays distinct train tasks
-    demos, expert = [], ExpertActor(policy, bc.expert_noise, seed=cfg.seed)
-    for start in range(0, bc.num_demos, len(envs)):
-        requests = [
-            EpisodeRequest(envs[0].task("train", i), stable_hash(cfg.seed, "demo", i), f"demo-{i}", f"demo-{i}")
-            for i in range(start, min(bc.num_demos, start + len(envs)))
-        ]
-        trajs, _ = rollout(expert, envs, requests, cfg.rollout, policy)
-        demos.extend(t for t in trajs if t.infra_failure is None)
+    expert = ExpertActor(bc.expert_noise, seed=cfg.seed, action_names=env.action_names)
+    requests = [EpisodeRequest(env.task("train", i), stable_hash(cfg.seed, "demo", i), f"demo-{i}", f"demo-{i}")
+                for i in range(bc.num_demos)]
+    trajs, _ = s.engine.play(requests, expert)
+    demos = [t for t in trajs if t.infra_failure is None]
     write_trajectories(s.run_dir / "trajectories" / "bc_demos.parquet", demos, stage="bc", iteration=0)
     samples = [x for t in demos for x in t.samples]
     demo_steps, random_actions = sum(t.num_turns for t in demos), expert.random_actions
@@ -64,20 +63,13 @@ def run_bc(s: Session) -> dict[str, float]:
             s.state.train_tokens += batch.num_tokens
             loss_value = loss.item()
             s.progress.update(n, loss=loss_value, tokens_per_s=s.state.train_tokens / (time.time() - t0))
-        s.metrics.log("bc_epoch", s.state.env_steps, epoch=epoch, loss=loss_value)
+        s.metrics.log(BCEpoch(epoch, loss_value), s.state.env_steps)
     policy.model.eval()
 
     # 3. record
-    stats = {
-        "demonstrations": len(demos),
-        "demo_env_steps": demo_steps,
-        "demo_samples": len(samples),
-        "expert_success_rate": demo_success,
-        "expert_noise": bc.expert_noise,
-        "demo_random_actions": random_actions,
-        "final_loss": loss_value,
-        "optimizer_steps": n,
-        "skipped_steps": step.skipped,
-    }
-    s.metrics.log("bc_done", s.state.env_steps, **stats)
-    return stats
+    stats = BCStats(
+        demonstrations=len(demos), demo_env_steps=demo_steps, demo_samples=len(samples),
+        demo_infra_failures=len(trajs) - len(demos), expert_success_rate=demo_success, expert_noise=bc.expert_noise,
+        demo_random_actions=random_actions, final_loss=loss_value, optimizer_steps=n, skipped_steps=step.skipped,
+    )
+    return s.metrics.log(stats, s.state.env_steps)

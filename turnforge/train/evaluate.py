@@ -1,7 +1,7 @@
 """Held-out evaluation: success rate, mean return, invalid-action rate, mean turns.
 
 Evaluation episodes are the tasks ``0..episodes-1`` of a split with env seed = task
-index, so every evaluation of every run sees the same levels. Infrastructure failures
+index, so every evaluation of every run sees the same tasks. Infrastructure failures
 are excluded from the rates and counted separately.
 """
 
@@ -9,18 +9,16 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from turnforge.config import RolloutConfig
-from turnforge.envs.base import Env
 from turnforge.policy.model import Policy
-from turnforge.rollout.runner import EpisodeRequest, PolicyActor, rollout
+from turnforge.rollout.actors import PolicyActor
+from turnforge.rollout.engine import EpisodeRequest, RolloutEngine
 from turnforge.train.common import generator
 from turnforge.types import EvalResult, Trajectory
 
 
 def evaluate(
+    engine: RolloutEngine,
     policy: Policy,
-    envs: Sequence[Env],
-    rollout_cfg: RolloutConfig,
     *,
     episodes: int,
     split: str = "heldout",
@@ -28,17 +26,11 @@ def evaluate(
     seed: int = 0,
 ) -> tuple[EvalResult, list[Trajectory]]:
     """Play ``episodes`` tasks of ``split`` with the policy (greedy when temperature is 0)."""
-    env_id = envs[0].env_id
-    actor = PolicyActor(policy, rollout_cfg.max_new_tokens, temperature, generator(seed, "eval", split, episodes))
-    trajectories: list[Trajectory] = []
-    for start in range(0, episodes, len(envs)):
-        requests = [
-            EpisodeRequest(envs[0].task(split, i), i, f"eval-{i}", f"eval-{split}-{i}")
-            for i in range(start, min(episodes, start + len(envs)))
-        ]
-        trajs, _ = rollout(actor, envs, requests, rollout_cfg, policy)
-        trajectories.extend(trajs)
-    return summarize(env_id, split, trajectories), trajectories
+    env = engine.env
+    actor = PolicyActor(policy, engine.cfg.max_new_tokens, temperature, generator(seed, "eval", split, episodes))
+    requests = [EpisodeRequest(env.task(split, i), i, f"eval-{i}", f"eval-{split}-{i}") for i in range(episodes)]
+    trajectories, _ = engine.play(requests, actor)
+    return summarize(env.env_id, split, trajectories), trajectories
 
 
 def summarize(env_id: str, split: str, trajectories: Sequence[Trajectory]) -> EvalResult:

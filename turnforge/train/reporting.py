@@ -7,18 +7,26 @@ shows a rich live panel on a terminal and plain log lines otherwise.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from turnforge.train.metrics import KINDS, read_metrics, to_json
+
+T = TypeVar("T")
+
 
 class MetricsLog:
+    """``RUN/metrics.jsonl`` (one typed record per line, ``turnforge.train.metrics``) mirrored to
+    TensorBoard: every numeric field, nested ones as ``kind/field/subfield``, against env steps."""
+
     def __init__(self, run_dir: Path, keep_until_env_steps: int | None = None) -> None:
         self.path = run_dir / "metrics.jsonl"
         if keep_until_env_steps is not None and self.path.exists():
@@ -30,22 +38,33 @@ class MetricsLog:
         self.tb = SummaryWriter(str(run_dir / "tb"))
         self._file = self.path.open("a")
 
-    def log(self, event: str, env_steps: int, **values: Any) -> None:
-        record = {"event": event, "env_steps": env_steps, "time": round(time.time(), 3), **values}
-        self._file.write(json.dumps(record) + "\n")
+    def log(self, record: T, env_steps: int) -> T:
+        """Append ``record`` (a dataclass of ``turnforge.train.metrics.EVENTS``) at ``env_steps``;
+        returns it as written (with its env steps and time)."""
+        kind = KINDS[type(record)]
+        record = dataclasses.replace(record, env_steps=env_steps, time=round(time.time(), 3))
+        data = to_json(record)
+        self._file.write(json.dumps({"event": kind, **data}) + "\n")
         self._file.flush()
-        for key, value in values.items():
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
-                self.tb.add_scalar(f"{event}/{key}", value, env_steps)
+        for key, value in _scalars(data):
+            if key not in ("env_steps", "time"):
+                self.tb.add_scalar(f"{kind}/{key}", value, env_steps)
+        return record
 
     def close(self) -> None:
         self._file.close()
         self.tb.close()
 
-    @staticmethod
-    def read(run_dir: Path) -> list[dict[str, Any]]:
-        path = run_dir / "metrics.jsonl"
-        return [json.loads(line) for line in path.read_text().splitlines() if line] if path.exists() else []
+
+def _scalars(data: dict, prefix: str = "") -> list[tuple[str, float]]:
+    """The numeric leaves of nested JSON data as ``(path, value)``."""
+    out = []
+    for key, value in data.items():
+        if isinstance(value, dict):
+            out += _scalars(value, f"{prefix}{key}/")
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            out.append((f"{prefix}{key}", value))
+    return out
 
 
 class Progress:
@@ -116,14 +135,13 @@ def plot_learning_curve(run_dir: Path, title: str) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    events = MetricsLog.read(run_dir)
-    evals = [e for e in events if e["event"] == "eval"]
+    metrics = read_metrics(run_dir)
     out = run_dir / "learning_curve.png"
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
-    bc_end = max((e["env_steps"] for e in events if e["event"] == "bc_done"), default=0)
+    bc_end = metrics.bc.env_steps if metrics.bc is not None else 0
     for ax, key, label in ((ax1, "success_rate", "held-out success rate"), (ax2, "mean_return", "held-out mean return")):
-        xs = [e["env_steps"] for e in evals]
-        ys = [e[key] for e in evals]
+        xs = [e.env_steps for e in metrics.evals]
+        ys = [getattr(e.result, key) for e in metrics.evals]
         ax.plot(xs, ys, marker="o", color="tab:blue")
         ax.axvspan(0, bc_end, color="tab:orange", alpha=0.12, label="BC stage (expert env steps)")
         ax.axvspan(bc_end, max(xs + [bc_end + 1]), color="tab:green", alpha=0.06, label="RL stage (GRPO rollouts)")

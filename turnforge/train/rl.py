@@ -2,7 +2,8 @@
 
 Each iteration, top to bottom:
 
-1. rollout: G episodes of each of ``tasks_per_iteration`` fresh train tasks;
+1. rollout: G episodes of each of ``tasks_per_iteration`` fresh train tasks, from the
+   rollout engine's group stream (lock-step, or a rollout thread with bounded staleness);
 2. credit (``rl.advantage``), infrastructure failures excluded:
    - critic-free (``turnforge.train.credit.turn_advantages``): ``grpo`` normalises the
      episode return within its group and puts it on every turn; ``gigpo`` adds a
@@ -46,14 +47,18 @@ from turnforge.data.store import write_trajectories
 from turnforge.envs.base import stable_hash
 from turnforge.policy.generate import token_logprobs
 from turnforge.policy.model import Policy
-from turnforge.rollout.runner import EpisodeRequest, PolicyActor, rollout
+from turnforge.rollout.actors import PolicyActor
+from turnforge.rollout.engine import EpisodeRequest
 from turnforge.train.rollouts import make_rollouts
-from turnforge.train.checkpoint import save_resumable
+from turnforge.train.checkpoint import TrainingState, save_resumable
 from turnforge.train.common import GuardedStep, collate, event_counts, generator, lr_factor, rng
 from turnforge.train.credit import action_turns, gae_turn_advantages, monte_carlo_returns, sample_advantage, turn_advantages
 from turnforge.critic.mc import blend
 from turnforge.train.mc import mc_grpo_batch, mc_turn_values
 from turnforge.train.merge import MergedSample, merge_samples, minibatches
+from turnforge.train.metrics import (
+    CriticStats, IterationMetrics, MCStats, OffPolicyStats, RunWarning, UpdateStats, ValuePretrainStats,
+)
 from turnforge.train.session import Session
 from turnforge.types import Sample, Trajectory
 
@@ -86,6 +91,7 @@ def run_rl(
     uses_mc = rl.advantage == "mc_grpo" or (rl.advantage == "gae" and cfg.critic.mc_weight > 0)
 
     end = rl.iterations if stop_after is None else min(rl.iterations, stop_after)
+    warned = False  # the generation-truncation warning is printed once
     with make_rollouts(s, keep_snapshots=uses_mc) as rollouts:
         while s.state.iteration < end and not budget_spent(s):
             it = s.state.iteration
@@ -102,22 +108,21 @@ def run_rl(
 
             # 2. credit: per-turn advantages (plus critic targets for gae), or MC-GRPO's state groups
             t1 = time.time()
-            extra: dict[str, float] = {}
+            mc_stats: MCStats | None = None
             v_phi = values = targets = None
             penalties = None
             if reference is not None and rl.kl_mode == "reward":
                 penalties = kl_penalties(reference, ok, policy.pad_id, cfg.rollout.temperature, rl.kl_estimator, rl.kl_coef)
             if rl.advantage == "gae":
                 v_phi = turn_values(critic.model, ok, policy.pad_id) if critic else None
-                values, extra = state_values(s, ok, it, v_phi, bc_policy)
+                values, mc_stats = state_values(s, ok, it, v_phi, bc_policy)
                 per_turn, targets = gae_turn_advantages(ok, values, rl, cfg.critic, penalties)
             elif rl.advantage == "mc_grpo":
                 per_turn = {}
-                batch_samples, group_of, extra = mc_grpo_batch(s, ok, it)
+                batch_samples, group_of, mc_stats = mc_grpo_batch(s, ok, it, bc_policy)
             else:
                 per_turn = turn_advantages(ok, rl, penalties)
-            if penalties is not None and ok:
-                extra["kl_penalty_per_turn"] = float(np.mean(np.concatenate([penalties[t.trajectory_id] for t in ok])))
+            kl_penalty = float(np.mean(np.concatenate([penalties[t.trajectory_id] for t in ok]))) if penalties and ok else None
             if rl.advantage != "mc_grpo":
                 batch_samples = [(x, sample_advantage(x, per_turn[t.trajectory_id])) for t in ok for x in t.samples]
                 group_of = {x.trajectory_id: t.group_id for t in ok for x in t.samples}
@@ -130,65 +135,76 @@ def run_rl(
             # 3. policy update: PPO-clip with rl.loss_agg aggregation, minibatches in a seeded order;
             #    asynchronous rollouts use the decoupled objective with truncated importance weights
             t2 = time.time()
-            stats = ppo_update(s, samples, optimizer, step, reference if rl.kl_mode == "loss" else None, it,
-                               decoupled=cfg.engine.mode == "async")
+            update = ppo_update(s, samples, optimizer, step, reference if rl.kl_mode == "loss" else None, it,
+                                decoupled=cfg.engine.mode == "async")
             policy.version += 1
-            rollouts.after_update()  # weight sync to the rollout worker (a no-op for the sync runner)
+            rollouts.after_update()  # weight sync to the rollout worker (nothing to do when it shares the model)
 
             # 4. critic update on the GAE targets (clipped value loss around its own rollout-time values)
-            if critic is not None and v_phi is not None and targets is not None:
-                data = [(x, tgt, old) for (x, tgt), (_, old) in zip(sample_targets(ok, targets), sample_targets(ok, v_phi))]
-                upd = update_critic(
-                    critic.model, critic.optimizer, data, policy.pad_id, epochs=cfg.critic.epochs,
-                    minibatch_size=cfg.critic.minibatch_size, clip=cfg.critic.value_clip, max_grad_norm=rl.max_grad_norm,
-                    order_rng=rng(cfg.seed, "critic-shuffle", it),
-                )
-                extra.update(value_loss=upd.loss, explained_variance=upd.explained_variance)
-            if values is not None and targets is not None and ok:  # of the values GAE used (blended or MC-only)
-                v = np.concatenate([values[t.trajectory_id] for t in ok])
-                g = np.concatenate([targets[t.trajectory_id] for t in ok])
-                extra["explained_variance_used"] = explained_variance(torch.as_tensor(v), torch.as_tensor(g))
+            critic_stats = None
+            if rl.advantage == "gae":
+                upd = None
+                if critic is not None and v_phi is not None and targets is not None:
+                    data = [(x, tgt, old) for (x, tgt), (_, old) in zip(sample_targets(ok, targets), sample_targets(ok, v_phi))]
+                    upd = update_critic(
+                        critic.model, critic.optimizer, data, policy.pad_id, epochs=cfg.critic.epochs,
+                        minibatch_size=cfg.critic.minibatch_size, clip=cfg.critic.value_clip, max_grad_norm=rl.max_grad_norm,
+                        order_rng=rng(cfg.seed, "critic-shuffle", it),
+                    )
+                used = None
+                if values is not None and targets is not None and ok:  # of the values GAE used (blended or MC-only)
+                    v = np.concatenate([values[t.trajectory_id] for t in ok])
+                    g = np.concatenate([targets[t.trajectory_id] for t in ok])
+                    used = explained_variance(torch.as_tensor(v), torch.as_tensor(g))
+                critic_stats = CriticStats(upd.loss if upd else None, upd.explained_variance if upd else None, used)
             t_update = time.time() - t2
 
             # 5. log, evaluate, checkpoint
             s.state.iteration = it + 1
             s.state.env_steps += got.env_steps
-            s.state.mc_env_steps += int(extra.get("mc_env_steps", 0))
-            s.state.train_tokens += stats["tokens"]
+            s.state.mc_env_steps += mc_stats.env_steps if mc_stats is not None else 0
+            s.state.train_tokens += update.tokens
             s.state.skipped_steps = step.skipped
-            n_ok = max(len(ok), 1)
+            n_ok, n_turns = max(len(ok), 1), max(sum(t.num_turns for t in ok), 1)
             returns_by_group = {g: [t.episode_return for t in ok if t.group_id == g] for g in {t.group_id for t in ok}}
-            record = {
-                "iteration": it + 1,
-                "reward": sum(t.episode_return for t in ok) / n_ok,
-                "success": sum(t.success for t in ok) / n_ok,
-                "invalid_action_rate": sum(t.num_invalid for t in ok) / max(sum(t.num_turns for t in ok), 1),
-                "mean_turns": sum(t.num_turns for t in ok) / n_ok,
-                **{k: v for k, v in stats.items() if k != "tokens"},
-                "samples": len(samples),
-                "lr": optimizer.param_groups[0]["lr"],
-                "zero_variance_groups": len(flat) / max(len(groups), 1),
-                "group_return_std": float(np.mean([np.std(r, ddof=1) for r in returns_by_group.values() if len(r) > 1] or [0.0])),
-                "action_tokens_per_turn": sum(x.num_action_tokens for t in ok for x in t.samples) / max(sum(t.num_turns for t in ok), 1),
-                **event_counts(ok),
-                **extra,
-                **got.metrics,
-                "rollout_seconds": round(t_rollout, 3),
-                "credit_seconds": round(t_credit, 3),
-                "update_seconds": round(t_update, 3),
-                "gen_tokens_per_s": rstats.generated_tokens / max(t_rollout, 1e-9),
-                "train_tokens_per_s": stats["tokens"] / max(t_update, 1e-9),
-                "obs_truncations": rstats.obs_truncations,
-                "context_overflows": rstats.context_overflows,
-                "generation_truncations": rstats.generation_truncations,
-                "infra_failures": rstats.infra_failures,
-                "skipped_steps": step.skipped,
-                "policy_version": policy.version,
-            }
-            s.metrics.log("rl_iter", s.state.env_steps, **record)
+            record = IterationMetrics(
+                iteration=it + 1,
+                reward=sum(t.episode_return for t in ok) / n_ok,
+                success=sum(t.success for t in ok) / n_ok,
+                invalid_action_rate=sum(t.num_invalid for t in ok) / n_turns,
+                mean_turns=sum(t.num_turns for t in ok) / n_ok,
+                samples=len(samples),
+                lr=optimizer.param_groups[0]["lr"],
+                zero_variance_groups=len(flat) / max(len(groups), 1),
+                group_return_std=float(np.mean([np.std(r, ddof=1) for r in returns_by_group.values() if len(r) > 1] or [0.0])),
+                action_tokens_per_turn=sum(x.num_action_tokens for t in ok for x in t.samples) / n_turns,
+                update=update,
+                rollout=rstats,
+                stream=got.stream,
+                rollout_seconds=round(t_rollout, 3),
+                credit_seconds=round(t_credit, 3),
+                update_seconds=round(t_update, 3),
+                gen_tokens_per_s=rstats.generated_tokens / max(t_rollout, 1e-9),
+                train_tokens_per_s=update.tokens / max(t_update, 1e-9),
+                skipped_steps=step.skipped,
+                policy_version=policy.version,
+                env_events=event_counts(ok),
+                critic=critic_stats,
+                mc=mc_stats,
+                kl_penalty_per_turn=kl_penalty,
+            )
+            s.metrics.log(record, s.state.env_steps)
+            if rstats.turns and rstats.generation_truncations > rstats.turns / 2 and not warned:
+                warned = True
+                warning = RunWarning(
+                    f"iteration {it + 1}: {rstats.generation_truncations} of {rstats.turns} actions hit "
+                    f"rollout.max_new_tokens={cfg.rollout.max_new_tokens} before a stop token; raise it if actions are longer"
+                )
+                s.progress.message(f"warning: {warning.message}")
+                s.metrics.log(warning, s.state.env_steps)
             s.progress.update(
-                it + 1, reward=record["reward"], success=record["success"], loss=record["loss"],
-                tokens_per_s=(stats["tokens"] + rstats.generated_tokens) / max(time.time() - t0, 1e-9),
+                it + 1, reward=record.reward, success=record.success, loss=update.loss,
+                tokens_per_s=(update.tokens + rstats.generated_tokens) / max(time.time() - t0, 1e-9),
             )
             last = it + 1 == end or budget_spent(s)
             if cfg.eval.every and (it + 1) % cfg.eval.every == 0 and not last and it + 1 < rl.iterations:
@@ -196,18 +212,18 @@ def run_rl(
             if (it + 1) % cfg.checkpoint_every == 0 or last:
                 s.state.stage = "rl"
                 s.state.wall_seconds = s.wall_seconds()
-                save_resumable(s.run_dir, policy, optimizer, s.state, critic_state(critic))
+                save_resumable(s.run_dir, policy, s.state, training_state(policy, optimizer, critic))
 
 
 def state_values(
     s: Session, trajs: list[Trajectory], it: int, v_phi: dict[str, np.ndarray] | None, bc_policy: Policy | None
-) -> tuple[dict[str, np.ndarray], dict[str, float]]:
+) -> tuple[dict[str, np.ndarray], MCStats | None]:
     """V(s_k) per turn for GAE: the learned critic's, Monte-Carlo values, or the blend
-    ``(1 - w) V_phi + w V_MC`` (``critic.mc_weight``); plus counters to log."""
+    ``(1 - w) V_phi + w V_MC`` (``critic.mc_weight``); plus the Monte-Carlo counters."""
     w = s.cfg.critic.mc_weight
     if w == 0:
         assert v_phi is not None  # the config guarantees a value source
-        return v_phi, {}
+        return v_phi, None
     v_mc, stats = mc_turn_values(s, trajs, it, bc_policy)
     if v_phi is None:
         return v_mc, stats
@@ -250,7 +266,7 @@ def ppo_update(
     reference: torch.nn.Module | None,
     it: int,
     decoupled: bool = False,
-) -> dict[str, float]:
+) -> UpdateStats:
     """``rl.epochs`` passes of PPO-clip minibatch steps over ``(sample, advantage)`` pairs.
 
     ``decoupled`` (asynchronous rollouts): the trust region is around the proximal policy,
@@ -273,7 +289,7 @@ def ppo_update(
         rows = merge_samples(samples, weights)
     else:
         rows = [MergedSample(x, a, w, 1) for (x, a), w in zip(samples, weights)]
-    prox, offpolicy = (proximal_logprobs(s, [r.sample for r in rows]) if decoupled else (None, {}))
+    prox, offpolicy = (proximal_logprobs(s, [r.sample for r in rows]) if decoupled else (None, None))
     policy.model.train()
     order = rng(cfg.seed, "rl-shuffle", it).permutation(len(rows)).tolist()
     losses, clip_fracs, kls, norms, entropies, ref_kls, tokens = [], [], [], [], [], [], 0
@@ -314,15 +330,15 @@ def ppo_update(
     def mean(xs: list[float]) -> float:
         return sum(xs) / max(len(xs), 1)
 
-    return {
-        "loss": mean(losses), "clip_fraction": mean(clip_fracs), "approx_kl": mean(kls), "kl_ref": mean(ref_kls),
-        "entropy": mean(entropies), "grad_norm": mean(norms), "tokens": tokens,
-        "merged_row_fraction": len(rows) / max(len(samples), 1), **offpolicy,
-    }
+    return UpdateStats(
+        loss=mean(losses), clip_fraction=mean(clip_fracs), approx_kl=mean(kls), kl_ref=mean(ref_kls),
+        entropy=mean(entropies), grad_norm=mean(norms), tokens=tokens,
+        merged_row_fraction=len(rows) / max(len(samples), 1), offpolicy=offpolicy,
+    )
 
 
 @torch.no_grad()
-def proximal_logprobs(s: Session, samples: list[Sample], batch_size: int = 128) -> tuple[list[torch.Tensor], dict[str, float]]:
+def proximal_logprobs(s: Session, samples: list[Sample], batch_size: int = 128) -> tuple[list[torch.Tensor], OffPolicyStats]:
     """Logprobs of every sample under the current weights (the proximal policy of the
     decoupled loss), one ``[T]`` row per sample, plus off-policy diagnostics over all action
     tokens: the share sampled by an older version, the truncated importance weights
@@ -352,50 +368,53 @@ def proximal_logprobs(s: Session, samples: list[Sample], batch_size: int = 128) 
     w = torch.cat(weights) if weights else torch.ones(1)
     d = torch.cat(diffs) if diffs else torch.zeros(1)
     n = max(int(w.numel()), 1)
-    return rows, {
-        "offpolicy_token_fraction": stale / n, "is_weight_mean": float(w.mean()), "is_weight_max": raw_max,
-        "is_truncated_fraction": truncated / n,
-        "logprob_mismatch_max": float(d.max()), "logprob_mismatch_mean": float(d.mean()),
-    }
+    return rows, OffPolicyStats(
+        offpolicy_token_fraction=stale / n, is_weight_mean=float(w.mean()), is_weight_max=raw_max,
+        is_truncated_fraction=truncated / n, logprob_mismatch_max=float(d.max()), logprob_mismatch_mean=float(d.mean()),
+    )
 
 
-def pretrain_values(s: Session, critic: Critic) -> dict[str, float]:
+def pretrain_values(s: Session, critic: Critic) -> ValuePretrainStats:
     """Value pretraining: the BC policy plays ``critic.pretrain_episodes`` train episodes
     (sampled at the rollout temperature); the critic regresses their discounted returns
     until the held-back explained variance reaches ``critic.pretrain_target_ev`` or the
     step budget runs out. The episodes count as env steps."""
     cfg, c, policy = s.cfg, s.cfg.critic, s.policy
-    trajs = []
-    for start in range(0, c.pretrain_episodes, len(s.envs)):
-        idx = range(start, min(c.pretrain_episodes, start + len(s.envs)))
+    chunk = s.engine.num_envs  # tasks are drawn per wave of the engine, so they do not depend on the episode count
+    requests = []
+    for start in range(0, c.pretrain_episodes, chunk):
+        idx = range(start, min(c.pretrain_episodes, start + chunk))
         task_ids = rng(cfg.seed, "value-pretrain-tasks", start).integers(0, 2**31 - 1, len(idx))
-        requests = [
-            EpisodeRequest(s.envs[0].task("train", int(t)), stable_hash(cfg.seed, "value-pretrain", i), f"vp-{i}", f"vp-{i}")
+        requests += [
+            EpisodeRequest(s.env.task("train", int(t)), stable_hash(cfg.seed, "value-pretrain", i), f"vp-{i}", f"vp-{i}")
             for i, t in zip(idx, task_ids)
         ]
-        actor = PolicyActor(policy, cfg.rollout.max_new_tokens, cfg.rollout.temperature, generator(cfg.seed, "value-pretrain", start))
-        out, rstats = rollout(actor, s.envs, requests, cfg.rollout, policy)
-        trajs.extend(t for t in out if t.infra_failure is None)
-        s.state.env_steps += rstats.turns
+    actor = PolicyActor(policy, cfg.rollout.max_new_tokens, cfg.rollout.temperature, generator(cfg.seed, "value-pretrain", 0))
+
+    def reseed(wave: int) -> None:
+        actor.generator = generator(cfg.seed, "value-pretrain", wave * chunk)
+
+    out, rstats = s.engine.play(requests, actor, on_wave=reseed)
+    trajs = [t for t in out if t.infra_failure is None]
+    s.state.env_steps += rstats.turns
     s.progress.message(f"value pretraining on {len(trajs)} BC episodes ({sum(t.num_turns for t in trajs)} states)")
     stats = pretrain_critic(
         critic.model, critic.optimizer, sample_targets(trajs, monte_carlo_returns(trajs, cfg.rl)), policy.pad_id,
         max_steps=c.pretrain_max_steps, target_ev=c.pretrain_target_ev, minibatch_size=c.minibatch_size,
         max_grad_norm=cfg.rl.max_grad_norm, seed=cfg.seed,
     )
-    stats["episodes"] = len(trajs)
-    s.metrics.log("value_pretrain", s.state.env_steps, **stats)
-    s.progress.message(
-        f"value pretraining: explained variance {stats['explained_variance']:.3f} after {stats['steps']} steps"
+    result = s.metrics.log(ValuePretrainStats(**stats, episodes=len(trajs)), s.state.env_steps)
+    s.progress.message(f"value pretraining: explained variance {result.explained_variance:.3f} after {result.steps} steps")
+    return result
+
+
+def training_state(policy: Policy, optimizer: torch.optim.Optimizer, critic: Critic | None) -> TrainingState:
+    """What a resumable checkpoint keeps besides the weights."""
+    return TrainingState(
+        version=policy.version, optimizer=optimizer.state_dict(),
+        critic=critic.model.state_dict() if critic is not None else None,
+        critic_optimizer=critic.optimizer.state_dict() if critic is not None else None,
     )
-    return stats
-
-
-def critic_state(critic: Critic | None) -> dict | None:
-    """What a resumable checkpoint keeps of the critic."""
-    if critic is None:
-        return None
-    return {"critic": critic.model.state_dict(), "critic_optimizer": critic.optimizer.state_dict()}
 
 
 def make_reference(policy_model: torch.nn.Module) -> torch.nn.Module:

@@ -1,4 +1,4 @@
-"""What the stages of one run share: config, run directory, policy, envs, logs, counters."""
+"""What the stages of one run share: config, run directory, policy, the rollout engine, logs, counters."""
 
 from __future__ import annotations
 
@@ -9,8 +9,10 @@ from pathlib import Path
 from turnforge.config import TrainConfig
 from turnforge.envs.base import Env
 from turnforge.policy.model import Policy
+from turnforge.rollout.engine import RolloutEngine
 from turnforge.train.checkpoint import TrainerState
 from turnforge.train.evaluate import evaluate
+from turnforge.train.metrics import EvalRecord
 from turnforge.train.reporting import MetricsLog, Progress
 from turnforge.types import EvalResult
 
@@ -20,7 +22,7 @@ class Session:
     cfg: TrainConfig
     run_dir: Path
     policy: Policy
-    envs: list[Env]
+    engine: RolloutEngine  # plays evaluation, demonstrations, value pretraining, Monte-Carlo and synchronous RL episodes
     metrics: MetricsLog
     progress: Progress
     state: TrainerState
@@ -28,16 +30,20 @@ class Session:
     wall_offset: float = 0.0  # wall seconds of earlier (interrupted) parts of the run
     rl_started: float | None = None  # time.time() when this process began the RL stage (rl.max_seconds)
 
+    @property
+    def env(self) -> Env:
+        """The run's local env instance: tasks, capabilities, action names."""
+        return self.engine.env
+
     def wall_seconds(self) -> float:
         return self.wall_offset + time.time() - self.started
 
     def evaluate(self, tag: str) -> EvalResult:
         """Held-out evaluation, logged as an ``eval`` event at the current env step."""
         e = self.cfg.eval
-        result, _ = evaluate(
-            self.policy, self.envs, self.cfg.rollout, episodes=e.episodes, split=e.split, temperature=e.temperature, seed=self.cfg.seed
-        )
-        self.metrics.log("eval", self.state.env_steps, tag=tag, iteration=self.state.iteration, **result.as_dict())
+        result, _ = evaluate(self.engine, self.policy, episodes=e.episodes, split=e.split, temperature=e.temperature,
+                             seed=self.cfg.seed)
+        self.metrics.log(EvalRecord(tag, self.state.iteration, result), self.state.env_steps)
         self.progress.message(
             f"eval {tag}: success {result.success_rate:.3f}  return {result.mean_return:.2f}  "
             f"invalid {result.invalid_action_rate:.3f}  turns {result.mean_turns:.1f}  ({result.episodes} {e.split} episodes)"

@@ -40,7 +40,8 @@ from typing import Any, Callable, ClassVar, Sequence
 from pydantic import ValidationError, validate_call
 from transformers.utils import get_json_schema
 
-from turnforge.envs.base import Env, InvalidAction, Outcome
+from turnforge.envs.base import InvalidAction
+from turnforge.envs.levels import LevelEnv, Outcome
 from turnforge.errors import UserError, choices
 
 TOOL_CALL_FORMATS = ("hermes", "json")
@@ -117,7 +118,7 @@ def clean_output(text: str, limit: int) -> tuple[str, bool, bool]:
     return text, False, not_text
 
 
-class ToolEnv(Env):
+class ToolEnv(LevelEnv):
     """Base of tool-calling envs. Subclasses give the tools (``tool_functions``), the task
     text of a level (``question``), the scoring of an answer (``score``) and an expert.
 

@@ -1,0 +1,147 @@
+"""Who acts in an episode: the policy LM, the env's expert, a random policy.
+
+An ``Actor`` gets one ``ActorInput`` per episode that awaits an action and returns, for each,
+either a ``Generation`` (token ids it sampled, with their logprobs: a language model) or an
+action text (the engine writes it as the tokens the LM should produce, for behaviour
+cloning). Actors that need something read off the env before they act (the expert's move,
+an env-side random action) say so with ``probe``; the env host reads it after the previous
+request, wherever the env runs (this process, a worker process, a Ray actor).
+
+Actors hold no per-episode state: every draw is a function of the actor's seed, the episode
+and the turn (or of a shared generator for the LM), so what they do does not depend on how
+many episodes play at once or in which order they finish.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+import torch
+
+from turnforge.envpool.host import NO_PROBE, AfterState, Probe
+from turnforge.envs.base import stable_hash
+from turnforge.policy.generate import Generation, sample
+from turnforge.policy.model import Policy
+from turnforge.types import Task
+
+
+@dataclass(frozen=True)
+class ActorInput:
+    """What an actor sees of one episode that awaits an action."""
+
+    prompt: tuple[int, ...] | None  # the context ids; None when the engine records no tokens
+    task: Task
+    trajectory_id: str
+    turn: int  # turns this episode played before this one
+    after: AfterState  # what the env host read off the env in this state (see ``probe``)
+
+
+class Actor(Protocol):
+    """Produces the next action of each episode (see the module docstring)."""
+
+    #: Policy version of the tokens it samples; -1 when it samples none (expert, random).
+    version: int
+    #: True when it acts on token ids (the engine then keeps the episode's token context).
+    needs_tokens: bool
+
+    def probe(self, task: Task, trajectory_id: str, turn: int) -> Probe:
+        """What the env host must read off the env before this actor's action at ``turn``."""
+        ...
+
+    def act(self, inputs: Sequence[ActorInput]) -> list[Generation | str]:
+        """One action per input: sampled ids (``Generation``) or an action text."""
+        ...
+
+
+class PolicyActor:
+    """Samples actions from the policy LM (temperature 0 = greedy)."""
+
+    needs_tokens = True
+
+    def __init__(self, policy: Policy, max_new_tokens: int, temperature: float, generator: torch.Generator) -> None:
+        self.policy, self.max_new_tokens, self.temperature, self.generator = policy, max_new_tokens, temperature, generator
+
+    @property
+    def version(self) -> int:
+        return self.policy.version
+
+    def probe(self, task: Task, trajectory_id: str, turn: int) -> Probe:
+        return NO_PROBE
+
+    def act(self, inputs: Sequence[ActorInput]) -> list[Generation | str]:
+        return sample(
+            self.policy.model,
+            [x.prompt for x in inputs],
+            max_new_tokens=self.max_new_tokens,
+            stop_ids=self.policy.stop_ids,
+            pad_id=self.policy.pad_id,
+            temperature=self.temperature,
+            generator=self.generator,
+        )
+
+
+class ExpertActor:
+    """The env's expert policy (``expert_action``), as text.
+
+    With ``noise > 0`` it is an imperfect demonstrator: at each turn, with probability
+    ``noise``, it plays a uniformly random action of ``action_names`` (or, for envs with open
+    text actions, the env's ``random_action``) instead of the expert's (which may be the
+    expert's by chance). The draw is a function of ``seed``, the episode's task and the turn
+    index only, so two episodes of the same task get the same draws.
+    """
+
+    version = -1
+    needs_tokens = False
+
+    def __init__(self, noise: float = 0.0, seed: int = 0, action_names: Sequence[str] = ()) -> None:
+        if not 0.0 <= noise <= 1.0:
+            raise ValueError(f"noise must be in [0, 1]; got {noise}")
+        self.noise, self.seed, self.action_names = noise, int(seed), tuple(action_names)
+        self.random_actions = 0  # turns where the random action replaced the expert's
+
+    def _draw(self, task: Task, turn: int) -> random.Random:
+        return random.Random(stable_hash(self.seed, "expert-noise", task.task_id, turn))
+
+    def probe(self, task: Task, trajectory_id: str, turn: int) -> Probe:
+        env_side_random = self.noise > 0 and not self.action_names
+        return Probe(expert=True, random_seed=stable_hash(self.seed, "expert-random", task.task_id, turn) if env_side_random else None)
+
+    def act(self, inputs: Sequence[ActorInput]) -> list[Generation | str]:
+        out: list[Generation | str] = []
+        for x in inputs:
+            text = x.after.expert_action
+            if text is None:
+                raise RuntimeError(f"no expert action for {x.trajectory_id}: the env host was not asked for one")
+            if self.noise > 0:
+                draw = self._draw(x.task, x.turn)
+                if draw.random() < self.noise:
+                    text = draw.choice(self.action_names) if self.action_names else x.after.random_action
+                    self.random_actions += 1
+            out.append(text)
+        return out
+
+
+class RandomActor:
+    """A uniformly random policy: the action name a hash of (seed, episode, turn) picks, or,
+    for envs with open text actions, the env's ``random_action(rng)`` with an rng seeded from
+    the same hash."""
+
+    version = -1
+    needs_tokens = False
+
+    def __init__(self, seed: int, action_names: Sequence[str] = ()) -> None:
+        self.seed, self.action_names = int(seed), tuple(action_names)
+
+    def _seed(self, trajectory_id: str, turn: int) -> int:
+        return stable_hash(self.seed, "random-actor", trajectory_id, turn)
+
+    def probe(self, task: Task, trajectory_id: str, turn: int) -> Probe:
+        return NO_PROBE if self.action_names else Probe(random_seed=self._seed(trajectory_id, turn))
+
+    def act(self, inputs: Sequence[ActorInput]) -> list[Generation | str]:
+        if not self.action_names:
+            return [x.after.random_action for x in inputs]  # type: ignore[misc]
+        n = len(self.action_names)
+        return [self.action_names[self._seed(x.trajectory_id, x.turn) % n] for x in inputs]

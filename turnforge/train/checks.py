@@ -1,0 +1,55 @@
+"""Checks a run makes at start, before any model work: options against the env's capabilities,
+and the cheap part of ``check_env``.
+
+Every option that needs an optional env capability (``turnforge.envs.base``) is checked here,
+so a missing one is a one-line error naming the method to implement (or the option to change)
+instead of a failure minutes into the run; so is an env that breaks the contract in a way
+``check_env(quick=True)`` sees (shared state between resets or envs, invalid actions that
+change state, restores that do not restore, a tiny held-out split).
+"""
+
+from __future__ import annotations
+
+from turnforge.config import TrainConfig
+from turnforge.envs.base import Env, capabilities
+from turnforge.envs.checker import EnvCheckError, check_env
+from turnforge.errors import UserError
+
+
+def check_options(cfg: TrainConfig, env: Env) -> None:
+    """Raise ``UserError`` when ``cfg`` asks ``env`` for something it cannot do."""
+    caps, env_id, rl, critic = capabilities(env), cfg.env.id, cfg.rl, cfg.critic
+    if env.observation_role != "user" and cfg.rollout.context == "window" and cfg.rollout.history_window == 0:
+        raise UserError(
+            f"env {env_id!r} answers with {env.observation_role} messages, so with rollout.context=window and "
+            "rollout.history_window=0 the policy would never see the task again; use rollout.context=full_history "
+            "or rollout.history_window >= 1"
+        )
+    if cfg.bc.enabled:
+        caps.require("expert", env_id, "the BC warm start (bc.enabled=true)", "set bc.enabled=false")
+        if cfg.bc.expert_noise > 0:
+            caps.require("random_action", env_id, f"a noisy demonstrator (bc.expert_noise={cfg.bc.expert_noise})",
+                         "set bc.expert_noise=0")
+    if rl.iterations > 0:
+        if rl.advantage == "gigpo":
+            caps.require("anchor_key", env_id, "GiGPO's step-level groups (rl.advantage=gigpo)")
+        if rl.shaping == "potential":
+            caps.require("potential", env_id, "potential-based shaping (rl.shaping=potential)", "set rl.shaping=none")
+        if rl.advantage == "mc_grpo" or critic.mc_weight > 0:
+            what = "MC-GRPO (rl.advantage=mc_grpo)" if rl.advantage == "mc_grpo" else f"Monte-Carlo values (critic.mc_weight={critic.mc_weight})"
+            caps.require("snapshot", env_id, what)
+            if critic.mc_policy == "random":
+                caps.require("random_action", env_id, f"{what} with random rollouts", "set critic.mc_policy=bc")
+    source = env.task_source()  # an env without tasks fails here
+    for split in ("train", cfg.eval.split):
+        if source.size(split) == 0:
+            raise UserError(f"env {env_id!r} has no {split} tasks; add some to its task source (env.tasks)")
+
+
+def check_env_at_start(cfg: TrainConfig) -> None:
+    """``check_env(quick=True)`` on the run's env; a violation is a one-line ``UserError``."""
+    try:
+        check_env(cfg.env.id, env_kwargs=cfg.env.kwargs, tasks=cfg.env.tasks, heldout_fraction=cfg.env.heldout_fraction, quick=True,
+                  min_heldout=cfg.eval.min_heldout_tasks)
+    except EnvCheckError as err:
+        raise UserError(f"env {cfg.env.id!r} fails check_env: {err}") from None

@@ -1,0 +1,294 @@
+"""The run's records, typed: what ``metrics.jsonl`` holds, and the reader benchmarks use.
+
+Every line of ``RUN/metrics.jsonl`` is one event: ``{"event": KIND, "env_steps": N, "time": T,
+...fields of its record}``, with nested records as nested objects. ``EVENTS`` maps each kind
+to its record class; the fields are documented here, once. ``read_metrics(run_dir)`` returns
+them as these dataclasses (``RunMetrics``), so nothing downstream parses keys by hand; a line
+with a field its class does not have is an error, so schema drift shows.
+
+Kinds: ``bc_epoch`` (``BCEpoch``), ``bc_done`` (``BCStats``), ``eval`` (``EvalRecord``),
+``value_pretrain`` (``ValuePretrainStats``), ``rl_iter`` (``IterationMetrics``), ``warning``
+(``RunWarning``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from turnforge.envpool.pool import PoolStats
+from turnforge.rollout.engine import RolloutStats
+from turnforge.types import EvalResult
+
+
+@dataclass(frozen=True)
+class BCEpoch:
+    """One epoch of behaviour cloning."""
+
+    epoch: int
+    loss: float  # the loss of the epoch's last minibatch (mean over its action tokens)
+    env_steps: int = 0
+    time: float = 0.0
+
+
+@dataclass(frozen=True)
+class BCStats:
+    """The behaviour-cloning stage."""
+
+    demonstrations: int  # demonstration episodes kept (infra failures left out)
+    demo_env_steps: int
+    demo_samples: int  # training samples they gave
+    demo_infra_failures: int  # demonstration episodes lost to env failures
+    expert_success_rate: float  # share of kept demonstrations that succeeded
+    expert_noise: float  # bc.expert_noise
+    demo_random_actions: int  # turns where the noisy demonstrator played a random action
+    final_loss: float
+    optimizer_steps: int
+    skipped_steps: int  # optimizer steps skipped for a non-finite loss or gradient
+    env_steps: int = 0
+    time: float = 0.0
+
+
+@dataclass(frozen=True)
+class ValuePretrainStats:
+    """Value pretraining of the learned critic on Monte-Carlo returns of the BC policy."""
+
+    steps: int  # optimizer steps taken
+    passes: int  # passes over the states
+    explained_variance: float  # on the held-back states, at the end
+    states: int
+    held_back: int
+    episodes: int  # BC-policy episodes played for it
+    env_steps: int = 0
+    time: float = 0.0
+
+
+@dataclass(frozen=True)
+class EvalRecord:
+    """One evaluation (before RL, every ``eval.every`` iterations, after RL)."""
+
+    tag: str  # "before-rl", "rl-N", "after-rl"
+    iteration: int  # RL iterations done when it ran
+    result: EvalResult
+    env_steps: int = 0
+    time: float = 0.0
+
+
+@dataclass(frozen=True)
+class OffPolicyStats:
+    """The decoupled objective's view of an iteration's samples (asynchronous rollouts)."""
+
+    offpolicy_token_fraction: float  # action tokens sampled by an older policy version
+    is_weight_mean: float  # truncated importance weight min(pi_prox / pi_behav, engine.is_cap)
+    is_weight_max: float  # largest untruncated weight
+    is_truncated_fraction: float  # tokens whose weight hit the cap
+    logprob_mismatch_max: float  # |p_trainer - p_rollout| on tokens the current version sampled (numerics)
+    logprob_mismatch_mean: float
+
+
+@dataclass(frozen=True)
+class UpdateStats:
+    """The policy update of one iteration (``rl.epochs`` passes of PPO-clip minibatch steps)."""
+
+    loss: float  # mean over minibatch steps
+    clip_fraction: float  # share of action tokens whose ratio was clipped
+    approx_kl: float  # KL(old || new) estimate between rollout and updated policy
+    kl_ref: float  # KL to the reference (the BC policy) in the loss; 0 without one
+    entropy: float  # mean policy entropy on action tokens
+    grad_norm: float  # mean gradient norm before clipping
+    tokens: int  # tokens trained on (repeated samples counted once per copy)
+    merged_row_fraction: float  # rows after merging repeated samples / samples (1 = nothing merged)
+    offpolicy: OffPolicyStats | None = None  # asynchronous rollouts only
+
+
+@dataclass(frozen=True)
+class StreamStats:
+    """How the rollout engine's group stream produced the iteration's batch."""
+
+    env_steps_executed: int  # env steps the engine ran so far (running and discarded episodes included)
+    trainer_wait_seconds: float  # the trainer waited this long for the batch
+    trainer_idle_ratio: float  # share of the RL stage's wall time spent waiting for batches so far
+    stale_restarts: int  # groups restarted for exceeding the staleness bound (partial rollouts)
+    resumed_steps: int  # steps of the batch replayed from a snapshot after an env worker crash
+    mean_generation_batch: float  # episodes per generation call (last 200 calls)
+    staleness_mean: float | None = None  # trainer version minus each trajectory's oldest token version
+    staleness_max: int | None = None
+    staleness_shares: tuple[float, ...] = ()  # share of trajectories at staleness 0, 1, ..., eta
+    env_pool: PoolStats | None = None  # the stream's env workers (engine.env_workers > 0)
+
+
+@dataclass(frozen=True)
+class CriticStats:
+    """State values for GAE (``rl.advantage=gae``)."""
+
+    value_loss: float | None = None  # the learned critic's clipped value loss (None without one)
+    explained_variance: float | None = None  # of the learned critic's rollout-time values vs its targets
+    explained_variance_used: float | None = None  # of the values GAE used (learned, Monte-Carlo or blended)
+
+
+@dataclass(frozen=True)
+class MCStats:
+    """Monte-Carlo rollouts from env snapshots (MC-critic values, MC-GRPO's Q values)."""
+
+    states: int  # distinct states (MC-GRPO: states sampled at)
+    env_steps: int  # env steps of the Monte-Carlo rollouts (not counted in the run's env steps)
+    failed: int  # rollouts lost to infra failures (excluded from the means)
+    value_stderr: float  # mean standard error of the estimates
+    distinct_actions: float | None = None  # MC-GRPO: distinct actions scored per state
+    q_std: float | None = None  # MC-GRPO: mean std of Q within a state's group
+
+
+@dataclass(frozen=True)
+class IterationMetrics:
+    """One RL iteration (event ``rl_iter``)."""
+
+    iteration: int  # RL iterations done, this one included
+    reward: float  # mean episode return of the batch (infra failures excluded)
+    success: float  # share of those episodes that succeeded
+    invalid_action_rate: float  # invalid actions / actions
+    mean_turns: float
+    samples: int  # (sample, advantage) pairs trained on, after the zero-variance filter
+    lr: float
+    zero_variance_groups: float  # share of groups whose advantages were all 0
+    group_return_std: float  # mean std of episode returns within a group
+    action_tokens_per_turn: float
+    update: UpdateStats
+    rollout: RolloutStats  # budget counters of the batch (truncations, overflows, failures)
+    stream: StreamStats
+    rollout_seconds: float  # waiting for the batch (lock-step: playing it)
+    credit_seconds: float  # advantages (Monte-Carlo rollouts included)
+    update_seconds: float
+    gen_tokens_per_s: float  # action tokens of the batch / rollout seconds
+    train_tokens_per_s: float
+    skipped_steps: int  # optimizer steps skipped so far (non-finite loss or gradient)
+    policy_version: int
+    env_events: dict[str, int] = field(default_factory=dict)  # env event counters (``n_*`` info keys) summed
+    critic: CriticStats | None = None
+    mc: MCStats | None = None
+    kl_penalty_per_turn: float | None = None  # rl.kl_mode=reward: mean KL penalty per turn
+    env_steps: int = 0
+    time: float = 0.0
+
+
+@dataclass(frozen=True)
+class RunWarning:
+    """Something the run found wrong but could go on with (e.g. actions longer than max_new_tokens)."""
+
+    message: str
+    env_steps: int = 0
+    time: float = 0.0
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """A finished run's headline figures: ``RUN/summary.json`` (``read_summary``)."""
+
+    recipe: str
+    seed: int
+    wall_seconds: float  # the whole run, interrupted parts included
+    env_steps: int  # turns played by the policy and the demonstrator (Monte-Carlo rollouts apart)
+    mc_env_steps: int
+    train_tokens: int
+    eval_before_rl: EvalResult
+    eval_after_rl: EvalResult
+    success_gain_points: float  # 100 x (after - before) held-out success
+    rl_iterations: int
+    rl_seconds: float | None  # the RL stage of the last process
+    engine_mode: str  # engine.mode
+    eta: int
+    env_workers: int
+    cluster: str
+    policy_version: int
+    skipped_steps: int
+    advantage: str  # rl.advantage
+    bc: BCStats | None
+    value_pretrain: ValuePretrainStats | None
+    env_id: str
+    env_kwargs: dict[str, Any]
+    model: str | None  # model.path ('tiny' = built in the run directory)
+    num_parameters: int
+    torch_threads: int
+    env_pool: PoolStats | None = None  # the run's own engine on env workers: demonstrations, evaluations, sync RL
+
+
+def read_summary(run_dir: str | Path) -> RunSummary:
+    """``RUN/summary.json`` as a ``RunSummary``."""
+    return from_json(RunSummary, json.loads((Path(run_dir) / "summary.json").read_text()))
+
+
+EVENTS: dict[str, type] = {
+    "bc_epoch": BCEpoch, "bc_done": BCStats, "eval": EvalRecord, "value_pretrain": ValuePretrainStats,
+    "rl_iter": IterationMetrics, "warning": RunWarning,
+}
+KINDS: dict[type, str] = {cls: kind for kind, cls in EVENTS.items()}
+
+
+@dataclass
+class RunMetrics:
+    """Everything ``metrics.jsonl`` holds, typed (``read_metrics``)."""
+
+    bc_epochs: list[BCEpoch] = field(default_factory=list)
+    bc: BCStats | None = None
+    evals: list[EvalRecord] = field(default_factory=list)
+    value_pretrain: ValuePretrainStats | None = None
+    iterations: list[IterationMetrics] = field(default_factory=list)
+    warnings: list[RunWarning] = field(default_factory=list)
+
+
+def to_json(record: Any) -> dict[str, Any]:
+    """A record as the JSON object of its event line (without the ``event`` key)."""
+    return dataclasses.asdict(record)
+
+
+def from_json(cls: type, data: Any) -> Any:
+    """Rebuild a record of class ``cls`` (nested dataclasses, optional fields, tuples) from
+    JSON data; an unknown field raises ``ValueError`` naming it."""
+    if data is None:
+        return None
+    if dataclasses.is_dataclass(cls):
+        hints = typing.get_type_hints(cls)
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise ValueError(f"{cls.__name__} has no field {unknown[0]!r} (fields: {', '.join(sorted(names))})")
+        return cls(**{k: from_json(hints[k], v) for k, v in data.items()})
+    origin = typing.get_origin(cls)
+    if origin in (typing.Union, types.UnionType):
+        inner = [a for a in typing.get_args(cls) if a is not type(None)]
+        return from_json(inner[0], data) if len(inner) == 1 else data
+    if origin is tuple:
+        (item, *_) = typing.get_args(cls)
+        return tuple(from_json(item, x) for x in data)
+    if origin is list:
+        (item,) = typing.get_args(cls)
+        return [from_json(item, x) for x in data]
+    return data
+
+
+def read_metrics(run_dir: str | Path) -> RunMetrics:
+    """The typed records of ``RUN/metrics.jsonl`` (an empty ``RunMetrics`` when there is none)."""
+    path = Path(run_dir) / "metrics.jsonl"
+    out = RunMetrics()
+    if not path.exists():
+        return out
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        data = json.loads(line)
+        kind = data.pop("event")
+        if kind not in EVENTS:
+            raise ValueError(f"{path}, line {n}: unknown event {kind!r} (events: {', '.join(EVENTS)})")
+        try:
+            record = from_json(EVENTS[kind], data)
+        except (ValueError, TypeError) as err:
+            raise ValueError(f"{path}, line {n}: {err}") from None
+        if kind in ("bc_done", "value_pretrain"):
+            setattr(out, {"bc_done": "bc", "value_pretrain": "value_pretrain"}[kind], record)
+        else:
+            getattr(out, {"bc_epoch": "bc_epochs", "eval": "evals", "rl_iter": "iterations", "warning": "warnings"}[kind]).append(record)
+    return out
