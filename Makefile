@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.setup-stamp
 
-.PHONY: setup train test bench clean
+.PHONY: setup train test clean
 
 setup: $(STAMP)
 

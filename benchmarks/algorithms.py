@@ -4,30 +4,36 @@ from the same behaviour-cloning start, at an equal env-step budget, over several
     python benchmarks/algorithms.py                       # all methods, 3 seeds
     python benchmarks/algorithms.py --methods grpo gigpo --seeds 0 1 --jobs 2
 
-Per seed, the BC stage of the default recipe runs once (``bc-<seed>/``); every method then
+Per seed, the BC stage of the default recipe runs once (``WORK/bc-<seed>/``); every method then
 starts RL from that checkpoint (``model.path=.../checkpoints/bc``, ``bc.enabled=false``)
-with the same seed, so methods differ only in credit assignment. RL stops at
-``--env-steps`` policy env steps (value-pretraining episodes count; Monte-Carlo critic
-rollouts are counted apart as ``mc_env_steps``, they are simulator steps without the
-policy). Writes to ``--out`` (default ``benchmarks/results``):
+with the same seed, so methods differ only in credit assignment (``benchmarks/_runs.py``).
+RL stops at ``--env-steps`` policy env steps (value-pretraining episodes count; Monte-Carlo
+critic rollouts are counted apart as ``mc_env_steps``, they are simulator steps without the
+policy). Run directories go to ``--work`` (default ``runs/benchmarks/algorithms/``,
+``<method>-<seed>/`` with a ``.log`` next to each; finished runs are reused), results to
+``--out`` (default ``runs/benchmarks/``; past measurements are in ``docs/results/``):
 
 - ``algorithms.json``: one record per run ``{method, seed, heldout_success, env_steps,
   wall_seconds, ...}`` plus its held-out learning curve;
 - ``algorithms.md``: held-out success mean ± std over seeds, env steps and wall time to
   the success threshold (median over the seeds that reached it);
 - ``algorithms.png``: mean held-out success against env steps per method.
+
+``--set KEY=VALUE ...`` adds overrides to every run (BC starts included), e.g. a smoke test:
+``--methods grpo --seeds 0 --env-steps 200 --set bc.num_demos=40 bc.epochs=1 eval.episodes=20``.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import statistics
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+
+from _runs import RESULTS, Job, bc_starts, from_bc, run_all
+from turnforge.train.metrics import RunMetrics, read_metrics
 
 METHODS: dict[str, list[str]] = {
     "grpo": [],
@@ -52,29 +58,19 @@ LABELS = {
 }
 
 
-def _train(args: tuple[str, list[str], str]) -> dict | None:
-    """One run (skipped when its summary exists); None, with the error printed, if it failed."""
-    recipe, overrides, out = args
-    from turnforge.config import load_config
-    from turnforge.train.run import train
-
-    if (Path(out) / "summary.json").exists():
-        return json.loads((Path(out) / "summary.json").read_text())
-    try:
-        with open(Path(out).with_suffix(".log"), "w") as log, contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
-            return train(load_config(recipe, overrides), out, live=False)
-    except Exception as err:  # one failed run must not lose the others
-        print(f"run {out} failed: {type(err).__name__}: {err}", flush=True)
-        return None
+def _start_time(metrics: RunMetrics) -> float:
+    """Time of the run's first record (curves count seconds from it)."""
+    records = [*metrics.bc_epochs, *metrics.evals, *metrics.iterations, *metrics.warnings,
+               *(r for r in (metrics.bc, metrics.value_pretrain) if r is not None)]
+    return min((r.time for r in records), default=0.0)
 
 
 def _curve(run_dir: Path) -> list[dict]:
-    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x]
-    start = rows[0]["time"] if rows else 0.0
-    return [
-        {"env_steps": r["env_steps"], "success": r["success_rate"], "seconds": round(r["time"] - start, 1)}
-        for r in rows if r["event"] == "eval"
-    ]
+    """The run's evaluations: env steps, held-out success, seconds since its first record."""
+    metrics = read_metrics(run_dir)
+    start = _start_time(metrics)
+    return [{"env_steps": e.env_steps, "success": e.result.success_rate, "seconds": round(e.time - start, 1)}
+            for e in metrics.evals]
 
 
 def main() -> None:
@@ -84,12 +80,14 @@ def main() -> None:
     ap.add_argument("--env-steps", type=int, default=25_000, help="policy env steps of RL per run")
     ap.add_argument("--threshold", type=float, default=0.40, help="held-out success counted as reached")
     ap.add_argument("--jobs", type=int, default=2, help="runs in parallel (each with torch threads=1)")
-    ap.add_argument("--work", default="/tmp/turnforge-bench-algorithms", help="run directories")
-    ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    ap.add_argument("--work", type=Path, default=RESULTS / "algorithms", help="run directories (default %(default)s)")
+    ap.add_argument("--out", type=Path, default=RESULTS, help="directory of algorithms.json/.md/.png (default %(default)s)")
     ap.add_argument("--recipe", default="sokoban-tiny")
+    ap.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE", dest="extra",
+                    help="more overrides for every run, BC starts included")
     ap.add_argument("--report-only", action="store_true", help="rewrite the table and plot from algorithms.json")
     args = ap.parse_args()
-    work, out = Path(args.work), Path(args.out)
+    work, out = args.work, args.out
     if args.report_only:
         records = json.loads((out / "algorithms.json").read_text())
         (out / "algorithms.md").write_text(markdown(records, args))
@@ -101,22 +99,16 @@ def main() -> None:
     common = ["threads=1", "eval.every=5", f"rl.max_env_steps={args.env_steps}", "rl.iterations=1000"]
 
     t0 = time.time()
-    with ProcessPoolExecutor(max_workers=args.jobs) as pool:
-        # 1. one BC start per seed
-        bc_jobs = [(args.recipe, [f"seed={s}", "threads=1", "rl.iterations=0"], str(work / f"bc-{s}")) for s in args.seeds]
-        list(pool.map(_train, bc_jobs))
-        print(f"BC starts done in {time.time() - t0:.0f}s", flush=True)
-        # 2. every method from each seed's BC checkpoint
-        runs = [(m, s) for s in args.seeds for m in args.methods]
-        jobs = [
-            (
-                args.recipe,
-                [f"seed={s}", f"model.path={work / f'bc-{s}' / 'checkpoints' / 'bc'}", "bc.enabled=false", *common, *METHODS[m]],
-                str(work / f"{m}-{s}"),
-            )
-            for m, s in runs
-        ]
-        summaries = list(pool.map(_train, jobs))
+    # 1. one BC start per seed
+    starts = bc_starts(work, args.recipe, ["threads=1", *args.extra], args.seeds, args.jobs)
+    print(f"BC starts done in {time.time() - t0:.0f}s", flush=True)
+    # 2. every method from each seed's BC checkpoint
+    runs = [(m, s) for s in args.seeds if s in starts for m in args.methods]
+    jobs = [
+        Job(args.recipe, (f"seed={s}", *from_bc(starts[s]), *common, *METHODS[m], *args.extra), work / f"{m}-{s}")
+        for m, s in runs
+    ]
+    summaries = run_all(jobs, args.jobs)
 
     records = []
     for (m, s), summary in zip(runs, summaries):
@@ -127,12 +119,13 @@ def main() -> None:
         records.append({
             "method": m,
             "seed": s,
-            "heldout_success": summary["eval_after_rl"]["success_rate"],
-            "heldout_success_before_rl": summary["eval_before_rl"]["success_rate"],
-            "env_steps": summary["env_steps"],
-            "mc_env_steps": summary.get("mc_env_steps", 0),
-            "wall_seconds": summary["wall_seconds"],
-            "rl_iterations": summary["rl_iterations"],
+            "heldout_success": summary.eval_after_rl.success_rate,
+            "heldout_success_before_rl": summary.eval_before_rl.success_rate,
+            "heldout_episodes": summary.eval_after_rl.episodes,
+            "env_steps": summary.env_steps,
+            "mc_env_steps": summary.mc_env_steps,
+            "wall_seconds": summary.wall_seconds,
+            "rl_iterations": summary.rl_iterations,
             "env_step_budget": args.env_steps,
             "threshold": args.threshold,
             "env_steps_to_threshold": reached["env_steps"] if reached else None,
@@ -140,7 +133,9 @@ def main() -> None:
             "curve": curve,
         })
         print(f"{m:10s} seed {s}: {records[-1]['heldout_success_before_rl']:.3f} -> {records[-1]['heldout_success']:.3f} "
-              f"({summary['wall_seconds']:.0f}s)", flush=True)
+              f"({summary.wall_seconds:.0f}s)", flush=True)
+    if not records:
+        raise SystemExit(f"no run finished; see the .log files in {work}")
     (out / "algorithms.json").write_text(json.dumps(records, indent=1) + "\n")
     table = markdown(records, args)
     (out / "algorithms.md").write_text(table)
@@ -155,7 +150,8 @@ def markdown(records: list[dict], args: argparse.Namespace) -> str:
         return f"{statistics.median(xs):,.0f}" if xs else "—"
 
     lines = [
-        f"Held-out success on {args.recipe} (200 held-out episodes per evaluation, sampled at T=1), "
+        f"Held-out success on {args.recipe} ({records[0].get('heldout_episodes', 200)} held-out episodes per evaluation, "
+        "sampled at T=1), "
         f"RL budget {records[0]['env_step_budget']:,} policy env steps, "
         f"seeds {', '.join(map(str, sorted({r['seed'] for r in records})))}; threshold {records[0]['threshold']:.2f}.",
         "",

@@ -1,11 +1,13 @@
 """Solvability of the code-repair env: the oracle vs a uniformly random tool caller.
 
-    python benchmarks/code_repair.py [--episodes 200] [--out benchmarks/results/code_repair.json]
+    python benchmarks/code_repair.py [--episodes 200] [--out runs/benchmarks/code_repair.json]
 
 For each split, plays ``episodes`` tasks with the oracle expert and with ``random_action``
 (max_steps of the env, default 14 turns), and reports the solve rates, the share of tasks by
 bug kind, the time to build the mutant catalogue and the mean wall time of an episode.
-Writes JSON and a Markdown table next to it.
+Episodes are played directly on one env instance (``env.reset``/``env.step``): this measures the
+env, not the rollout engine. Writes JSON (default ``runs/benchmarks/code_repair.json``) and a
+Markdown table next to it.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from _runs import RESULTS
 from turnforge.envs import make
 from turnforge.envs.code import repair
 
@@ -24,7 +27,7 @@ from turnforge.envs.code import repair
 def play(env, policy, split: str, episodes: int) -> dict:
     wins, turns, t0 = 0, 0, time.perf_counter()
     for i in range(episodes):
-        env.reset(seed=i, task=env.task(split, i))
+        env.reset(task=env.task(split, i), seed=i)
         while not env.done:
             r = env.step(policy())
             turns += 1
@@ -36,7 +39,8 @@ def play(env, policy, split: str, episodes: int) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--episodes", type=int, default=200)
-    ap.add_argument("--out", default="benchmarks/results/code_repair.json")
+    ap.add_argument("--out", type=Path, default=RESULTS / "code_repair.json",
+                    help="JSON result file, Markdown table next to it (default %(default)s)")
     args = ap.parse_args()
     env = make("code-repair")
     t0 = time.perf_counter()

@@ -1,7 +1,7 @@
 """RL update time with and without merging repeated samples (``rl.merge_duplicates``).
 
     python benchmarks/merge_duplicates.py RUN_DIR [--iterations 0 10 20 30] [--reps 3]
-        [--threads 2] [--out benchmarks/results/merge_duplicates.json]
+        [--threads 2] [--out runs/benchmarks/merge_duplicates.json]
 
 For each RL iteration named, the run's own samples and the advantages it trained on are read
 back from ``RUN_DIR/trajectories/rl_*.parquet`` (groups whose advantages are all 0 left out,
@@ -10,7 +10,7 @@ config) is timed on them from the run's BC checkpoint, merging off and on altern
 ``reps`` times each. Reported per iteration: samples, merged rows, median seconds of each
 and their ratio. (The logged mean losses differ: minibatches hold other samples once copies
 are merged; ``tests/train/test_merge.py`` checks that one batch's loss and gradients agree.)
-Writes JSON and a Markdown table next to it.
+Writes JSON (default ``runs/benchmarks/merge_duplicates.json``) and a Markdown table next to it.
 """
 
 from __future__ import annotations
@@ -25,11 +25,14 @@ import numpy as np
 import torch
 
 from _checkpoints import save
+from _runs import RESULTS
 from turnforge.config import load_config
 from turnforge.data.store import read_trajectories
 from turnforge.policy.model import load_policy
 from turnforge.train.common import GuardedStep
+from turnforge.train.metrics import UpdateStats
 from turnforge.train.rl import ppo_update
+from turnforge.train.run import _quiet_hf
 from turnforge.types import Sample
 
 
@@ -49,7 +52,7 @@ def load_samples(run: Path, iteration: int) -> list[tuple[Sample, float]]:
     ]
 
 
-def timed_update(run: Path, merge: bool, samples: list[tuple[Sample, float]], iteration: int) -> tuple[float, dict]:
+def timed_update(run: Path, merge: bool, samples: list[tuple[Sample, float]], iteration: int) -> tuple[float, UpdateStats]:
     cfg = load_config(str(run / "config.yaml"), [f"rl.merge_duplicates={str(merge).lower()}"])
     policy = load_policy(run / "checkpoints" / "bc")
     optimizer = torch.optim.AdamW(policy.model.parameters(), lr=cfg.rl.lr)
@@ -65,23 +68,25 @@ def main() -> None:
     ap.add_argument("--iterations", type=int, nargs="+", default=[0, 10, 20, 30])
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--out", type=Path, default=Path("benchmarks/results/merge_duplicates.json"))
+    ap.add_argument("--out", type=Path, default=RESULTS / "merge_duplicates.json",
+                    help="JSON result file, Markdown table next to it (default %(default)s)")
     args = ap.parse_args()
+    _quiet_hf()
     torch.set_num_threads(args.threads)
     rows = []
     for it in args.iterations:
         samples = load_samples(args.run, it)
         times: dict[bool, list[float]] = {False: [], True: []}
-        stats: dict[bool, dict] = {}
+        stats: dict[bool, UpdateStats] = {}
         for _ in range(args.reps):
             for merge in (False, True):
                 seconds, stats[merge] = timed_update(args.run, merge, samples, it)
                 times[merge].append(seconds)
         off, on = statistics.median(times[False]), statistics.median(times[True])
         rows.append({
-            "iteration": it, "samples": len(samples), "merged_rows": round(stats[True]["merged_row_fraction"] * len(samples)),
+            "iteration": it, "samples": len(samples), "merged_rows": round(stats[True].merged_row_fraction * len(samples)),
             "seconds_off": off, "seconds_on": on, "speedup": off / on,
-            "tokens_off": stats[False]["tokens"], "tokens_on": stats[True]["tokens"],
+            "tokens_off": stats[False].tokens, "tokens_on": stats[True].tokens,
         })
         print(rows[-1], flush=True)
     table = [

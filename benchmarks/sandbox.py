@@ -9,7 +9,8 @@ PATH, in every mode). Modes: ``direct`` (subprocess, output captured), ``unsafe-
 start script, prlimit, output pump; no isolation) and ``bwrap`` (the real sandbox). Runs are
 interleaved across modes, after 3 warm-up runs each; the ``Sandbox()`` construction, which
 checks bwrap once per process, is timed apart. Overhead = median(mode) - median(direct).
-Writes ``sandbox.json`` and ``sandbox.md`` to ``--out`` (default benchmarks/results).
+Writes ``sandbox.json`` and ``sandbox.md`` to the directory ``--out`` (default ``runs/benchmarks``;
+past measurements are in ``docs/results/``).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import time
 import warnings
 from pathlib import Path
 
+from _runs import RESULTS
 from turnforge.sandbox import Sandbox
 from turnforge.sandbox.bwrap import program_env
 
@@ -40,7 +42,7 @@ def _quantile(xs: list[float], q: float) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=50)
-    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="output directory (default %(default)s)")
     args = parser.parse_args()
 
     load_before = os.getloadavg()[0]

@@ -1,36 +1,34 @@
 """Is RL's gain more than sharpening? Held-out success of checkpoints at several temperatures.
 
     python benchmarks/temperature_gap.py RUN_DIR [RUN_DIR ...] [--temperatures 1.0 0.3]
-        [--episodes 500] [--checkpoints bc final] [--out benchmarks/results/temperature_gap.json]
+        [--episodes 500] [--checkpoints bc final] [--out runs/benchmarks/temperature_gap.json]
 
 Each checkpoint plays the first ``episodes`` held-out levels with the env and rollout
 settings of the run's ``config.yaml`` (the same levels and sampling seed for every
 checkpoint), once per temperature. A lower temperature sharpens a policy without teaching
 it anything; if the BC checkpoint sampled at T = 0.3 does as well as the RL checkpoint at
 T = 1, RL's gain is what sharpening gives, and an RL checkpoint that does no better at
-T = 0.3 than BC at T = 0.3 has not corrected BC's mistakes. Writes JSON and a Markdown
-table next to it.
+T = 0.3 than BC at T = 0.3 has not corrected BC's mistakes. Episodes are played by the
+rollout engine, envs in this process (``turnforge.train.evaluate``). Writes JSON (default
+``runs/benchmarks/temperature_gap.json``) and a Markdown table next to it.
 """
 
 from __future__ import annotations
 
+from contextlib import closing
 from pathlib import Path
 
-from _checkpoints import parser, save, score
-from turnforge.config import load_config
-from turnforge.envs import make_batch
-from turnforge.policy.model import load_policy
+from _checkpoints import engine, load, parser, save, score
 from turnforge.train.evaluate import evaluate
 
 
 def success_by_temperature(run: Path, checkpoint: str, temperatures: list[float], episodes: int) -> dict[str, float]:
-    cfg = load_config(str(run / "config.yaml"))
-    policy = load_policy(run / "checkpoints" / checkpoint)
-    envs = make_batch(cfg.env.id, min(episodes, 256), **cfg.env.kwargs)
-    return {
-        f"T={t:g}": evaluate(policy, envs, cfg.rollout, episodes=episodes, temperature=t, seed=0)[0].success_rate
-        for t in temperatures
-    }
+    cfg, policy = load(run, checkpoint)
+    with closing(engine(cfg, policy, min(episodes, 256))) as eng:
+        return {
+            f"T={t:g}": evaluate(eng, policy, episodes=episodes, split="heldout", temperature=t, seed=0)[0].success_rate
+            for t in temperatures
+        }
 
 
 def main() -> None:

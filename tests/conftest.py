@@ -12,6 +12,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 torch.set_num_threads(2)
 
+from helpers import TINY_TEST_SHAPE  # noqa: E402
 from turnforge.envs.levels import InvalidAction, LevelEnv, Outcome  # noqa: E402
 from turnforge.envs.registry import register  # noqa: E402
 
@@ -68,7 +69,6 @@ class EchoEnv(LevelEnv):
 register("test-echo", EchoEnv, overwrite=True)
 
 
-TINY_TEST_SHAPE = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1)
 
 
 @pytest.fixture(scope="session")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import TINY_TEST_SHAPE
+from helpers import TINY_TEST_SHAPE
 from turnforge.config import load_config
 from turnforge.envs import registry
 

@@ -1,10 +1,15 @@
-"""bench_envpool: every mode plays the same steps and resets, and the result is plain JSON."""
+"""bench_envpool (benchmarks/envpool.py): every mode plays the same steps and resets, and the
+result is plain JSON."""
 
 from __future__ import annotations
 
 import json
+import sys
+from pathlib import Path
 
-from turnforge.bench.envpool import MODES, bench_envpool, to_markdown
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+from envpool import MODES, bench_envpool, to_markdown  # noqa: E402
 
 
 def test_bench_envpool_modes_do_the_same_work():

@@ -16,7 +16,7 @@ from turnforge.critic.value import (
     value_positions,
 )
 from turnforge.envs import make_batch
-from engine_helpers import inline_engine
+from helpers import inline_engine
 from turnforge.rollout.actors import ExpertActor
 from turnforge.rollout.engine import EpisodeRequest
 

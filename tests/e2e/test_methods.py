@@ -32,6 +32,8 @@ METHODS = {
     "mc-grpo-bc-tails": ["rl.advantage=mc_grpo", "rl.mc_grpo_states=4", "critic.mc_rollouts=2", "critic.mc_policy=bc",
                          "bc.num_demos=24", "bc.epochs=6", "bc.lr=0.003"],
     "async-ppo-critic": ["engine.mode=async", "engine.eta=1", "rl.advantage=gae", "critic.enabled=true"],
+    "async-mc-grpo": ["engine.mode=async", "engine.eta=1", "rl.advantage=mc_grpo", "rl.mc_grpo_states=4",
+                      "critic.mc_rollouts=2", "bc.num_demos=24", "bc.epochs=6", "bc.lr=0.003"],
 }
 
 

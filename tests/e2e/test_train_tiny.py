@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import TINY_TEST_SHAPE
+from helpers import TINY_TEST_SHAPE
 from turnforge.config import load_config
 from turnforge.train.metrics import read_metrics, read_summary
 from turnforge.train.run import load_run_config, train

@@ -15,7 +15,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import TINY_TEST_SHAPE
+from helpers import TINY_TEST_SHAPE
 from turnforge.train.metrics import read_metrics, read_summary
 
 pytestmark = pytest.mark.slow

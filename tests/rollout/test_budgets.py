@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from engine_helpers import inline_engine
+from helpers import inline_engine
 from turnforge.config import RolloutConfig
 from turnforge.envpool.host import NO_PROBE
 from turnforge.rollout.actors import ExpertActor, PolicyActor

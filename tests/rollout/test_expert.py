@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine_helpers import inline_engine
+from helpers import inline_engine
 from turnforge.config import RolloutConfig
 from turnforge.errors import UserError
 from turnforge.rollout.actors import ExpertActor

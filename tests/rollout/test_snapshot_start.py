@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pyarrow.parquet as pq
 
-from engine_helpers import inline_engine
+from helpers import inline_engine
 from turnforge.config import RolloutConfig
 from turnforge.data.store import write_trajectories
 from turnforge.envs import make_batch

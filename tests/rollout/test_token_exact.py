@@ -8,7 +8,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine_helpers import inline_engine
+from helpers import inline_engine
 from turnforge.config import RolloutConfig
 from turnforge.policy.generate import pad_right, token_logprobs
 from turnforge.rollout.actors import PolicyActor

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from engine_helpers import inline_engine
+from helpers import inline_engine
 from turnforge.config import RolloutConfig
 from turnforge.envs import make_batch
 from turnforge.errors import UserError

@@ -7,7 +7,7 @@ import pytest
 
 from turnforge.config import CriticConfig, RLConfig, RolloutConfig
 from turnforge.envs import make_batch
-from engine_helpers import inline_engine
+from helpers import inline_engine
 from turnforge.rollout.actors import ExpertActor
 from turnforge.rollout.engine import EpisodeRequest
 from turnforge.train.common import collate

@@ -1,5 +1,14 @@
 """EnvPool alone: env steps/s of one env stepped four ways on exactly the same work.
 
+    python benchmarks/envpool.py                          # sokoban-slow, 16 envs, 8 workers
+    python benchmarks/envpool.py --env sokoban --num-envs 8 --num-workers 4 --steps-per-env 20
+        [--env-kwargs '{"median_ms": 5}'] [--repeats 3] [--out runs/benchmarks/envpool.json]
+
+Prints a Markdown table and writes the result as JSON to ``--out`` (default
+``runs/benchmarks/envpool.json``) with the table next to it (``.md``). ``benchmarks/rollout.py``
+adds it to the sync-vs-async benchmark; ``tests/bench/test_envpool_bench.py`` runs
+``bench_envpool`` small.
+
 Every mode steps ``num_envs`` copies of ``env_id`` ``steps_per_env`` times each, with the same
 action texts (drawn once from ``random.Random(seed)`` over ``env.action_names``) and the same
 reset seeds (env ``i``'s episode ``k`` resets with seed ``seed * 1_000_003 + k * num_envs + i``).
@@ -49,6 +58,7 @@ import gymnasium
 import numpy as np
 from gymnasium.vector import AsyncVectorEnv, AutoresetMode
 
+from _runs import RESULTS
 from turnforge.envpool import EnvPool, EnvResult
 from turnforge.envs import list_envs, make, register, stable_hash, to_gymnasium
 from turnforge.envs.gym_adapter import TurnforgeGymEnv
@@ -369,7 +379,7 @@ def to_markdown(result: dict) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m turnforge.bench.envpool", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--env", default="sokoban-slow", help="registered env id")
     p.add_argument("--num-envs", type=int, default=16)
     p.add_argument("--num-workers", type=int, default=8)
@@ -378,14 +388,20 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--batch-size", type=int, default=None, help="envpool_async recv batch (default num_envs // 2)")
-    p.add_argument("--out", type=Path, default=None, help="write the result as JSON here")
+    p.add_argument("--out", type=Path, default=RESULTS / "envpool.json",
+                   help="JSON result file, Markdown next to it (default %(default)s)")
     args = p.parse_args(argv)
-    result = bench_envpool(args.env, args.num_envs, args.num_workers, args.steps_per_env, args.env_kwargs,
-                           args.seed, args.repeats, args.batch_size)
-    print(to_markdown(result))
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=2) + "\n")
+    try:
+        result = bench_envpool(args.env, args.num_envs, args.num_workers, args.steps_per_env, args.env_kwargs,
+                               args.seed, args.repeats, args.batch_size)
+    except UserError as err:
+        p.error(str(err))
+    md = to_markdown(result)
+    print(md)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    args.out.with_suffix(".md").write_text(md + "\n")
+    print(f"wrote {args.out} and {args.out.with_suffix('.md')}")
 
 
 if __name__ == "__main__":

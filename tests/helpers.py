@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+#: The shape of the tiny test model (built once per session by the ``tiny_model_dir`` fixture).
+TINY_TEST_SHAPE = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1)
+
 
 def inline_engine(policy, env, cfg, n: int = 1, **env_kwargs):
     """A rollout engine on in-process envs: ``env`` is a registered id (``n`` envs made with
