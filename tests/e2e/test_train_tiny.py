@@ -164,3 +164,14 @@ def test_calculator_recipe_trains_with_tool_calls(tmp_path):
     demos = pq.read_table(tmp_path / "run" / "trajectories" / "bc_demos.parquet").to_pylist()
     text = tok.decode(demos[0]["token_ids"])  # full_history: one whole-episode sample per demonstration
     assert text.count("<tool_call>") == 1 and "<|im_start|>tool\n" in text and "<answer>" in text
+
+
+def test_actions_longer_than_max_new_tokens_are_reported(tmp_path, capsys):
+    """Every Sokoban move is a word plus the stop token: with one new token per turn each one is
+    cut. The run says so at start (with the number needed) and again when its rollouts show it."""
+    summary = train(load_config("sokoban-tiny", FAST + ["rollout.max_new_tokens=1"]), tmp_path / "run", live=False)
+    assert summary.rl_iterations == 3
+    warnings = [w.message for w in read_metrics(tmp_path / "run").warnings]
+    assert any("do not fit rollout.max_new_tokens=1" in w and "set rollout.max_new_tokens=" in w for w in warnings)
+    assert any("hit rollout.max_new_tokens=1 before a stop token" in w for w in warnings)
+    assert "warning: " in capsys.readouterr().err

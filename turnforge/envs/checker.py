@@ -396,26 +396,20 @@ def _check_snapshot(env: Env, task: Task, seed: int, actions: _Actions, make_ano
         _restore(env, snap)
         if env.anchor_key() != key:
             _fail(f"{_name(env)}: restore() did not bring back the snapshot's state (anchor_key differs); {_keep_state_hint(env)}")
-    for attempt in ("again", "a third time"):
-        _restore(env, snap)
-        again = _replay(env, played)
-        if again != original:
-            _fail(
-                f"{_name(env)}: replaying the same actions after restore() {attempt} gave different results "
-                f"({_first_difference(original, again)}); restore() must not share state with the snapshot "
-                f"(copy it), and {_keep_state_hint(env)}"
-            )
+    replays = [(env, "replaying the same actions after restore() again", "restore() must not share state with the "
+                "snapshot (copy it)"), (env, "replaying them a third time", "restore() must not share state with the "
+                "snapshot (copy it)")]
     other = make_another() if make_another is not None else None
     if other is not None and capabilities(other).snapshot:
         _reset(other, task, seed + 1)
-        _restore(other, snap)
-        moved = _replay(other, played)
-        if moved != original:
-            _fail(
-                f"{_name(env)}: restoring the snapshot into another env of the same id gave different results "
-                f"({_first_difference(original, moved)}); the snapshot must hold the whole episode state "
-                f"(env workers restore it in other processes); {_keep_state_hint(env)}"
-            )
+        replays.append((other, "restoring the snapshot into another env of the same id", "the snapshot must hold "
+                        "the whole episode state (env workers restore it in other processes)"))
+    for target, what, fix in replays:
+        _restore(target, snap)
+        again = _replay(target, played)
+        if again != original:
+            _fail(f"{_name(env)}: {what} gave different results ({_first_difference(original, again)}); {fix}, "
+                  f"and {_keep_state_hint(env)}")
 
 
 def _restore(env: Env, snap: EnvSnapshot) -> None:

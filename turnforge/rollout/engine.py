@@ -187,8 +187,8 @@ class RolloutEngine:
         return their trajectories (in request order) and counters. With ``keep_snapshots``
         each trajectory records the env snapshot taken before each turn's action; with
         ``tokens=False`` no token context is kept, nor anchor keys and potentials (no samples;
-        for text actors whose episodes are only scored, e.g. Monte-Carlo rollouts). ``on_wave(k)`` runs before
-        wave ``k`` starts (e.g. to reseed the actor)."""
+        for text actors whose episodes are only scored, e.g. Monte-Carlo rollouts).
+        ``on_wave(k)`` runs before wave ``k`` starts (e.g. to reseed the actor)."""
         if self.by_slot:
             raise RuntimeError("the rollout engine is busy (a group stream has episodes running)")
         trajectories: list[Trajectory] = []
@@ -214,10 +214,15 @@ class RolloutEngine:
             self.caps.require("snapshot", self.env.env_id, "starting an episode from a snapshot")
         if req.max_turns is None:
             req = replace(req, max_turns=self.cfg.max_turns)
-        slot = self.free_slots.pop()
+        needs = actor.probe(req.task, req.trajectory_id, 0)  # what the actor reads off the env: check the env has it
+        if needs.expert:
+            self.caps.require("expert", self.env.env_id, f"{type(actor).__name__} (it plays the expert's moves)")
+        if needs.random_seed is not None:
+            self.caps.require("random_action", self.env.env_id, f"{type(actor).__name__} (it plays random actions)")
         ctx = None
         if self.policy is not None and tokens:
             ctx = EpisodeContext(self.policy.chat, self.cfg, self.prompt, self.marker, req.trajectory_id)
+        slot = self.free_slots.pop()
         ep = _Episode(req, actor, self._seq, slot, ctx, keep_snapshots, group)
         self._seq += 1
         self.by_slot[slot] = ep
@@ -234,10 +239,6 @@ class RolloutEngine:
         if turn >= ep.max_turns:
             return Probe()  # no action follows: the turn budget ends the episode
         probe = Probe() if turn < len(ep.request.first_actions) else ep.actor.probe(ep.request.task, ep.request.trajectory_id, turn)
-        if probe.expert:
-            self.caps.require("expert", self.env.env_id, f"{type(ep.actor).__name__} (it plays the expert's moves)")
-        if probe.random_seed is not None:
-            self.caps.require("random_action", self.env.env_id, f"{type(ep.actor).__name__} (it plays random actions)")
         return Probe(probe.expert, probe.random_seed, ep.keep_snapshots, keys=ep.ctx is not None)
 
     def _on_result(self, r: EnvResult) -> None:
