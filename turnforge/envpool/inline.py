@@ -39,11 +39,6 @@ class InlineEnvs:
         self._steps = self._resets = self._failed = 0
         self._busy, self._t_start = 0.0, time.perf_counter()
 
-    @property
-    def envs(self) -> list:
-        """The env objects (env id ``i`` is ``envs[i]``)."""
-        return [self.host.envs[i] for i in range(self.num_envs)]
-
     def send_reset(self, env_ids: Sequence[int], seeds: Sequence[int | None] | None = None,
                    tasks: Sequence[Task | None] | None = None, probes: Sequence[Probe] | None = None) -> None:
         n = len(env_ids)

@@ -125,7 +125,6 @@ class _Episode:
     slot: int  # env id in the backend
     ctx: EpisodeContext | None  # None when no token context is kept (text actors only)
     keep_snapshots: bool
-    group: int = -1  # GroupStream: admission index of its group
     observation: str = ""
     after: AfterState = AfterState()  # read off the env in the state the next action is taken in
     turns: list[Turn] = field(default_factory=list)
@@ -204,7 +203,7 @@ class RolloutEngine:
         return trajectories, rollout_stats(episodes)
 
     # ------------------------------------------------------------------ the core
-    def _launch(self, req: EpisodeRequest, actor: Actor, keep_snapshots: bool, group: int = -1, tokens: bool = True) -> _Episode:
+    def _launch(self, req: EpisodeRequest, actor: Actor, keep_snapshots: bool, tokens: bool = True) -> _Episode:
         """Start ``req`` on a free env slot (reset, or restore from its snapshot)."""
         if actor.needs_tokens and (self.policy is None or not tokens):
             raise ValueError("this actor acts on token ids; the engine needs a policy's token format and tokens=True")
@@ -223,7 +222,7 @@ class RolloutEngine:
         if self.policy is not None and tokens:
             ctx = EpisodeContext(self.policy.chat, self.cfg, self.prompt, self.marker, req.trajectory_id)
         slot = self.free_slots.pop()
-        ep = _Episode(req, actor, self._seq, slot, ctx, keep_snapshots, group)
+        ep = _Episode(req, actor, self._seq, slot, ctx, keep_snapshots)
         self._seq += 1
         self.by_slot[slot] = ep
         self.stats.admitted_episodes += 1
@@ -483,7 +482,7 @@ class GroupStream:
             if self.lockstep and self.generator_for is not None and k % self.groups_per_batch == 0:
                 self.actor.generator = self.generator_for(k // self.groups_per_batch)
             self.admitted += 1
-            episodes = [self.engine._launch(req, self.actor, self.keep_snapshots, group=k) for req in self.make_group(k)]
+            episodes = [self.engine._launch(req, self.actor, self.keep_snapshots) for req in self.make_group(k)]
             self.groups[k] = _Group(k, episodes)
 
     def _consumable(self) -> list[_Group] | None:
@@ -519,7 +518,7 @@ class GroupStream:
             for e in running:
                 del engine.by_slot[e.slot]
                 engine.free_slots.append(e.slot)
-            g.episodes = [engine._launch(e.request, self.actor, self.keep_snapshots, group=g.index) for e in g.episodes]
+            g.episodes = [engine._launch(e.request, self.actor, self.keep_snapshots) for e in g.episodes]
 
     def _pop(self, groups: list[_Group]) -> GroupBatch:
         version = self.controller.version

@@ -147,7 +147,8 @@ class LocalRollouts(_Source):
                                 generator(cfg.seed, "rl-engine", start_it))
         else:
             self.engine = s.engine
-            actor = PolicyActor(s.policy, cfg.rollout.max_new_tokens, cfg.rollout.temperature, generator(cfg.seed, "rl-sample", start_it))
+            actor = PolicyActor(s.policy, cfg.rollout.max_new_tokens, cfg.rollout.temperature,
+                                _IterationGenerator(cfg.seed, start_it)(0))  # reseeded per batch by generator_for
         self.stream = GroupStream(
             self.engine, actor, groups, group_size=rl.group_size, groups_per_batch=rl.tasks_per_iteration, eta=eng.eta,
             lockstep=not self.is_async, partial_rollouts=eng.partial_rollouts, keep_snapshots=keep_snapshots,
