@@ -12,3 +12,30 @@ class UserError(Exception):
 def choices(valid: Iterable[str]) -> str:
     """Format valid choices for an error message: ``'a', 'b', 'c'``."""
     return ", ".join(repr(v) for v in sorted(valid))
+
+
+class RunStopped(Exception):
+    """A run stopped on purpose before its end (not a user error, not a bug): too many
+    infrastructure failures in a stage, or non-finite losses. The CLI prints
+    ``error: <message>`` on one line and exits with ``exit_code`` (1)."""
+
+    exit_code = 1
+
+
+class Interrupted(Exception):
+    """SIGINT or SIGTERM stopped a run. The message says where it stopped and how to
+    resume; the CLI prints it on one line and exits with 128 + the signal number
+    (130 for SIGINT, 143 for SIGTERM)."""
+
+    def __init__(self, message: str, signum: int) -> None:
+        super().__init__(message)
+        self.signum = signum
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+
+#: The run directory of the run in progress in this process (set by ``turnforge.train.run.train``),
+#: so that an internal error can end with a line saying where the run's logs are.
+current_run_dir: list[str] = []

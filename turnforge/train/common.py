@@ -9,6 +9,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from turnforge.errors import RunStopped
 from turnforge.envs.base import stable_hash
 from turnforge.policy.generate import pad_right
 from turnforge.types import Sample, Trajectory
@@ -63,7 +64,7 @@ def collate(samples: Sequence[Sample], pad_id: int, advantages: Sequence[float |
     return Batch(ids, attention, mask, old, adv)
 
 
-class NonFiniteLoss(RuntimeError):
+class NonFiniteLoss(RunStopped):
     """Several consecutive optimizer steps had a NaN/inf loss or gradient."""
 
 
