@@ -1,6 +1,8 @@
 # One command each, from a fresh clone on a fresh machine:
 #   make train   set-up, then `turnforge train` with the default recipe (sokoban-tiny)
 #   make test    set-up, then the whole test suite
+# Set-up installs the versions in constraints.txt, those the figures in docs/results.md were
+# taken with; edit that file (and re-measure) to upgrade.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -10,14 +12,14 @@ STAMP := $(VENV)/.setup-stamp
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml Makefile
+$(STAMP): pyproject.toml constraints.txt Makefile
 	# bubblewrap: the sandbox of code and tool envs (Debian package; needs root, as in CI).
 	command -v bwrap >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq bubblewrap; } \
 		|| echo "warning: could not install bubblewrap; sandboxed envs will refuse to run"
 	$(PY) -m venv $(VENV)
 	# The CPU wheel first: a bare `torch` requirement would pull several GB of CUDA packages.
-	$(BIN)/pip install -q "torch==2.13.0"
-	$(BIN)/pip install -q -e ".[dev,ray]"
+	$(BIN)/pip install -q -c constraints.txt "torch==2.13.0"
+	$(BIN)/pip install -q -c constraints.txt -e ".[dev,ray]"
 	touch $(STAMP)
 
 train: setup

@@ -1,24 +1,44 @@
 """The ``turnforge`` command line: train, eval, recipes, envs, check-env, tiny-model.
 
-User errors (unknown recipe/env/key, malformed YAML, wrong types, missing paths) print
-one line ``error: ...`` naming the bad input and the valid choices and exit with code 2.
+How a command ends (``main``):
+
+- a user error (unknown recipe/env/key/flag/command, malformed YAML, a wrong type, a missing
+  or unwritable path, a full disk): one line ``error: ...`` on stderr naming the bad input and
+  the valid choices, exit 2; checked before any work and before anything is written where it
+  can be checked up front;
+- a run stopped on purpose (``RunStopped``: too many infrastructure failures, NaN losses):
+  one line ``error: ...``, exit 1;
+- SIGINT/SIGTERM: one line saying where the run stopped and how to resume, exit 128 + signal;
+- an internal error (a bug): the Python traceback, then one line naming the run directory
+  and its logs, exit 1.
+
+Heavy imports (torch, transformers) stay inside the commands, so flag errors are quick.
 """
 
 from __future__ import annotations
 
+import errno
+import importlib
 import json
+import os
 import sys
 import time
+import traceback
 from contextlib import closing
 from pathlib import Path
-from typing import List, Optional
+from typing import List, NoReturn, Optional
 
-import typer
+# OpenMP threads sleep when idle instead of spinning: on a machine loaded by other jobs a
+# spinning thread pool made a short run 10x slower (same weights either way).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import typer  # noqa: E402
 from rich.console import Console
 from rich.table import Table
 
-from turnforge.errors import UserError
-from turnforge.train.common import NonFiniteLoss
+from turnforge import errors
+from turnforge.errors import Interrupted, RunStopped, UserError, choices
+from turnforge.paths import check_out_dir, check_out_file, write_json
 
 app = typer.Typer(
     add_completion=False,
@@ -29,6 +49,20 @@ app = typer.Typer(
 console = Console()
 
 
+def _check_readable(recipe: str, label: str) -> None:
+    """A recipe or config given as a path must be a readable text file (a name, or a missing
+    file, is ``load_config``'s to report)."""
+    path = Path(recipe)
+    if not (recipe.endswith((".yaml", ".yml")) or "/" in recipe) or not path.exists():
+        return
+    try:
+        path.read_text()
+    except (OSError, UnicodeDecodeError) as err:
+        reason = err.strerror if isinstance(err, OSError) else "not UTF-8 text"
+        raise UserError(f"{label} {recipe!r} is not a readable YAML file ({reason})") from None
+
+
+# ---------------------------------------------------------------------- commands
 @app.command(context_settings={"allow_extra_args": False})
 def train(
     args: Optional[List[str]] = typer.Argument(None, help="[RECIPE | path.yaml] [key=value ...] (default recipe: sokoban-tiny)"),
@@ -36,23 +70,32 @@ def train(
     resume: Optional[Path] = typer.Option(None, "--resume", help="Continue the run in this directory from its last checkpoint"),
 ) -> None:
     """Train a policy: behaviour-cloning warm start, then GRPO, with held-out evaluation."""
-    from turnforge.config import load_config, parse_overrides
-    from turnforge.train.run import load_run_config, train as run_train
-
     args = list(args or [])
     if resume is not None:
         if args:
             raise UserError("--resume continues a run with its saved config; drop the recipe and overrides")
+        if out is not None:
+            raise UserError("--resume continues the run in its own directory; drop --out")
+        from turnforge.train.run import load_run_config, train as run_train
+
         cfg = load_run_config(resume)
         run_train(cfg, resume, resume=True)
         return
     recipe = "sokoban-tiny"
     if args and "=" not in args[0]:
         recipe = args.pop(0)
-    parse_overrides(args)  # validates the key=value form before anything heavy runs
+    _check_readable(recipe, "recipe")
+    if out is not None:
+        check_out_dir(out, "--out")
+    from turnforge.config import load_config  # imports torch: after the checks above, which are quick
+
     cfg = load_config(recipe, args)
-    run_dir = out or Path("runs") / f"{cfg.recipe}-{time.strftime('%Y%m%d-%H%M%S')}"
-    run_train(cfg, run_dir)
+    if out is None:
+        out = Path("runs") / f"{cfg.recipe}-{time.strftime('%Y%m%d-%H%M%S')}"
+        check_out_dir(out, "run directory")
+    from turnforge.train.run import train as run_train
+
+    run_train(cfg, out)
 
 
 @app.command()
@@ -115,48 +158,125 @@ def check_env_cmd(
     console.print(f"{env_id}: ok ({', '.join(report.checks)})", highlight=False, soft_wrap=True)
 
 
-@app.command("eval")
+def _run_config_of(checkpoint: Path) -> Path | None:
+    """RUN/config.yaml for a checkpoint at RUN/checkpoints/<name>/, else None."""
+    ckpt = checkpoint.resolve()
+    run_cfg = ckpt.parent.parent / "config.yaml"
+    return run_cfg if ckpt.parent.name == "checkpoints" and run_cfg.is_file() else None
+
+
+EVAL_HELP = (
+    "Evaluate a checkpoint; prints the eval dict and writes it as JSON.\n\n"
+    "A checkpoint inside a run directory (RUN/checkpoints/<name>/ next to RUN/config.yaml) is evaluated with "
+    "the run's config: env, env options and tasks, rollout context and budgets, eval.episodes, eval.split, "
+    "eval.temperature and the run's seed, so `turnforge eval RUN/checkpoints/final` repeats the run's final "
+    "evaluation exactly; --config names that config for a checkpoint elsewhere. Flags and key=value arguments "
+    "override it; another --env drops its env options. Without a config --env is required and turnforge's "
+    "defaults apply. The settings used are written with the results."
+)
+
+
+@app.command("eval", help=EVAL_HELP)
 def eval_cmd(
     checkpoint: Path = typer.Argument(..., help="HF model directory (e.g. RUN/checkpoints/final)"),
-    env: str = typer.Option("sokoban", "--env", help="Registered env id"),
-    episodes: int = typer.Option(200, "--episodes", min=1, help="Episodes to play"),
-    seed: int = typer.Option(0, "--seed", help="Seed of sampling (greedy ignores it)"),
-    split: str = typer.Option("heldout", "--split", help="'heldout' or 'train'"),
-    temperature: float = typer.Option(0.0, "--temperature", min=0.0, help="0 = greedy"),
-    out: Optional[Path] = typer.Option(None, "--out", help="JSON file (default: CHECKPOINT/eval_<env>_<split>.json)"),
+    overrides: Optional[List[str]] = typer.Argument(
+        None, help="Config keys as key=value over the run's config (e.g. rollout.max_turns=6 env.kwargs.dim=6)"),
+    env: Optional[str] = typer.Option(None, "--env", help="Registered env id (default: the run's; required outside a run directory)"),
+    episodes: Optional[int] = typer.Option(None, "--episodes", min=1, help="Episodes to play (default: the run's eval.episodes, else 200)"),
+    seed: Optional[int] = typer.Option(None, "--seed", help="Seed of sampling (default: the run's seed, else 0)"),
+    split: Optional[str] = typer.Option(None, "--split", help="'heldout' or 'train' (default: the run's eval.split, else heldout)"),
+    temperature: Optional[float] = typer.Option(
+        None, "--temperature", min=0.0, help="0 = greedy (default: the run's eval.temperature, else 0)"),
+    config: Optional[str] = typer.Option(
+        None, "--config", help="Settings from this run config.yaml or recipe (default: RUN/config.yaml of a checkpoint in RUN)"),
+    out: Optional[Path] = typer.Option(None, "--out", help="JSON file to write (default: CHECKPOINT/eval_<env>_<split>.json, replaced)"),
+    force: bool = typer.Option(False, "--force", help="Overwrite the --out file if it exists"),
 ) -> None:
-    """Evaluate a checkpoint; prints the eval dict and writes it as JSON."""
-    import torch
-    import yaml
+    """``turnforge eval``: see ``EVAL_HELP``. Settings: the config (the run's, --config's or the
+    defaults), then key=value overrides, then the flags."""
+    # 1. quick checks of the flags, the checkpoint and --out (no torch import yet)
+    overrides = list(overrides or [])
+    if split is not None and split not in ("heldout", "train"):
+        raise UserError(f"unknown split {split!r}; valid splits: 'heldout', 'train'")
+    if not checkpoint.exists():
+        raise UserError(f"model path {str(checkpoint)!r} does not exist; give a local directory saved with save_pretrained")
+    in_run = _run_config_of(checkpoint)
+    base = config if config is not None else in_run
+    if config is not None:
+        _check_readable(config, "--config")
+    env_given = env is not None or any(o.partition("=")[0].strip() == "env.id" for o in overrides)
+    if base is None and not env_given:
+        from turnforge.envs import list_envs
 
-    from turnforge.config import EnvConfig, TrainConfig, config_from_dict
+        raise UserError(
+            f"checkpoint {str(checkpoint)!r} is not inside a run directory (RUN/checkpoints/<name>/ next to "
+            f"RUN/config.yaml): give --env ID, one of {choices(list_envs())} (see `turnforge envs`), or --config RUN/config.yaml"
+        )
+    if out is not None:
+        check_out_file(out, "--out", refuse_existing=not force)
+
+    # 2. the settings: the config (the run's, --config's or the defaults), key=value overrides, then the flags
+    from turnforge.config import config_from_dict, load_config, parse_overrides
+
+    flags = [f"env.id={json.dumps(env)}"] if env is not None else []
+    flags += [f"eval.episodes={episodes}"] if episodes is not None else []
+    flags += [f"eval.split={split}"] if split is not None else []
+    flags += [f"eval.temperature={temperature!r}"] if temperature is not None else []
+    flags += [f"seed={seed}"] if seed is not None else []
+    notes = []
+    if base is not None:
+        cfg = load_config(str(base), overrides + flags)  # another env.id drops the config's env options
+        base_env = load_config(str(base)).env
+        if cfg.env.id != base_env.id:
+            notes.append(f"note: env {cfg.env.id!r} is not the run's env {base_env.id!r}: the run's env options "
+                         f"{json.dumps(base_env.kwargs)} and tasks are not used")
+    else:
+        cfg = config_from_dict(parse_overrides(overrides + flags))
+    e = cfg.eval
+    path = out or checkpoint / f"eval_{cfg.env.id}_{e.split}.json"
+    if out is None:  # replaced if there: it is this command's own file
+        check_out_file(path, "output file", refuse_existing=False)
+
+    # 3. env (a bad id or option fails before the model loads), model, engine sized as train() sizes it
+    import torch
+
+    from turnforge.envs.registry import build_env
     from turnforge.policy.model import load_policy
     from turnforge.rollout.engine import make_engine
     from turnforge.train.evaluate import evaluate
     from turnforge.train.run import _quiet_hf
 
-    if split not in ("heldout", "train"):
-        raise UserError(f"unknown split {split!r}; valid splits: 'heldout', 'train'")
+    build_env(cfg.env.id, cfg.env.kwargs, cfg.env.tasks, cfg.env.heldout_fraction)
     _quiet_hf()
-    torch.set_num_threads(2)
-    cfg = TrainConfig(env=EnvConfig(id=env))
-    run_cfg = checkpoint.resolve().parent.parent / "config.yaml"  # RUN/checkpoints/<name>/ -> RUN/config.yaml
-    if run_cfg.exists():
-        cfg = config_from_dict(yaml.safe_load(run_cfg.read_text()))
-        if cfg.env.id != env:
-            cfg = cfg.model_copy(update={"env": EnvConfig(id=env)})
-    policy = load_policy(checkpoint)
-    with closing(make_engine(cfg, policy, min(episodes, 256))) as engine:
-        result, _ = evaluate(engine, policy, episodes=episodes, split=split, temperature=temperature, seed=seed)
-    data = {**result.as_dict(), "checkpoint": str(checkpoint), "seed": seed, "temperature": temperature}
-    path = out or checkpoint / f"eval_{env}_{split}.json"
-    path.write_text(json.dumps(data, indent=2) + "\n")
+    torch.set_num_threads(cfg.threads)
+    policy = load_policy(checkpoint, cfg.model.dtype)
+    r = cfg.rollout
+    settings = {
+        "env": cfg.env.id, "env_kwargs": dict(cfg.env.kwargs), "env_tasks": cfg.env.tasks, "split": e.split,
+        "episodes": e.episodes, "temperature": e.temperature, "seed": cfg.seed, "context": r.context,
+        "history_window": r.history_window, "max_turns": r.max_turns, "max_new_tokens": r.max_new_tokens,
+        "max_context_tokens": r.max_context_tokens, "include_instructions": r.include_instructions,
+        "dtype": cfg.model.dtype, "config": str(base) if base is not None else None,
+    }
+    for note in notes:
+        print(note)
+    if in_run is None:
+        source = f"from {base}" if base is not None else "no run directory: turnforge defaults"
+        print(f"eval settings ({source}, with the flags given): "
+              + " ".join(f"{k}={json.dumps(v)}" for k, v in settings.items() if k != "config"))
+    with closing(make_engine(cfg, policy)) as engine:  # the run's env slots: the same waves give the same numbers
+        result, _ = evaluate(engine, policy, episodes=e.episodes, split=e.split, temperature=e.temperature, seed=cfg.seed)
+
+    # 4. write (whole or not at all) and print
+    data = {**result.as_dict(), "checkpoint": str(checkpoint), "settings": settings}
+    write_json(path, data)
     print(json.dumps(data, indent=2))
 
 
 @app.command("tiny-model")
 def tiny_model(out: Path = typer.Argument(..., help="Directory to write the model to")) -> None:
     """Build the tiny Qwen2 model + tokenizer locally and save it in HF format."""
+    check_out_dir(out, "OUT")
     from turnforge.policy.tiny import build_tiny_model
     from turnforge.train.run import _quiet_hf
 
@@ -164,27 +284,91 @@ def tiny_model(out: Path = typer.Argument(..., help="Directory to write the mode
     build_tiny_model(out)
     console.print(f"saved a tiny Qwen2 model to {out}")
 
-def main() -> None:
-    try:
-        app(standalone_mode=False)
-    except UserError as err:
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(2)
-    except NonFiniteLoss as err:
-        print(f"error: training stopped: {err}", file=sys.stderr)
-        sys.exit(1)
-    except (typer.Abort, KeyboardInterrupt):
-        print("interrupted; continue with: turnforge train --resume <run dir>", file=sys.stderr)
-        sys.exit(130)
-    except Exception as err:  # click usage errors carry their own exit code
-        import click
 
-        if isinstance(err, click.exceptions.ClickException):
-            err.show()
-            sys.exit(err.exit_code)
-        if isinstance(err, click.exceptions.Exit):
-            sys.exit(err.exit_code)
-        raise
+# ---------------------------------------------------------------------- entry point
+def _click_classes(name: str) -> tuple[type, ...]:
+    """Exception class ``name`` wherever it exists: recent typers raise their own click's
+    (``typer._click.exceptions``; ``Abort`` and ``Exit`` in ``typer.exceptions``), older ones
+    the click package's."""
+    found: list[type] = []
+    for module in ("typer.exceptions", "typer._click.exceptions", "click.exceptions"):
+        try:
+            cls = getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError):
+            continue
+        if cls not in found:
+            found.append(cls)
+    return tuple(found)
+
+
+def _fail(line: str, code: int) -> NoReturn:
+    print(line, file=sys.stderr)
+    sys.exit(code)
+
+
+def _usage_line(err: Exception) -> str:
+    """A click usage error as one line: its message, the valid commands where a command is
+    unknown or missing, and where to read the help (no Usage block)."""
+    ctx = getattr(err, "ctx", None)
+    commands = getattr(ctx.command, "list_commands", None) if ctx is not None else None
+    valid = ", ".join(commands(ctx)) if commands is not None else ""
+    if isinstance(err, _click_classes("NoArgsIsHelpError")):
+        message = f"give a command: {valid}"
+    else:
+        message = " ".join(err.format_message().split()).rstrip(".")
+        message = message[:1].lower() + message[1:]
+        if message.startswith("no such command") and valid:
+            message += f"; valid commands: {valid}"
+    where = f" (see {ctx.command_path} --help)" if ctx is not None else ""
+    return f"error: {message}{where}"
+
+
+#: OSErrors that a user fixes (space, quota, permissions, a read-only file system), not bugs.
+USER_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS}
+
+
+def main() -> None:
+    """Run the command line and turn every way it ends into an exit code (see the module docstring)."""
+    try:
+        code = app(prog_name="turnforge", standalone_mode=False)  # returns 130 where typer caught a Ctrl-C
+    except UserError as err:
+        _fail(f"error: {err}", 2)
+    except RunStopped as err:  # NonFiniteLoss included
+        _fail(f"error: {err}", 1)
+    except Interrupted as err:
+        _fail(str(err), err.exit_code)
+    except (KeyboardInterrupt, *_click_classes("Abort")):
+        code = 130
+    except _click_classes("Exit") as err:
+        code = err.exit_code
+    except _click_classes("ClickException") as err:
+        if isinstance(err, _click_classes("NoArgsIsHelpError")) and err.format_message().strip():
+            print(err.format_message())  # without rich the help is the message; with rich it is printed already
+        usage = isinstance(err, _click_classes("UsageError"))
+        _fail(_usage_line(err) if usage else f"error: {err.format_message()}", 2)
+    except OSError as err:
+        if err.errno == errno.EPIPE:  # the reader of the output went away (`turnforge envs | head -1`)
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            sys.exit(1)
+        if err.errno not in USER_ERRNOS:
+            _internal_error()
+        run_dir = errors.current_run_dir
+        where = repr(err.filename) if err.filename else f"run directory {run_dir[-1]!r}" if run_dir else "a file"
+        _fail(f"error: {(err.strerror or os.strerror(err.errno)).lower()}: {where}; "
+              "free space or fix permissions there, or choose another --out", 2)
+    except Exception:
+        _internal_error()
+    if code == 130:
+        run_dir = errors.current_run_dir
+        _fail("interrupted" + (f"; resume with: turnforge train --resume {run_dir[-1]}" if run_dir else ""), 130)
+    sys.exit(code or 0)
+
+
+def _internal_error() -> NoReturn:
+    """A bug: the traceback, then where the run's logs are."""
+    traceback.print_exc()
+    run_dir = errors.current_run_dir
+    _fail("turnforge: internal error" + (f"; run directory: {run_dir[-1]} (config.yaml, metrics.jsonl)" if run_dir else ""), 1)
 
 
 if __name__ == "__main__":

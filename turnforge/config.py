@@ -7,19 +7,55 @@ the bad key and the valid ones (the CLI prints it and exits with code 2).
 
 from __future__ import annotations
 
+import math
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from turnforge.errors import UserError, choices
 from turnforge.policy.tiny import TinyModelConfig
 
 
+def _is_number(annotation: Any) -> bool:
+    """An int or float field, optional or not."""
+    kinds = get_args(annotation) or (annotation,)
+    return bool not in kinds and any(kind in (int, float) for kind in kinds)
+
+
+def _learning_rate(value: float) -> float:
+    if not (math.isfinite(value) and 0 < value <= 1):
+        raise PydanticCustomError("learning_rate", "a learning rate must be a finite number in (0, 1]")
+    return value
+
+
+#: Every learning rate of the config: finite, positive, at most 1 (1e9 or .inf is a typo, not a setting);
+#: inf and nan reach ``_learning_rate`` too, so that every bad rate gets the same message.
+LearningRate = Annotated[float, Field(allow_inf_nan=True), AfterValidator(_learning_rate)]
+
+
 class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    """A config section: an unknown key is an error, and so are inf and nan in a float field
+    and a boolean in a number field (pydantic's lax mode would read YAML's true/false as 1/0)."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_booleans_for_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        annotation = cls.model_fields[info.field_name].annotation
+        if isinstance(value, bool) and _is_number(annotation):
+            raise PydanticCustomError("bool_number", "a boolean where a number is expected")
+        if isinstance(value, dict) and isinstance(annotation, type) and issubclass(annotation, BaseModel) \
+                and not issubclass(annotation, Section):  # a section defined elsewhere: model.tiny
+            for key, item in value.items():
+                field = annotation.model_fields.get(key)
+                if isinstance(item, bool) and field is not None and _is_number(field.annotation):
+                    raise PydanticCustomError("bool_number", "{key} is a boolean where a number is expected", {"key": key})
+        return value
 
 
 class ModelConfig(Section):
@@ -39,6 +75,12 @@ class EnvConfig(Section):
         None, ge=0, le=1, description="With env.tasks: split the rows that have no 'split' field by content hash, "
         "this share held out"
     )
+
+    @field_validator("id", mode="before")
+    @classmethod
+    def _id_is_a_name(cls, value: Any) -> Any:
+        # YAML reads `env.id=2048` as the number 2048; env ids are names
+        return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
 
     @field_validator("tasks")
     @classmethod
@@ -69,7 +111,7 @@ class BCConfig(Section):
     )
     epochs: int = Field(4, ge=1, description="Passes over the demonstration samples")
     batch_size: int = Field(32, ge=1, description="Samples per gradient step")
-    lr: float = Field(1e-3, gt=0, description="AdamW learning rate")
+    lr: LearningRate = Field(1e-3, description="AdamW learning rate")
     lr_schedule: Literal["constant", "cosine"] = Field(
         "constant", description="'cosine' decays the learning rate to 0 over the BC steps (averages out label noise)"
     )
@@ -86,7 +128,7 @@ class RLConfig(Section):
     )
     tasks_per_iteration: int = Field(16, ge=1, description="Distinct train tasks per iteration")
     group_size: int = Field(8, ge=2, description="Rollouts per task (G); advantages are normalised within the group")
-    lr: float = Field(2e-4, gt=0, description="AdamW learning rate")
+    lr: LearningRate = Field(2e-4, description="AdamW learning rate")
     lr_schedule: Literal["constant", "cosine"] = Field(
         "constant", description="'cosine' decays the learning rate per iteration to 0 at rl.iterations"
     )
@@ -143,7 +185,7 @@ class CriticConfig(Section):
     init: Literal["policy", "random"] = Field(
         "policy", description="Critic trunk: a copy of the policy after BC, or the same architecture freshly initialised"
     )
-    lr: float = Field(5e-4, gt=0, description="AdamW learning rate of the critic")
+    lr: LearningRate = Field(5e-4, description="AdamW learning rate of the critic")
     epochs: int = Field(2, ge=1, description="Passes of critic updates over each iteration's turns")
     minibatch_size: int = Field(128, ge=1, description="Samples per critic optimizer step")
     value_clip: float | None = Field(
@@ -245,6 +287,11 @@ class TrainConfig(Section):
     check_env: bool = Field(
         True, description="Run the quick check_env on the env at start, and measure its actions against "
         "rollout.max_new_tokens (false only for envs that fail on purpose, e.g. fault injection)"
+    )
+    max_failure_share: float = Field(
+        0.1, ge=0, le=1, description="The run stops when more than this share of a stage's episodes (BC demonstrations, "
+        "an evaluation, an RL iteration, value pretraining, Monte-Carlo rollouts) are infrastructure failures "
+        "(env code raised, a worker crashed or hung); a stage where all fail always stops"
     )
     checkpoint_every: int = Field(5, ge=1, description="Save a resumable checkpoint every N RL iterations")
     threads: int = Field(2, ge=1, description="torch intra-op threads (fixed for determinism)")

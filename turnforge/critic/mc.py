@@ -23,8 +23,9 @@ Where we depart from (or fill in) the paper:
   envs are unaffected.
 - A rollout cut by its turn budget contributes its partial return, no bootstrap: the
   value is that of the turns left, as the agent faces them.
-- Rollouts that hit an infrastructure failure are left out of the means and counted; a
-  state whose rollouts all failed gets NaN.
+- Rollouts that hit an infrastructure failure are left out of the means and counted (with
+  the first error, for the trainer's ``max_failure_share`` check); a state whose rollouts all
+  failed gets NaN.
 """
 
 from __future__ import annotations
@@ -49,6 +50,8 @@ class MCEstimate:
     stderr: np.ndarray  # [N] float64, standard error of the mean (NaN with fewer than 2 returns)
     env_steps: int  # env steps (turns) played in all rollouts
     failed: int = 0  # episodes lost to infrastructure failures (excluded from the means)
+    episodes: int = 0  # episodes played, failed ones included
+    first_error: str | None = None  # the first failed episode's Trajectory.infra_failure
 
 
 @dataclass(frozen=True)
@@ -127,10 +130,10 @@ def estimate(
             owner.append(i)
     trajectories, stats = engine.play(requests, actor, tokens=actor.needs_tokens)
     returns: list[list[float]] = [[] for _ in starts]
-    failed = 0
+    errors = []
     for i, traj in zip(owner, trajectories):
         if traj.infra_failure is not None:
-            failed += 1
+            errors.append(traj.infra_failure)
         else:
             returns[i].append(sum(gamma**k * turn.reward for k, turn in enumerate(traj.turns)))
     values, stderr = np.full(len(starts), np.nan), np.full(len(starts), np.nan)  # [N] each
@@ -140,7 +143,7 @@ def estimate(
         elif g:
             values[i] = np.mean(g)
             stderr[i] = np.std(g, ddof=1) / np.sqrt(len(g)) if len(g) > 1 else np.nan
-    return MCEstimate(values, stderr, stats.turns, failed)
+    return MCEstimate(values, stderr, stats.turns, len(errors), len(trajectories), errors[0] if errors else None)
 
 
 def blend(v_critic: torch.Tensor | np.ndarray, v_mc: torch.Tensor | np.ndarray, w: float) -> torch.Tensor | np.ndarray:

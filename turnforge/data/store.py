@@ -1,10 +1,26 @@
-"""Trajectory store: Parquet files with one row per training sample.
+"""Trajectory store: Parquet files with one row per training sample, and every episode in them.
 
 One row per *sample* (the trainer's unit): with the ``window`` context a trajectory
 has one sample per turn, with ``full_history`` exactly one. Episode-level columns
 (``reward``, ``success``, ``num_turns``, ...) repeat on each row of a trajectory;
 ``turn_index`` is -1 for whole-episode samples. ``logprobs`` is null where no policy
 sampled the token (context tokens, expert demonstrations).
+
+Every episode played has at least one row, so a file lists all of a stage's episodes: an
+episode with no sample (a failed ``reset``, a failure or context overflow before its first
+action) has one *episode row* whose ``turn_index`` and token columns (``token_ids``,
+``logprobs``, ``loss_mask``, ``versions``) are null. Infrastructure failures (env code
+raised, a worker crashed or hung) are in the file with their error text in ``infra_failure``
+(null for every other episode), with the samples they had before failing; they are never
+scored: their ``reward`` and ``success`` are null (``turn_reward`` still holds what the env
+paid per turn). In DuckDB::
+
+    SELECT count(DISTINCT trajectory_id) FROM 'RUN/trajectories/rl_*.parquet'
+        WHERE infra_failure IS NOT NULL;                            -- failed episodes
+    SELECT DISTINCT trajectory_id, infra_failure FROM 'RUN/trajectories/bc_demos.parquet'
+        WHERE infra_failure IS NOT NULL;                            -- failed demonstrations, why
+    SELECT avg(reward) FROM (SELECT DISTINCT trajectory_id, reward FROM 'RUN/trajectories/rl_00000.parquet');
+        -- mean return of the scored episodes (avg skips the failures' null)
 """
 
 from __future__ import annotations
@@ -53,34 +69,37 @@ def write_trajectories(
     iteration: int,
     advantages: dict[str, Sequence[float]] | None = None,
 ) -> int:
-    """Write the samples of ``trajectories`` to ``path`` (Parquet); returns the row count.
+    """Write the samples of ``trajectories`` to ``path`` (Parquet), one episode row for each
+    trajectory without samples; returns the row count.
 
     ``advantages`` maps a trajectory id to the advantage of each of its turns: the row's
     ``advantage`` is its turn's value (null for a whole-episode sample whose turns differ),
     ``turn_advantages`` the whole list."""
     rows: dict[str, list] = {name: [] for name in SCHEMA.names}
     for traj in trajectories:
-        for s in traj.samples:
-            turn = traj.turns[s.turn_index] if 0 <= s.turn_index < len(traj.turns) else None
-            lp = s.logprobs.astype(np.float64)
+        failed = traj.infra_failure is not None
+        per_turn = None if advantages is None else advantages.get(traj.trajectory_id)
+        for s in traj.samples or (None,):  # None: the episode row of an episode without samples
+            turn_index = None if s is None else s.turn_index
+            turn = traj.turns[turn_index] if turn_index is not None and 0 <= turn_index < len(traj.turns) else None
             rows["stage"].append(stage)
             rows["iteration"].append(iteration)
             rows["trajectory_id"].append(traj.trajectory_id)
             rows["task_id"].append(traj.task.task_id)
             rows["group_id"].append(traj.group_id)
             rows["env_seed"].append(traj.env_seed)
-            rows["turn_index"].append(s.turn_index)
-            rows["token_ids"].append(s.token_ids.tolist())
-            rows["logprobs"].append([None if np.isnan(x) else float(x) for x in lp])
-            rows["loss_mask"].append(s.loss_mask.tolist())
-            rows["versions"].append(s.versions.tolist())
+            rows["turn_index"].append(turn_index)
+            rows["token_ids"].append(None if s is None else s.token_ids.tolist())
+            lp = None if s is None else s.logprobs.astype(np.float64)
+            rows["logprobs"].append(None if lp is None else [None if np.isnan(x) else float(x) for x in lp])
+            rows["loss_mask"].append(None if s is None else s.loss_mask.tolist())
+            rows["versions"].append(None if s is None else s.versions.tolist())
             rows["action_text"].append(turn.action_text if turn else None)
             rows["turn_reward"].append(turn.reward if turn else None)
-            rows["reward"].append(traj.episode_return)
-            per_turn = None if advantages is None else advantages.get(traj.trajectory_id)
-            rows["advantage"].append(_sample_advantage(per_turn, s.turn_index))
+            rows["reward"].append(None if failed else traj.episode_return)
+            rows["advantage"].append(None if s is None else _sample_advantage(per_turn, s.turn_index))
             rows["turn_advantages"].append(None if per_turn is None else [float(a) for a in per_turn])
-            rows["success"].append(traj.success)
+            rows["success"].append(None if failed else traj.success)
             rows["num_turns"].append(traj.num_turns)
             rows["policy_version"].append(traj.policy_version)
             rows["truncation_reason"].append(traj.truncation_reason)

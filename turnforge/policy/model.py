@@ -8,7 +8,7 @@ ids, and a version counter bumped after every optimizer step.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -161,35 +161,83 @@ def stop_token_ids(tokenizer, model) -> tuple[int, ...]:
     return tuple(dict.fromkeys(ids))
 
 
-def load_chat_format(path: str | Path) -> ChatFormat:
-    """The tokenizer and chat template of a local HF model directory, without the weights."""
-    from transformers import AutoTokenizer
-
-    p = Path(path)
-    if not p.is_dir():
-        raise UserError(f"model path {str(path)!r} does not exist; give a local directory saved with save_pretrained")
-    return ChatFormat(AutoTokenizer.from_pretrained(p, local_files_only=True))
+ROUND_TRIP = "Move up, then left: 12 #@$ ok."  # the text a model directory's tokenizer must round-trip
 
 
-def load_policy(path: str | Path, dtype: str = "float32", device: str = "cpu") -> Policy:
-    """Load a local HF causal LM directory with ``from_pretrained`` (no download)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def check_model_dir(path: str | Path) -> Path:
+    """One ``UserError`` line for a directory that cannot be a usable model: missing,
+    no ``config.json``, a sealed checkpoint whose files are truncated or corrupt, or no
+    tokenizer files."""
+    from turnforge.policy.manifest import MANIFEST, verify
 
     p = Path(path)
     if not p.exists():
         raise UserError(f"model path {str(path)!r} does not exist; give a local directory saved with save_pretrained")
+    if not p.is_dir():
+        raise UserError(f"model path {str(path)!r} is a file; give the directory saved with save_pretrained")
     if not (p / "config.json").exists():
         raise UserError(f"model path {str(path)!r} has no config.json; it is not a Hugging Face model directory")
+    if (p / MANIFEST).exists():
+        problem = verify(p)
+        if problem is not None:
+            raise UserError(f"model directory {str(path)!r} is damaged: {problem}")
+    if not any((p / name).exists() for name in TOKENIZER_FILES):
+        raise UserError(
+            f"model path {str(path)!r} has no tokenizer (none of {', '.join(TOKENIZER_FILES)}); "
+            "save the tokenizer with tokenizer.save_pretrained(DIR) next to the model"
+        )
+    return p
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "spiece.model")
+
+
+def check_tokenizer(tokenizer, path: str | Path) -> None:
+    """The tokenizer must encode a test string to ids and decode them back to it."""
+    ids = tokenizer(ROUND_TRIP, add_special_tokens=False)["input_ids"]
+    back = tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False) if ids else ""
+    if back.strip() != ROUND_TRIP:
+        raise UserError(
+            f"tokenizer of {str(path)!r} does not round-trip text ({ROUND_TRIP!r} -> {len(ids)} ids -> {back!r}); "
+            "its files are incomplete or do not belong to this model"
+        )
+
+
+def load_chat_format(path: str | Path) -> ChatFormat:
+    """The tokenizer and chat template of a local HF model directory, without the weights."""
+    from transformers import AutoTokenizer
+
+    p = check_model_dir(path)
+    tokenizer = AutoTokenizer.from_pretrained(p, local_files_only=True)
+    check_tokenizer(tokenizer, p)
+    return ChatFormat(tokenizer)
+
+
+def load_policy(path: str | Path, dtype: str = "float32", device: str = "cpu") -> Policy:
+    """Load a local HF causal LM directory with ``from_pretrained`` (no download), after
+    checking that the directory is whole and its tokenizer works (``check_model_dir``,
+    ``check_tokenizer``); unreadable weights are one ``UserError`` line naming the directory."""
+    from safetensors import SafetensorError
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    p = check_model_dir(path)
     torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}.get(dtype)
     if torch_dtype is None:
         raise UserError(f"unknown dtype {dtype!r}; valid dtypes: 'bfloat16', 'float16', 'float32'")
     tokenizer = AutoTokenizer.from_pretrained(p, local_files_only=True)
-    model = AutoModelForCausalLM.from_pretrained(p, dtype=torch_dtype, local_files_only=True).to(device)
+    check_tokenizer(tokenizer, p)
+    chat = ChatFormat(tokenizer)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(p, dtype=torch_dtype, local_files_only=True).to(device)
+    except (SafetensorError, OSError, ValueError, RuntimeError) as err:  # truncated/empty weights, bad config.json
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        weights = ", ".join(sorted(f.name for f in p.iterdir() if f.suffix in (".safetensors", ".bin"))) or "no weight files"
+        raise UserError(f"cannot load the model weights in {str(path)!r} ({weights}): {first}") from None
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     return Policy(
         model=model,
         tokenizer=tokenizer,
-        chat=ChatFormat(tokenizer),
+        chat=chat,
         stop_ids=stop_token_ids(tokenizer, model),
         pad_id=int(pad),
         path=str(p),

@@ -14,6 +14,7 @@ numbers are merged by BPE. Byte-level fallback means any text encodes.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Literal
 
@@ -22,9 +23,12 @@ from pydantic import BaseModel, ConfigDict, Field
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 from tokenizers import AddedToken
 
+from turnforge.errors import UserError
+
 PAD_TOKEN = "<|endoftext|>"
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
+TINY_RECORD = "turnforge_tiny.json"  # the TinyModelConfig a tiny model directory was built with
 TOOL_TOKENS = ("<tool_call>", "</tool_call>")
 
 # ChatML, as in Qwen2 (without Qwen's default system prompt). With ``tools``, the system
@@ -147,12 +151,20 @@ def default_corpus(samples_per_env: int = 20, env_ids: tuple[str, ...] = CORPUS_
 
 
 def build_tiny_model(out_dir: str | Path, cfg: TinyModelConfig | None = None, corpus: list[str] | None = None) -> Path:
-    """Build and save a tiny Qwen2 model + tokenizer in HF format; returns ``out_dir``."""
+    """Build and save a tiny Qwen2 model + tokenizer in HF format; returns ``out_dir``.
+
+    The directory is written beside ``out_dir`` and renamed into place, so a kill never
+    leaves a model without its tokenizer; an existing ``out_dir`` is replaced only if it
+    is empty or a tiny model directory itself (``turnforge_tiny.json`` records the config)."""
     from transformers import GPT2Config, GPT2LMHeadModel, Qwen2Config, Qwen2ForCausalLM
 
     cfg = cfg or TinyModelConfig()
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    final = Path(out_dir)
+    if final.exists() and (not final.is_dir() or (any(final.iterdir()) and not (final / TINY_RECORD).exists())):
+        raise UserError(f"{str(final)!r} exists and is not a tiny model directory; give a new or empty directory")
+    out = final.with_name(final.name + ".tmp")
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
     tokenizer = build_tokenizer(default_corpus(cfg.corpus_episodes, cfg.corpus_envs) if corpus is None else corpus, cfg.vocab_size)
     special = {
         "bos_token_id": tokenizer.convert_tokens_to_ids(PAD_TOKEN),
@@ -195,5 +207,9 @@ def build_tiny_model(out_dir: str | Path, cfg: TinyModelConfig | None = None, co
     model.generation_config.pad_token_id = config.pad_token_id
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
-    (out / "turnforge_tiny.json").write_text(json.dumps(cfg.model_dump(), indent=2) + "\n")
-    return out
+    (out / TINY_RECORD).write_text(json.dumps(cfg.model_dump(mode="json"), indent=2) + "\n")
+    if final.exists():
+        shutil.rmtree(final)
+    out.rename(final)
+    return final
+

@@ -25,7 +25,10 @@ Budgets: an episode ends at its turn budget (``max_turns``, ``truncation_reason=
 when nothing more fits the context (``'context_budget'``) or when the env ends it. Observations
 cut to fit, history turns dropped and generations cut at ``max_new_tokens`` are counted
 (``RolloutStats``). An env that raises ends its episode as an infrastructure failure
-(``Trajectory.infra_failure``), never a reward of 0; the other episodes go on.
+(``Trajectory.infra_failure``), never a reward of 0; the other episodes go on. A failed reset
+or restore gives such a trajectory too, with no turns and no samples, so every request
+returns one trajectory and every failure is counted (``turnforge.train.failures`` decides
+whether a stage may go on).
 
 Asynchronous mode (``GroupStream(lockstep=False)``), as before the refactor: admission under the
 ``StalenessController`` (``floor((N_r - 1) / B) <= version + eta``), continuous batching of
@@ -614,10 +617,18 @@ class GroupStream:
 
 
 
-def make_engine(cfg: TrainConfig, policy: Policy | None, num_envs: int, *, workers: int | None = None) -> RolloutEngine:
-    """The engine a run's config asks for: ``num_envs`` env slots on the backend of
-    ``make_backend`` (``engine.env_workers`` worker processes, Ray actors with ``cluster=ray``,
-    or this process) and a local env instance with the recipe's task source."""
+def run_env_slots(cfg: TrainConfig) -> int:
+    """Env slots of a training run's engine: one iteration's episodes, or an evaluation's
+    (up to 256). Evaluations play in waves of this size, so ``turnforge eval`` uses it too."""
+    return max(cfg.rl.tasks_per_iteration * cfg.rl.group_size, min(cfg.eval.episodes, 256))
+
+
+def make_engine(cfg: TrainConfig, policy: Policy | None, num_envs: int | None = None, *,
+                workers: int | None = None) -> RolloutEngine:
+    """The engine a run's config asks for: ``num_envs`` env slots (default ``run_env_slots``)
+    on the backend of ``make_backend`` (``engine.env_workers`` worker processes, Ray actors
+    with ``cluster=ray``, or this process) and a local env instance with the recipe's task source."""
+    num_envs = run_env_slots(cfg) if num_envs is None else num_envs
     env = build_env(cfg.env.id, cfg.env.kwargs, cfg.env.tasks, cfg.env.heldout_fraction)
     backend = make_backend(cfg.env.id, dict(cfg.env.kwargs), num_envs, cfg.engine, on_ray=cfg.cluster == "ray", workers=workers)
     return RolloutEngine(backend, cfg.rollout, policy, env)

@@ -19,6 +19,7 @@ from turnforge.policy.generate import token_logprobs
 from turnforge.rollout.actors import ExpertActor
 from turnforge.rollout.engine import EpisodeRequest
 from turnforge.train.common import GuardedStep, collate, lr_factor, rng
+from turnforge.train.failures import check_trajectories
 from turnforge.train.metrics import BCEpoch, BCStats
 from turnforge.train.session import Session
 
@@ -31,16 +32,18 @@ def run_bc(s: Session) -> BCStats:
     expert = ExpertActor(bc.expert_noise, seed=cfg.seed, action_names=env.action_names)
     requests = [EpisodeRequest(env.task("train", i), stable_hash(cfg.seed, "demo", i), f"demo-{i}", f"demo-{i}")
                 for i in range(bc.num_demos)]
+    #    (all written, failures included; more than max_failure_share of them failing stops the run)
     trajs, _ = s.engine.play(requests, expert)
+    write_trajectories(s.run_dir / "trajectories" / "bc_demos.parquet", trajs, stage="bc", iteration=0)
+    failed = check_trajectories("bc", env.env_id, trajs, cfg.max_failure_share, kind="demonstration episodes")
     demos = [t for t in trajs if t.infra_failure is None]
-    write_trajectories(s.run_dir / "trajectories" / "bc_demos.parquet", demos, stage="bc", iteration=0)
     samples = [x for t in demos for x in t.samples]
     demo_steps, random_actions = sum(t.num_turns for t in demos), expert.random_actions
     s.state.env_steps += demo_steps
-    demo_success = sum(t.success for t in demos) / max(len(demos), 1)
+    demo_success = sum(t.success for t in demos) / len(demos)
     s.progress.message(
         f"bc: {len(demos)} demonstrations, {demo_steps} steps ({random_actions} random), {len(samples)} samples, "
-        f"demonstrator success {demo_success:.2f}"
+        f"demonstrator success {demo_success:.2f}" + (f", {failed} infrastructure failures left out" if failed else "")
     )
 
     # 2. supervised fine-tuning on action tokens
@@ -69,7 +72,7 @@ def run_bc(s: Session) -> BCStats:
     # 3. record
     stats = BCStats(
         demonstrations=len(demos), demo_env_steps=demo_steps, demo_samples=len(samples),
-        demo_infra_failures=len(trajs) - len(demos), expert_success_rate=demo_success, expert_noise=bc.expert_noise,
+        demo_infra_failures=failed, expert_success_rate=demo_success, expert_noise=bc.expert_noise,
         demo_random_actions=random_actions, final_loss=loss_value, optimizer_steps=n, skipped_steps=step.skipped,
     )
     return s.metrics.log(stats, s.state.env_steps)

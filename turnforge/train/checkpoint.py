@@ -2,9 +2,15 @@
 
 ``checkpoints/<name>/`` holds ``model.safetensors``, ``config.json`` and the tokenizer
 files (loadable with ``AutoModelForCausalLM/AutoTokenizer.from_pretrained``). A resumable
-checkpoint adds ``trainer_state.pt`` (optimizer state and counters). Resumable
-checkpoints are written to a temporary directory and renamed, so an interruption never
-leaves a half-written ``last/``.
+checkpoint adds ``trainer_state.pt`` (optimizer state) and ``trainer_state.json``
+(counters).
+
+Every checkpoint is written whole beside the old one and then swapped in:
+``<name>.tmp/`` is written, each file fsynced, ``manifest.json`` (size and sha256 of
+every file) written last, then renamed into place. For the resumable checkpoint the
+previous one stays as ``prev/`` until the next save, so a crash at any point (or a
+file truncated later) leaves at least one complete checkpoint; ``find_resumable`` picks
+the newest complete one and says why it skipped any other.
 """
 
 from __future__ import annotations
@@ -17,9 +23,13 @@ from typing import Any
 
 import torch
 
+from turnforge.errors import UserError
+from turnforge.policy.manifest import fsync, seal, verify
 from turnforge.policy.model import Policy
 from turnforge.train.metrics import BCStats, ValuePretrainStats, from_json
 from turnforge.types import EvalResult
+
+STAGES = ("bc", "rl")  # order of the stages a resumable checkpoint can close
 
 
 @dataclass
@@ -50,32 +60,97 @@ class TrainingState:
     critic_optimizer: dict[str, Any] | None = None
 
 
-def save_model(policy: Policy, path: Path) -> Path:
-    path.mkdir(parents=True, exist_ok=True)
-    policy.model.save_pretrained(path, safe_serialization=True)
-    policy.tokenizer.save_pretrained(path)
+@dataclass(frozen=True)
+class Resumable:
+    """A complete resumable checkpoint found by ``find_resumable``."""
+
+    path: Path
+    state: TrainerState
+    training: TrainingState
+    skipped: tuple[str, ...] = ()  # one line per newer checkpoint that was incomplete or corrupt
+
+
+# ------------------------------------------------------------------ writing
+def _swap_in(tmp: Path, final: Path, keep_previous: Path | None) -> None:
+    """Rename the complete ``tmp`` to ``final``; the old ``final`` becomes ``keep_previous``
+    (or is deleted once the new one is in place)."""
+    parent = final.parent
+    if final.exists():
+        if keep_previous is not None:
+            shutil.rmtree(keep_previous, ignore_errors=True)
+            final.rename(keep_previous)
+        else:
+            old = final.with_name(final.name + ".old")
+            shutil.rmtree(old, ignore_errors=True)
+            final.rename(old)
+            tmp.rename(final)
+            fsync(parent)
+            shutil.rmtree(old)
+            return
+    tmp.rename(final)
+    fsync(parent)
+
+
+def save_model(policy: Policy, path: Path, extra: dict[str, Any] | None = None, previous: Path | None = None) -> Path:
+    """Write the HF model directory ``path`` atomically (beside it, sealed, then renamed).
+    ``extra`` maps file names to objects saved with ``torch.save`` (``*.pt``) or as JSON;
+    ``previous``: where the replaced checkpoint is kept (None: deleted once replaced)."""
+    tmp = path.with_name(path.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    policy.model.save_pretrained(tmp, safe_serialization=True)
+    policy.tokenizer.save_pretrained(tmp)
+    for name, obj in (extra or {}).items():
+        if name.endswith(".pt"):
+            torch.save(obj, tmp / name)
+        else:
+            (tmp / name).write_text(json.dumps(obj, indent=2) + "\n")
+    seal(tmp)
+    _swap_in(tmp, path, previous)
     return path
 
 
 def save_resumable(run_dir: Path, policy: Policy, state: TrainerState, training: TrainingState) -> Path:
-    """Write ``checkpoints/last`` atomically: the model, ``trainer_state.pt`` (``training``)
-    and ``trainer_state.json`` (``state``)."""
-    final = run_dir / "checkpoints" / "last"
-    tmp = run_dir / "checkpoints" / "last.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    save_model(policy, tmp)
-    torch.save(asdict(training), tmp / "trainer_state.pt")
-    (tmp / "trainer_state.json").write_text(json.dumps(asdict(state), indent=2) + "\n")
-    shutil.rmtree(final, ignore_errors=True)
-    tmp.rename(final)
-    return final
+    """Write ``checkpoints/last`` (model, ``trainer_state.pt``, ``trainer_state.json``)
+    atomically; the checkpoint it replaces stays as ``checkpoints/prev``."""
+    root = run_dir / "checkpoints"
+    extra = {"trainer_state.pt": asdict(training), "trainer_state.json": asdict(state)}
+    return save_model(policy, root / "last", extra, previous=root / "prev")
 
 
-def load_trainer_state(run_dir: Path) -> tuple[Path, TrainerState, TrainingState] | None:
-    """The last resumable checkpoint of ``run_dir``: (path, counters, torch state), or None."""
-    path = run_dir / "checkpoints" / "last"
-    if not (path / "trainer_state.json").exists():
+# ------------------------------------------------------------------ reading
+def _progress(state: TrainerState) -> tuple[int, int]:
+    return STAGES.index(state.stage) if state.stage in STAGES else -1, state.iteration
+
+
+def find_resumable(run_dir: Path) -> Resumable | None:
+    """The newest complete resumable checkpoint of ``run_dir`` among ``last``, ``prev``
+    and a ``last.tmp`` that was sealed but not yet renamed (a crash between the two renames);
+    None when the run has none (it stopped before its first checkpoint). Raises
+    ``UserError`` when checkpoints exist but none is complete."""
+    root = run_dir / "checkpoints"
+    found: list[Resumable] = []
+    problems: dict[str, str] = {}  # checkpoint name -> what is wrong with it
+    for name in ("last.tmp", "last", "prev"):  # newest first
+        path = root / name
+        if not path.exists():
+            continue
+        problem = verify(path)
+        if problem is None:
+            try:
+                state = from_json(TrainerState, json.loads((path / "trainer_state.json").read_text()))
+                training = TrainingState(**torch.load(path / "trainer_state.pt", weights_only=False))
+            except Exception as err:  # sealed files that do not parse: not a turnforge checkpoint
+                problem = f"{path} cannot be read ({type(err).__name__}: {err})"
+            else:
+                found.append(Resumable(path, state, training))
+        if problem is not None and name != "last.tmp":  # an unsealed last.tmp is an interrupted save, not news
+            problems[name] = problem
+    if not found:
+        if problems:
+            raise UserError(f"no complete checkpoint to resume from: {'; '.join(problems.values())}; "
+                            "start a new run with another --out")
         return None
-    state = from_json(TrainerState, json.loads((path / "trainer_state.json").read_text()))
-    training = TrainingState(**torch.load(path / "trainer_state.pt", weights_only=False))
-    return path, state, training
+    best = max(found, key=lambda r: _progress(r.state))
+    skipped = (problems["last"],) if best.path.name == "prev" and "last" in problems else ()
+    return Resumable(best.path, best.state, best.training, skipped)

@@ -2,7 +2,9 @@
 
 Evaluation episodes are the tasks ``0..episodes-1`` of a split with env seed = task
 index, so every evaluation of every run sees the same tasks. Infrastructure failures
-are excluded from the rates and counted separately.
+are excluded from the rates and counted separately (``EvalResult.infra_failures``); more
+than ``max_failure_share`` of them, or no episode scored at all, raises ``RunStopped``
+(``turnforge.train.failures``): an evaluation that scored nothing is never a success rate of 0.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from turnforge.policy.model import Policy
 from turnforge.rollout.actors import PolicyActor
 from turnforge.rollout.engine import EpisodeRequest, RolloutEngine
 from turnforge.train.common import generator
+from turnforge.train.failures import check_trajectories
 from turnforge.types import EvalResult, Trajectory
 
 
@@ -24,27 +27,40 @@ def evaluate(
     split: str = "heldout",
     temperature: float = 0.0,
     seed: int = 0,
+    max_failure_share: float = 1.0,
+    stage: str = "evaluation",
 ) -> tuple[EvalResult, list[Trajectory]]:
-    """Play ``episodes`` tasks of ``split`` with the policy (greedy when temperature is 0)."""
+    """Play ``episodes`` tasks of ``split`` with the policy (greedy when temperature is 0).
+
+    Raises ``RunStopped`` (named ``stage``) when more than ``max_failure_share`` of the
+    episodes, or all of them, were infrastructure failures. The default 1.0 only refuses an
+    evaluation that scored nothing (a stand-alone evaluation reports its failures in
+    ``EvalResult.infra_failures``); a training run passes its ``max_failure_share``."""
+    if episodes < 1:
+        raise ValueError(f"evaluate needs episodes >= 1; got {episodes}")
     env = engine.env
     actor = PolicyActor(policy, engine.cfg.max_new_tokens, temperature, generator(seed, "eval", split, episodes))
     requests = [EpisodeRequest(env.task(split, i), i, f"eval-{i}", f"eval-{split}-{i}") for i in range(episodes)]
     trajectories, _ = engine.play(requests, actor)
+    check_trajectories(stage, env.env_id, trajectories, max_failure_share, kind=f"{split} evaluation episodes")
     return summarize(env.env_id, split, trajectories), trajectories
 
 
 def summarize(env_id: str, split: str, trajectories: Sequence[Trajectory]) -> EvalResult:
-    """Aggregate episodes into an ``EvalResult`` (infra failures excluded and counted)."""
+    """Aggregate episodes into an ``EvalResult`` (infra failures excluded and counted).
+    Raises ``ValueError`` when no episode is left to score."""
     ok = [t for t in trajectories if t.infra_failure is None]
     n = len(ok)
+    if n == 0:
+        raise ValueError(f"no {split} episode of env {env_id!r} to score ({len(trajectories)} infrastructure failures)")
     actions = sum(t.num_turns for t in ok)
     return EvalResult(
         env_id=env_id,
         split=split,
         episodes=n,
-        success_rate=sum(t.success for t in ok) / n if n else 0.0,
-        mean_return=sum(t.episode_return for t in ok) / n if n else 0.0,
+        success_rate=sum(t.success for t in ok) / n,
+        mean_return=sum(t.episode_return for t in ok) / n,
         invalid_action_rate=sum(t.num_invalid for t in ok) / actions if actions else 0.0,
-        mean_turns=actions / n if n else 0.0,
+        mean_turns=actions / n,
         infra_failures=len(trajectories) - n,
     )

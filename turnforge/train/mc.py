@@ -30,9 +30,11 @@ from turnforge.algos import grpo
 from turnforge.critic.mc import MCEstimate, MCStart, estimate
 from turnforge.envpool.host import AfterState
 from turnforge.envs.base import stable_hash
+from turnforge.errors import RunStopped
 from turnforge.policy.model import Policy
 from turnforge.rollout.actors import Actor, ActorInput, PolicyActor, RandomActor
 from turnforge.train.common import generator, rng
+from turnforge.train.failures import check_failures
 from turnforge.train.metrics import MCStats
 from turnforge.train.session import Session
 from turnforge.types import Sample, Trajectory
@@ -71,7 +73,9 @@ def mc_turn_values(
         index[t.trajectory_id] = np.asarray(idx, dtype=np.int64)
     est = estimate(s.engine, starts, mc_actor(s, ("values", it), bc_policy), rollouts=cfg.critic.mc_rollouts,
                    gamma=cfg.rl.gamma, seed=stable_hash(cfg.seed, "mc", ("values", it)), prefix=f"mc-{it}")
-    v = np.nan_to_num(est.values, nan=0.0)
+    check_failures(f"rl iteration {it + 1}, Monte-Carlo values", s.env.env_id, est.failed, est.episodes, est.first_error,
+                   cfg.max_failure_share, kind="Monte-Carlo rollouts")
+    v = _known_values(est, f"rl iteration {it + 1}, Monte-Carlo values", s.env.env_id)
     out = {}
     for t in trajs:
         values = v[index[t.trajectory_id]].astype(np.float32)
@@ -81,9 +85,19 @@ def mc_turn_values(
     return out, _stats(est, len(starts))
 
 
+def _known_values(est: MCEstimate, stage: str, env_id: str) -> np.ndarray:
+    """``est.values``, after refusing any start point whose rollouts all failed: its value is
+    unknown, and scoring it 0 would be silently wrong, so the run stops (``RunStopped``)."""
+    unknown = int(np.isnan(est.values).sum())
+    if unknown:
+        raise RunStopped(f"{stage}: {unknown} of {len(est.values)} start points on env {env_id!r} have no value "
+                         f"(every Monte-Carlo rollout from them failed in the env machinery); first error: {est.first_error}")
+    return est.values
+
+
 def _stats(est: MCEstimate, states: int, **extra: float) -> MCStats:
     stderr = float(np.nanmean(est.stderr)) if len(est.stderr) and not np.all(np.isnan(est.stderr)) else 0.0
-    return MCStats(states=states, env_steps=est.env_steps, failed=est.failed, value_stderr=stderr, **extra)
+    return MCStats(states=states, env_steps=est.env_steps, failed=est.failed, value_stderr=stderr, rollouts=est.episodes, **extra)
 
 
 def mc_grpo_batch(
@@ -114,7 +128,9 @@ def mc_grpo_batch(
         where.append([first + distinct.index(text) for text in texts[i * g:(i + 1) * g]])
     est = estimate(s.engine, starts, mc_actor(s, ("q", it), bc_policy), rollouts=cfg.critic.mc_rollouts, gamma=rl.gamma,
                    seed=stable_hash(cfg.seed, "mc-q", it), prefix=f"mcq-{it}")
-    q = np.nan_to_num(est.values, nan=0.0)[np.concatenate(where)]  # [states * G]
+    check_failures(f"rl iteration {it + 1}, MC-GRPO Q values", s.env.env_id, est.failed, est.episodes, est.first_error,
+                   cfg.max_failure_share, kind="Monte-Carlo rollouts")
+    q = _known_values(est, f"rl iteration {it + 1}, MC-GRPO Q values", s.env.env_id)[np.concatenate(where)]  # [states * G]
     adv = grpo(torch.from_numpy(q), torch.arange(len(texts)) // g, std_normalize=rl.std_normalize).numpy()
 
     out_samples, group_of = [], {}

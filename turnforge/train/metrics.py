@@ -40,7 +40,7 @@ class BCEpoch:
 class BCStats:
     """The behaviour-cloning stage."""
 
-    demonstrations: int  # demonstration episodes kept (infra failures left out)
+    demonstrations: int  # demonstration episodes kept (infra failures left out; all are in bc_demos.parquet)
     demo_env_steps: int
     demo_samples: int  # training samples they gave
     demo_infra_failures: int  # demonstration episodes lost to env failures
@@ -63,7 +63,8 @@ class ValuePretrainStats:
     explained_variance: float  # on the held-back states, at the end
     states: int
     held_back: int
-    episodes: int  # BC-policy episodes played for it
+    episodes: int  # BC-policy episodes it fitted (infra failures left out)
+    infra_failures: int = 0  # BC-policy episodes lost to infrastructure failures
     env_steps: int = 0
     time: float = 0.0
 
@@ -139,6 +140,7 @@ class MCStats:
     env_steps: int  # env steps of the Monte-Carlo rollouts (not counted in the run's env steps)
     failed: int  # rollouts lost to infra failures (excluded from the means)
     value_stderr: float  # mean standard error of the estimates
+    rollouts: int = 0  # Monte-Carlo rollouts played, failed ones included
     distinct_actions: float | None = None  # MC-GRPO: distinct actions scored per state
     q_std: float | None = None  # MC-GRPO: mean std of Q within a state's group
 
@@ -148,7 +150,7 @@ class IterationMetrics:
     """One RL iteration (event ``rl_iter``)."""
 
     iteration: int  # RL iterations done, this one included
-    reward: float  # mean episode return of the batch (infra failures excluded)
+    reward: float  # mean episode return of the batch (infra failures excluded: rollout.infra_failures of rollout.episodes)
     success: float  # share of those episodes that succeeded
     invalid_action_rate: float  # invalid actions / actions
     mean_turns: float
@@ -158,7 +160,7 @@ class IterationMetrics:
     group_return_std: float  # mean std of episode returns within a group
     action_tokens_per_turn: float
     update: UpdateStats
-    rollout: RolloutStats  # budget counters of the batch (truncations, overflows, failures)
+    rollout: RolloutStats  # counters of the batch: episodes, infra failures, truncations, overflows
     stream: StreamStats
     rollout_seconds: float  # waiting for the batch (lock-step: playing it)
     credit_seconds: float  # advantages (Monte-Carlo rollouts included)
@@ -182,6 +184,37 @@ class RunWarning:
     message: str
     env_steps: int = 0
     time: float = 0.0
+
+
+@dataclass(frozen=True)
+class Software:
+    """What decides a run's floating-point results besides the config and seed."""
+
+    python: str
+    torch: str
+    transformers: str
+    tokenizers: str
+    numpy: str
+    cpu_capability: str  # torch's CPU kernel path (e.g. AVX2, AVX512): another path gives other weights
+    cpu_model: str
+
+    @classmethod
+    def current(cls) -> "Software":
+        import platform
+
+        import numpy
+        import tokenizers
+        import torch
+        import transformers
+
+        model = ""
+        try:
+            with open("/proc/cpuinfo") as f:
+                model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
+        except OSError:
+            pass
+        return cls(platform.python_version(), torch.__version__, transformers.__version__, tokenizers.__version__,
+                   numpy.__version__, torch.backends.cpu.get_cpu_capability(), model or platform.processor())
 
 
 @dataclass(frozen=True)
@@ -214,6 +247,7 @@ class RunSummary:
     num_parameters: int
     torch_threads: int
     env_pool: PoolStats | None = None  # the run's own engine on env workers: demonstrations, evaluations, sync RL
+    software: Software | None = None  # versions and CPU kernel path the run used (figures repeat bit for bit only with the same)
 
 
 def read_summary(run_dir: str | Path) -> RunSummary:

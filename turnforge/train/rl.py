@@ -45,6 +45,7 @@ from turnforge.algos import (
 from turnforge.critic.value import ValueModel, pretrain_critic, sample_targets, turn_values, update_critic
 from turnforge.data.store import write_trajectories
 from turnforge.envs.base import stable_hash
+from turnforge.errors import RunStopped
 from turnforge.policy.generate import token_logprobs
 from turnforge.policy.model import Policy
 from turnforge.rollout.actors import PolicyActor
@@ -52,6 +53,7 @@ from turnforge.rollout.engine import EpisodeRequest
 from turnforge.train.rollouts import make_rollouts
 from turnforge.train.checkpoint import TrainingState, save_resumable
 from turnforge.train.common import GuardedStep, collate, event_counts, generator, lr_factor, rng
+from turnforge.train.failures import check_trajectories
 from turnforge.train.credit import action_turns, gae_turn_advantages, monte_carlo_returns, sample_advantage, turn_advantages
 from turnforge.critic.mc import blend
 from turnforge.train.mc import mc_grpo_batch, mc_turn_values
@@ -93,7 +95,7 @@ def run_rl(
     end = rl.iterations if stop_after is None else min(rl.iterations, stop_after)
     warned = False  # the generation-truncation warning is printed once
     with make_rollouts(s, keep_snapshots=uses_mc) as rollouts:
-        while s.state.iteration < end and not budget_spent(s):
+        while s.state.iteration < end and not budget_spent(s) and not s.stop_requested:
             it = s.state.iteration
             t0 = time.time()
             for group in optimizer.param_groups:  # from the iteration alone, so a resumed run matches
@@ -101,8 +103,14 @@ def run_rl(
 
             # 1. rollout: G episodes of each of tasks_per_iteration tasks (lock-step, or the
             #    oldest groups the asynchronous engine finished, each at most engine.eta versions old)
+            #    (more than max_failure_share infrastructure failures stop the run, the batch written first)
             got = rollouts.next(it)
             trajs, rstats = got.trajectories, got.stats
+            try:
+                check_trajectories(f"rl iteration {it + 1}", s.env.env_id, trajs, cfg.max_failure_share, kind="rollout episodes")
+            except RunStopped:
+                write_trajectories(s.run_dir / "trajectories" / f"rl_{it:05d}.parquet", trajs, stage="rl", iteration=it)
+                raise
             ok = [t for t in trajs if t.infra_failure is None]
             t_rollout = time.time() - t0
 
@@ -166,7 +174,7 @@ def run_rl(
             s.state.train_tokens += update.tokens
             s.state.skipped_steps = step.skipped
             n_ok, n_turns = max(len(ok), 1), max(sum(t.num_turns for t in ok), 1)
-            returns_by_group = {g: [t.episode_return for t in ok if t.group_id == g] for g in {t.group_id for t in ok}}
+            returns_by_group = {g: [t.episode_return for t in ok if t.group_id == g] for g in sorted({t.group_id for t in ok})}
             record = IterationMetrics(
                 iteration=it + 1,
                 reward=sum(t.episode_return for t in ok) / n_ok,
@@ -206,7 +214,7 @@ def run_rl(
                 it + 1, reward=record.reward, success=record.success, loss=update.loss,
                 tokens_per_s=(update.tokens + rstats.generated_tokens) / max(time.time() - t0, 1e-9),
             )
-            last = it + 1 == end or budget_spent(s)
+            last = it + 1 == end or budget_spent(s) or s.stop_requested
             if cfg.eval.every and (it + 1) % cfg.eval.every == 0 and not last and it + 1 < rl.iterations:
                 s.evaluate(f"rl-{it + 1}")
             if (it + 1) % cfg.checkpoint_every == 0 or last:
@@ -395,15 +403,17 @@ def pretrain_values(s: Session, critic: Critic) -> ValuePretrainStats:
         actor.generator = generator(cfg.seed, "value-pretrain", wave * chunk)
 
     out, rstats = s.engine.play(requests, actor, on_wave=reseed)
+    failed = check_trajectories("value pretraining", s.env.env_id, out, cfg.max_failure_share, kind="BC-policy episodes")
     trajs = [t for t in out if t.infra_failure is None]
     s.state.env_steps += rstats.turns
-    s.progress.message(f"value pretraining on {len(trajs)} BC episodes ({sum(t.num_turns for t in trajs)} states)")
+    s.progress.message(f"value pretraining on {len(trajs)} BC episodes ({sum(t.num_turns for t in trajs)} states)"
+                       + (f", {failed} infrastructure failures left out" if failed else ""))
     stats = pretrain_critic(
         critic.model, critic.optimizer, sample_targets(trajs, monte_carlo_returns(trajs, cfg.rl)), policy.pad_id,
         max_steps=c.pretrain_max_steps, target_ev=c.pretrain_target_ev, minibatch_size=c.minibatch_size,
         max_grad_norm=cfg.rl.max_grad_norm, seed=cfg.seed,
     )
-    result = s.metrics.log(ValuePretrainStats(**stats, episodes=len(trajs)), s.state.env_steps)
+    result = s.metrics.log(ValuePretrainStats(**stats, episodes=len(trajs), infra_failures=failed), s.state.env_steps)
     s.progress.message(f"value pretraining: explained variance {result.explained_variance:.3f} after {result.steps} steps")
     return result
 

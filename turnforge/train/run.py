@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
-from contextlib import closing
+from contextlib import ExitStack, closing
 from pathlib import Path
 
 import torch
@@ -32,18 +33,22 @@ import yaml
 from turnforge.config import TrainConfig, config_from_dict
 from turnforge.critic.value import build_value_model
 from turnforge.envs.registry import build_env
+from turnforge import errors
 from turnforge.errors import UserError
-from turnforge.policy.model import load_policy
+from turnforge.paths import check_out_dir, write_atomic
+from turnforge.policy.model import check_model_dir, load_policy
 from turnforge.policy.tiny import build_tiny_model
 from turnforge.rollout.context import PromptSpec
 from turnforge.rollout.engine import make_engine
 from turnforge.envs.checker import check_action_lengths
 from turnforge.train.checks import check_env_at_start, check_options
 from turnforge.train.bc import run_bc
-from turnforge.train.checkpoint import TrainerState, TrainingState, load_trainer_state, save_model, save_resumable
-from turnforge.train.metrics import RunSummary, RunWarning, to_json
+from turnforge.train.checkpoint import TrainerState, TrainingState, find_resumable, save_model, save_resumable
+from turnforge.train.interrupts import Interrupts
+from turnforge.train.metrics import RunSummary, RunWarning, Software, read_summary, to_json
 from turnforge.train.rl import Critic, budget_spent, make_reference, pretrain_values, run_rl
 from turnforge.train.reporting import MetricsLog, Progress, plot_learning_curve
+from turnforge.train.rundir import LOCK, RunLock
 from turnforge.train.session import Session
 
 
@@ -64,22 +69,51 @@ def load_run_config(run_dir: Path) -> TrainConfig:
     return config_from_dict(yaml.safe_load(path.read_text()))
 
 
+def check_run_dir(run_dir: Path, resume: bool) -> None:
+    """Refuse, before anything is written, a run directory this run cannot use: a file, an
+    unwritable place, a directory that is not a run's, or (without ``--resume``) one that
+    holds a run with a checkpoint. A directory left by a run that stopped before its first
+    checkpoint is accepted (the new run starts it over)."""
+    check_out_dir(run_dir, "run directory")
+    if resume:
+        return
+    if run_dir.exists() and any(p.name != LOCK for p in run_dir.iterdir()):
+        if not (run_dir / "config.yaml").exists():
+            raise UserError(f"--out {str(run_dir)!r} is not empty and is not a turnforge run directory; "
+                            "give a new or empty directory")
+        if (run_dir / "summary.json").exists() or find_resumable(run_dir) is not None:
+            raise UserError(f"output directory {str(run_dir)!r} already holds a run; use --resume {run_dir} or another --out")
+
+
+def _clear_leftovers(run_dir: Path) -> bool:
+    """Remove what a run that stopped before its first checkpoint left; True if there was any."""
+    found = False
+    for name in ("config.yaml", "metrics.jsonl", "tb", "trajectories", "base_model", "base_model.tmp", "checkpoints",
+                 "learning_curve.png", "summary.json"):
+        path = run_dir / name
+        if path.exists():
+            found = True
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
+    return found
+
+
 def train(cfg: TrainConfig, out: str | Path, *, resume: bool = False, live: bool | None = None,
           stop_after: int | None = None) -> RunSummary | None:
     """Run the whole job; returns its ``RunSummary`` (also written to ``out/summary.json``),
     or None when ``stop_after`` stopped it early.
 
-    ``stop_after`` ends the process-level run after that many RL iterations in total,
-    leaving a resumable checkpoint (used to test resume; a real interruption works the
-    same from the last checkpoint).
+    The run holds a lock on ``out`` for its life (a second writer gets a ``UserError``).
+    SIGINT/SIGTERM raise ``Interrupted`` after leaving a resumable checkpoint (see
+    ``turnforge.train.interrupts``). ``stop_after`` ends the process-level run after that
+    many RL iterations in total, leaving a resumable checkpoint (used to test resume).
     """
     _quiet_hf()
     run_dir = Path(out)
     torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
 
-    # 1. the env (first: a bad env id, option or missing capability fails before any model work),
-    #    run directory, policy, the rollout engine
+    # 1. checks before any work (a bad env id, option, capability, model or run directory fails
+    #    before anything is written), then the lock, the policy and the rollout engine
     env = build_env(cfg.env.id, cfg.env.kwargs, cfg.env.tasks, cfg.env.heldout_fraction)
     check_options(cfg, env)
     if cfg.check_env:
@@ -88,47 +122,61 @@ def train(cfg: TrainConfig, out: str | Path, *, resume: bool = False, live: bool
         from turnforge.envpool.ray_pool import connect_ray
 
         connect_ray(cfg.engine.ray_address)
-    if cfg.model.path != "tiny" and not (Path(cfg.model.path) / "config.json").exists():
-        load_policy(cfg.model.path)  # raises the UserError that says what is wrong with the path
-    resumed = load_trainer_state(run_dir) if resume else None
-    if not resume:
-        if (run_dir / "checkpoints").exists():
-            raise UserError(f"output directory {str(run_dir)!r} already holds a run; use --resume {run_dir} or another --out")
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(), sort_keys=False))
-    if resumed is not None:
-        model_path, state, training = resumed
-    else:
-        state, training = TrainerState(), None
-        if cfg.model.path == "tiny":
-            model_path = run_dir / "base_model"
-            if not (model_path / "config.json").exists():
+    if cfg.model.path != "tiny":
+        check_model_dir(cfg.model.path)
+    check_run_dir(run_dir, resume)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with ExitStack() as stack:
+        stack.enter_context(RunLock(run_dir))
+        errors.current_run_dir.append(str(run_dir))
+        stack.callback(errors.current_run_dir.remove, str(run_dir))
+        progress = stack.enter_context(Progress(cfg.recipe, live=live))
+        if resume and (run_dir / "summary.json").exists():
+            summary = read_summary(run_dir)
+            progress.message(f"run {run_dir} is finished ({summary.rl_iterations} RL iterations, held-out success "
+                             f"{summary.eval_after_rl.success_rate:.3f}; see summary.json): nothing to resume")
+            return summary
+        found = find_resumable(run_dir) if resume else None
+        if found is None:  # a new run, or one that stopped before its first checkpoint: start over
+            if not resume:
+                check_run_dir(run_dir, resume=False)  # again, under the lock
+            if _clear_leftovers(run_dir):
+                progress.message(f"{run_dir} held a run stopped before its first checkpoint; starting it over")
+            (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(), sort_keys=False))
+            state, training = TrainerState(), None
+            if cfg.model.path == "tiny":
+                model_path = run_dir / "base_model"
                 build_tiny_model(model_path, cfg.model.tiny)
+            else:
+                model_path = Path(cfg.model.path)
         else:
-            model_path = Path(cfg.model.path)
-    policy = load_policy(model_path, cfg.model.dtype)
-    policy.model.eval()
-    prompt = PromptSpec.of(env, cfg.rollout.include_instructions)
-    policy.chat.start(prompt.system, prompt.tools), policy.chat.turn(prompt.observation_role)  # template fits the env
-    n_envs = max(cfg.rl.tasks_per_iteration * cfg.rl.group_size, min(cfg.eval.episodes, 256))
-    engine = make_engine(cfg, policy, n_envs)
-    too_long = check_action_lengths(engine.env, policy.chat, cfg.rollout.max_new_tokens) if cfg.check_env else []
-    if training is not None:
-        policy.version = training.version
-    metrics = MetricsLog(run_dir, keep_until_env_steps=state.env_steps if resumed else None)
-    if not resumed:
-        (run_dir / "metrics.jsonl").write_text("")
+            model_path, state, training = found.path, found.state, found.training
+            for problem in found.skipped:
+                progress.message(f"warning: {problem}; resuming from the previous checkpoint")
+        stop = stack.enter_context(Interrupts(lambda: _where(run_dir, state, stop)))
+        policy = load_policy(model_path, cfg.model.dtype)
+        policy.model.eval()
+        prompt = PromptSpec.of(env, cfg.rollout.include_instructions)
+        policy.chat.start(prompt.system, prompt.tools), policy.chat.turn(prompt.observation_role)  # template fits the env
+        engine = stack.enter_context(closing(make_engine(cfg, policy)))
+        too_long = check_action_lengths(engine.env, policy.chat, cfg.rollout.max_new_tokens) if cfg.check_env else []
+        if training is not None:
+            policy.version = training.version
+        metrics = MetricsLog(run_dir, keep_until_env_steps=state.env_steps if found else None)
+        stack.callback(metrics.close)
+        if found is None:
+            (run_dir / "metrics.jsonl").write_text("")
 
-    with Progress(cfg.recipe, live=live) as progress, closing(engine):
-        s = Session(cfg, run_dir, policy, engine, metrics, progress, state, wall_offset=state.wall_seconds)
-        if resumed is not None:
-            progress.message(f"resuming {run_dir} at RL iteration {state.iteration} ({state.env_steps} env steps)")
+        s = Session(cfg, run_dir, policy, engine, metrics, progress, state, wall_offset=state.wall_seconds, stop=stop)
+        if found is not None:
+            progress.message(f"resuming {run_dir} from {found.path.name}/ at RL iteration {state.iteration} "
+                             f"({state.env_steps} env steps)")
         for warning in too_long:
             progress.message(f"warning: {warning}")
             metrics.log(RunWarning(warning), state.env_steps)
 
         # 2. behaviour cloning warm start, then the reference evaluation
-        if resumed is None:
+        if found is None:
             state.bc = run_bc(s) if cfg.bc.enabled else None
             save_model(policy, run_dir / "checkpoints" / "bc")
             state.eval_before_rl = s.evaluate("before-rl")
@@ -147,7 +195,7 @@ def train(cfg: TrainConfig, out: str | Path, *, resume: bool = False, live: bool
             elif cfg.critic.pretrain_episodes > 0:
                 state.value_pretrain = pretrain_values(s, critic)
 
-        # 4. RL
+        # 4. RL (a first SIGINT/SIGTERM finishes the iteration, checkpoints and stops)
         optimizer = torch.optim.AdamW(policy.model.parameters(), lr=cfg.rl.lr, weight_decay=0.0)
         if training is not None and training.optimizer is not None:
             optimizer.load_state_dict(training.optimizer)
@@ -157,10 +205,13 @@ def train(cfg: TrainConfig, out: str | Path, *, resume: bool = False, live: bool
             bc_policy = load_policy(run_dir / "checkpoints" / "bc", cfg.model.dtype)
             bc_policy.model = make_reference(bc_policy.model)
         reference = bc_policy.model if bc_policy is not None and cfg.rl.kl_coef > 0 else None
+        stop.graceful = True
         run_rl(s, optimizer, reference, critic, bc_policy, stop_after)
+        stop.graceful = False
+        if stop.requested is not None:
+            raise stop.stop_now(stop.requested)
         rl_seconds = time.time() - s.rl_started if s.rl_started is not None else None
         if state.iteration < cfg.rl.iterations and not budget_spent(s):
-            metrics.close()
             return None
 
         # 5. final evaluation, checkpoint, summary, plot
@@ -177,13 +228,23 @@ def train(cfg: TrainConfig, out: str | Path, *, resume: bool = False, live: bool
             skipped_steps=state.skipped_steps, advantage=cfg.rl.advantage, bc=state.bc, value_pretrain=state.value_pretrain,
             env_id=cfg.env.id, env_kwargs=dict(cfg.env.kwargs), model=cfg.model.path,
             num_parameters=sum(p.numel() for p in policy.model.parameters()), torch_threads=cfg.threads,
-            env_pool=engine.backend.stats() if cfg.engine.env_workers > 0 else None,
+            env_pool=engine.backend.stats() if cfg.engine.env_workers > 0 else None, software=Software.current(),
         )
-        (run_dir / "summary.json").write_text(json.dumps(to_json(summary), indent=2) + "\n")
-        metrics.close()
+        write_atomic(run_dir / "summary.json", json.dumps(to_json(summary), indent=2) + "\n")
         plot_learning_curve(run_dir, f"{cfg.recipe} (seed {cfg.seed})")
         progress.message(
             f"done in {summary.wall_seconds:.0f}s: held-out success {before.success_rate:.3f} after BC -> "
             f"{after.success_rate:.3f} after RL ({summary.success_gain_points:+.1f} points); run dir {run_dir}"
         )
     return summary
+
+
+def _where(run_dir: Path, state: TrainerState, stop: Interrupts) -> str:
+    """Where an interrupted run stopped and what ``--resume`` continues from."""
+    resume = f"resume with: turnforge train --resume {run_dir}"
+    if stop.requested is not None:
+        return f"at RL iteration {state.iteration} (checkpoint saved); {resume}"
+    found = find_resumable(run_dir)
+    if found is None:
+        return f"before the first checkpoint (during behaviour cloning or the first evaluation); {resume} (starts it over)"
+    return f"during RL iteration {state.iteration + 1}; {resume} (continues from RL iteration {found.state.iteration})"

@@ -12,6 +12,7 @@ from turnforge.policy.model import Policy
 from turnforge.rollout.engine import RolloutEngine
 from turnforge.train.checkpoint import TrainerState
 from turnforge.train.evaluate import evaluate
+from turnforge.train.interrupts import Interrupts
 from turnforge.train.metrics import EvalRecord
 from turnforge.train.reporting import MetricsLog, Progress
 from turnforge.types import EvalResult
@@ -29,6 +30,12 @@ class Session:
     started: float = field(default_factory=time.time)
     wall_offset: float = 0.0  # wall seconds of earlier (interrupted) parts of the run
     rl_started: float | None = None  # time.time() when this process began the RL stage (rl.max_seconds)
+    stop: Interrupts | None = None  # SIGINT/SIGTERM handling of the run (None: not handled)
+
+    @property
+    def stop_requested(self) -> bool:
+        """A signal asked the RL loop to stop after the iteration it is in."""
+        return self.stop is not None and self.stop.requested is not None
 
     @property
     def env(self) -> Env:
@@ -42,10 +49,11 @@ class Session:
         """Held-out evaluation, logged as an ``eval`` event at the current env step."""
         e = self.cfg.eval
         result, _ = evaluate(self.engine, self.policy, episodes=e.episodes, split=e.split, temperature=e.temperature,
-                             seed=self.cfg.seed)
+                             seed=self.cfg.seed, max_failure_share=self.cfg.max_failure_share, stage=f"eval {tag}")
         self.metrics.log(EvalRecord(tag, self.state.iteration, result), self.state.env_steps)
+        failures = f", {result.infra_failures} infrastructure failures left out" if result.infra_failures else ""
         self.progress.message(
             f"eval {tag}: success {result.success_rate:.3f}  return {result.mean_return:.2f}  "
-            f"invalid {result.invalid_action_rate:.3f}  turns {result.mean_turns:.1f}  ({result.episodes} {e.split} episodes)"
+            f"invalid {result.invalid_action_rate:.3f}  turns {result.mean_turns:.1f}  ({result.episodes} {e.split} episodes{failures})"
         )
         return result

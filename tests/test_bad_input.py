@@ -1,0 +1,268 @@
+"""Bad input through the real command line: one line ``error: ...`` on stderr naming the bad
+input, exit 2, no traceback, and nothing written. Then how ``main`` ends the other ways (Ctrl-C,
+SIGTERM, a stopped run, a full disk, a bug), and ``turnforge eval`` repeating a run's own
+final evaluation from the run's config."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from helpers import TINY_TEST_SHAPE
+from turnforge.errors import Interrupted, RunStopped, UserError
+
+UNWRITABLE = "/sys"  # EACCES for every user, root included (chmod does not stop root)
+
+
+def run_cli(*args, cwd, pythonpath=None, timeout=180):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    if pythonpath is not None:
+        env["PYTHONPATH"] = str(pythonpath)
+    return subprocess.run([sys.executable, "-m", "turnforge.cli", *map(str, args)], capture_output=True, text=True,
+                          cwd=cwd, env=env, timeout=timeout)
+
+
+def snapshot(*dirs: Path) -> dict[str, bytes]:
+    """Every file under ``dirs`` with its bytes: equal before and after = nothing written."""
+    return {str(p): p.read_bytes() for d in dirs for p in sorted(d.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tiny_model_dir, tmp_path_factory):
+    """A tiny model directory (``turnforge tiny-model``'s format, outside any run directory),
+    and two damaged copies: weights truncated, weights empty."""
+    root = tmp_path_factory.mktemp("checkpoints")
+    good = shutil.copytree(tiny_model_dir, root / "ckpt")
+    truncated = shutil.copytree(tiny_model_dir, root / "truncated")
+    weights = truncated / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    empty = shutil.copytree(tiny_model_dir, root / "empty")
+    (empty / "model.safetensors").write_bytes(b"")
+    return {"ckpt": good, "truncated": truncated, "empty": empty}
+
+
+# (case id, argv, substring of the one error line). Placeholders: {ckpt}, {truncated}, {empty}
+# (checkpoints), {tmp} (the working directory, which holds existing.json, file.txt, a_dir/).
+CASES = [
+    # the command line itself
+    ("no-command", [], "give a command: train, recipes, envs, check-env, eval, tiny-model"),
+    ("unknown-command", ["nope"], "no such command 'nope'; valid commands: train, recipes, envs, check-env, eval, tiny-model"),
+    ("unknown-flag-eval", ["eval", "{ckpt}", "--bogus"], "no such option: --bogus"),
+    ("unknown-flag-train", ["train", "--bogus"], "no such option: --bogus"),
+    ("unknown-flag-check-env", ["check-env", "sokoban", "--bogus"], "no such option: --bogus"),
+    ("eval-no-checkpoint", ["eval"], "missing argument 'checkpoint'"),
+    ("eval-episodes-0", ["eval", "{ckpt}", "--env", "sokoban", "--episodes", "0"], "invalid value for '--episodes'"),
+    ("eval-episodes-abc", ["eval", "{ckpt}", "--env", "sokoban", "--episodes", "abc"], "invalid value for '--episodes'"),
+    ("eval-temperature-negative", ["eval", "{ckpt}", "--env", "sokoban", "--temperature", "-1"], "invalid value for '--temperature'"),
+    ("eval-seed-abc", ["eval", "{ckpt}", "--env", "sokoban", "--seed", "abc"], "invalid value for '--seed'"),
+    # eval: settings
+    ("eval-outside-run-without-env", ["eval", "{ckpt}"], "is not inside a run directory"),
+    ("eval-unknown-env", ["eval", "{ckpt}", "--env", "chess"], "unknown env 'chess'; valid envs:"),
+    ("eval-unknown-split", ["eval", "{ckpt}", "--env", "sokoban", "--split", "test"], "unknown split 'test'; valid splits: 'heldout', 'train'"),
+    ("eval-unknown-key", ["eval", "{ckpt}", "--env", "sokoban", "rl.itertions=3"], "unknown config key 'rl.itertions'"),
+    ("eval-missing-config", ["eval", "{ckpt}", "--config", "/no/such/config.yaml"], "recipe file '/no/such/config.yaml' does not exist"),
+    ("eval-missing-checkpoint", ["eval", "/no/such/ckpt", "--env", "sokoban"], "model path '/no/such/ckpt' does not exist"),
+    # eval: the output file, checked before the model loads
+    ("eval-out-exists", ["eval", "{ckpt}", "--env", "sokoban", "--out", "existing.json"], "'existing.json' already exists; give --force"),
+    ("eval-out-directory", ["eval", "{ckpt}", "--env", "sokoban", "--out", "a_dir", "--force"], "--out 'a_dir' is a directory"),
+    ("eval-out-missing-dir", ["eval", "{ckpt}", "--env", "sokoban", "--out", "nodir/x.json"], "directory 'nodir' does not exist"),
+    ("eval-out-under-a-file", ["eval", "{ckpt}", "--env", "sokoban", "--out", "file.txt/x.json"], "'file.txt' is not a directory"),
+    ("eval-out-unwritable", ["eval", "{ckpt}", "--env", "sokoban", "--out", f"{UNWRITABLE}/x.json"], f"cannot write in '{UNWRITABLE}'"),
+    ("eval-out-dev-full", ["eval", "{ckpt}", "--env", "sokoban", "--out", "/dev/full", "--force"], "'/dev/full' is not a regular file"),
+    # eval: damaged checkpoints (load_policy's checks): the line names the directory
+    ("eval-truncated-weights", ["eval", "{truncated}", "--env", "sokoban", "--out", "r.json"], "{truncated}"),
+    ("eval-empty-weights", ["eval", "{empty}", "--env", "sokoban", "--out", "r.json"], "{empty}"),
+    # train: the run directory
+    ("train-out-is-a-file", ["train", "--out", "file.txt"], "--out 'file.txt' is a file, not a directory"),
+    ("train-out-under-a-file", ["train", "--out", "file.txt/run"], "'file.txt' is a file, not a directory"),
+    ("train-out-unwritable", ["train", "--out", f"{UNWRITABLE}/run"], f"cannot write in '{UNWRITABLE}'"),
+    ("train-resume-and-out", ["train", "--resume", "a_dir", "--out", "run"], "drop --out"),
+    ("train-recipe-is-a-directory", ["train", "a_dir/", "--out", "run"], "recipe 'a_dir/' is not a readable YAML file"),
+    # train: config values (more in test_config_refuses_..., in process)
+    ("rl-lr-inf", ["train", "rl.lr=.inf", "--out", "run"], "bad value for 'rl.lr' (inf): a learning rate must be a finite number in (0, 1]"),
+    ("rl-lr-1e9", ["train", "rl.lr=1e9", "--out", "run"], "bad value for 'rl.lr' ('1e9'): a learning rate must be a finite number in (0, 1]"),
+    ("bool-as-int", ["train", "rl.iterations=true", "--out", "run"], "bad value for 'rl.iterations' (True): a boolean where a number is expected"),
+    # tiny-model
+    ("tiny-model-out-is-a-file", ["tiny-model", "file.txt"], "'file.txt' is a file, not a directory"),
+]
+
+
+@pytest.mark.parametrize("args, expected", [pytest.param(a, e, id=i) for i, a, e in CASES])
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, checkpoints, args, expected):
+    (tmp_path / "existing.json").write_text('{"keep": true}\n')
+    (tmp_path / "file.txt").write_text("a file\n")
+    (tmp_path / "a_dir").mkdir()
+    names = {k: str(v) for k, v in checkpoints.items()} | {"tmp": str(tmp_path)}
+    args = [a.format(**names) for a in args]
+    before = snapshot(tmp_path, *checkpoints.values())
+    proc = run_cli(*args, cwd=tmp_path, timeout=90)  # a bad value taken would start a run of minutes
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2, proc.stderr
+    assert len(lines) == 1 and lines[0].startswith("error: ") and expected.format(**names) in lines[0], proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert snapshot(tmp_path, *checkpoints.values()) == before  # nothing written, nothing created
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_dir", "existing.json", "file.txt"]
+    if not args:  # bare `turnforge`: the help on stdout
+        assert "Usage: turnforge" in proc.stdout and "eval" in proc.stdout
+
+
+# ---------------------------------------------------------------------- how main() ends
+def _stop(exc: BaseException):
+    def fake_train(cfg, run_dir, **kwargs):
+        from turnforge import errors
+
+        errors.current_run_dir.append(str(run_dir))  # as train() does when a run starts
+        raise exc
+    return fake_train
+
+
+@pytest.mark.parametrize(
+    "exc, code, last_line, traceback",
+    [
+        (KeyboardInterrupt(), 130, "interrupted; resume with: turnforge train --resume {run}", False),
+        (Interrupted("interrupted during RL iteration 3; resume with: turnforge train --resume X", signal.SIGTERM), 143,
+         "interrupted during RL iteration 3; resume with: turnforge train --resume X", False),
+        (RunStopped("6 of 8 heldout evaluation episodes failed"), 1,
+         "error: 6 of 8 heldout evaluation episodes failed", False),
+        (OSError(errno.ENOSPC, "No space left on device", "{run}/metrics.jsonl"), 2,
+         "error: no space left on device: '{run}/metrics.jsonl'; free space or fix permissions there, or choose another --out",
+         False),
+        (RuntimeError("a bug"), 1, "turnforge: internal error; run directory: {run} (config.yaml, metrics.jsonl)", True),
+    ],
+    ids=["ctrl-c", "sigterm", "run-stopped", "disk-full", "internal-error"],
+)
+def test_how_a_run_ends(tmp_path, monkeypatch, capsys, exc, code, last_line, traceback):
+    """Ctrl-C used to exit 0 (typer returns 130, which main dropped); the others end as the
+    module docstring of turnforge.cli says."""
+    import turnforge.train.run as run_mod
+    from turnforge import cli, errors
+
+    run = tmp_path / "run"
+    if isinstance(exc, OSError):
+        exc = OSError(exc.errno, exc.strerror, exc.filename.format(run=run))
+    monkeypatch.setattr(errors, "current_run_dir", [])
+    monkeypatch.setattr(run_mod, "train", _stop(exc))
+    monkeypatch.setattr(sys, "argv", ["turnforge", "train", "rl.iterations=1", "--out", str(run)])
+    with pytest.raises(SystemExit) as exit_:
+        cli.main()
+    assert exit_.value.code == code
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert lines[-1] == last_line.format(run=run)
+    assert ("Traceback (most recent call last)" in lines[0]) if traceback else len(lines) == 1
+
+
+# ---------------------------------------------------------------------- config strictness, in process
+CONFIG_CASES = [
+    (["rl.iterations=true"], "bad value for 'rl.iterations' (True): a boolean where a number is expected"),
+    (["rl.clip_low=false"], "bad value for 'rl.clip_low' (False): a boolean where a number is expected"),
+    (["model.tiny.hidden_size=true"], "bad value for 'model.tiny' ({'hidden_size': True}): hidden_size is a boolean where a number is expected"),
+    (["seed=false"], "bad value for 'seed' (False): a boolean where a number is expected"),
+    (["rl.max_env_steps=true"], "bad value for 'rl.max_env_steps' (True)"),
+    (["rl.max_seconds=true"], "bad value for 'rl.max_seconds' (True)"),
+    (["rl.lr=0"], "bad value for 'rl.lr' (0): a learning rate must be a finite number in (0, 1]"),
+    (["bc.lr=2"], "bad value for 'bc.lr' (2): a learning rate must be a finite number in (0, 1]"),
+    (["critic.lr=.nan"], "bad value for 'critic.lr' (nan): a learning rate must be a finite number in (0, 1]"),
+    (["critic.lr=-.inf"], "bad value for 'critic.lr' (-inf): a learning rate must be a finite number in (0, 1]"),
+    (["rl.gamma=.nan"], "bad value for 'rl.gamma' (nan): Input should be a finite number"),
+    (["rl.max_seconds=.inf"], "bad value for 'rl.max_seconds' (inf): Input should be a finite number"),
+    (["eval.temperature=.inf"], "bad value for 'eval.temperature' (inf): Input should be a finite number"),
+]
+
+
+@pytest.mark.parametrize("overrides, expected", CONFIG_CASES, ids=[o[0] for o, _ in CONFIG_CASES])
+def test_config_refuses_booleans_for_numbers_and_absurd_learning_rates(overrides, expected):
+    from turnforge.config import load_config
+
+    with pytest.raises(UserError) as err:
+        load_config("sokoban-tiny", overrides)
+    assert str(err.value).startswith(expected)
+
+
+def test_config_still_takes_what_it_should():
+    from turnforge.config import load_config
+
+    cfg = load_config("sokoban-tiny", ["rl.lr=1e-3", "bc.lr=1", "rl.iterations=2.0", "bc.enabled=true", "env.id=2048"])
+    assert cfg.rl.lr == 1e-3 and cfg.bc.lr == 1.0 and cfg.rl.iterations == 2 and cfg.bc.enabled is True
+    assert cfg.env.id == "2048"  # YAML reads 2048 as a number; env ids are names
+
+
+# ---------------------------------------------------------------------- eval repeats the run's evaluation
+COIN_ENV = '''
+from turnforge import Env, StepResult, TaskDataset
+
+
+class Coin(Env):
+    """Any text is a valid action; its reward (0, 1 or 2) depends on the sampled characters, so
+    the evaluation's numbers depend on every sampling setting (temperature, seed, budgets)."""
+
+    tasks = TaskDataset([{"n": i, "split": "heldout" if i < 20 else "train"} for i in range(60)])
+
+    def reset(self, task, seed):
+        self.t = 0
+        return f"task {task.data['n']}: say anything"
+
+    def step(self, action):
+        self.t += 1
+        reward = float(sum(map(ord, action)) % 3)
+        return StepResult("again", reward, self.t >= 3, False, success=reward == 2)
+'''
+
+
+@pytest.mark.slow
+def test_eval_of_a_run_checkpoint_repeats_the_runs_final_evaluation(tmp_path):
+    plugin = tmp_path / "plugin"
+    (plugin / "coinenv-0.dist-info").mkdir(parents=True)
+    (plugin / "coinenv.py").write_text(COIN_ENV)
+    (plugin / "coinenv-0.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: coinenv\nVersion: 0\n")
+    (plugin / "coinenv-0.dist-info" / "entry_points.txt").write_text("[turnforge.envs]\ncoin = coinenv:Coin\n")
+
+    # a tiny run whose evaluation settings are not eval's old defaults: seed 3, sampled at temperature 1
+    # (sokoban-tiny's eval.temperature), 8 episodes, the recipe's rollout budgets
+    run = tmp_path / "run"
+    shape = [f"model.tiny.{k}={v}" for k, v in TINY_TEST_SHAPE.items()]
+    trained = run_cli("train", "env.id=coin", "bc.enabled=false", "check_env=false", *shape, "rl.iterations=1",
+                      "rl.tasks_per_iteration=2", "rl.group_size=2", "eval.episodes=8", "eval.every=0", "seed=3",
+                      "--out", run, cwd=tmp_path, pythonpath=plugin)
+    assert trained.returncode == 0, trained.stderr
+    final = json.loads((run / "summary.json").read_text())["eval_after_rl"]
+    assert 0 < final["success_rate"] < 1  # the sampled text decides: a wrong setting would show
+
+    # in place: the run's config gives every setting; stdout is the JSON it wrote
+    proc = run_cli("eval", run / "checkpoints" / "final", cwd=tmp_path, pythonpath=plugin)
+    assert proc.returncode == 0, proc.stderr
+    written = json.loads((run / "checkpoints" / "final" / "eval_coin_heldout.json").read_text())
+    assert json.loads(proc.stdout) == written
+    assert (written["success_rate"], written["mean_return"], written["episodes"]) == \
+        (final["success_rate"], final["mean_return"], final["episodes"])
+    settings = written["settings"]
+    assert (settings["seed"], settings["temperature"], settings["episodes"]) == (3, 1.0, 8)
+    assert settings["config"] == str((run / "config.yaml").resolve())
+
+    # a copy outside the run directory: --env is required ...
+    copy = Path(shutil.copytree(run / "checkpoints" / "final", tmp_path / "copy", ignore=shutil.ignore_patterns("eval_*")))
+    refused = run_cli("eval", copy, cwd=tmp_path, pythonpath=plugin)
+    lines = [line for line in refused.stderr.splitlines() if line.strip()]
+    assert refused.returncode == 2 and len(lines) == 1 and "is not inside a run directory" in lines[0], refused.stderr
+    assert "give --env" in lines[0] and "turnforge envs" in lines[0] and not list(copy.glob("eval_*"))
+
+    # ... and with the run's settings as flags (or --config) it scores the same
+    cfg = yaml.safe_load((run / "config.yaml").read_text())
+    rollout = [f"rollout.{k}={json.dumps(v)}" for k, v in cfg["rollout"].items()]
+    by_flags = run_cli("eval", copy, "--env", "coin", "--episodes", 8, "--temperature", 1, "--seed", 3, *rollout,
+                       "--out", tmp_path / "flags.json", cwd=tmp_path, pythonpath=plugin)
+    by_config = run_cli("eval", copy, "--config", run / "config.yaml", "--out", tmp_path / "config.json",
+                        cwd=tmp_path, pythonpath=plugin)
+    for proc, name in ((by_flags, "flags.json"), (by_config, "config.json")):
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.startswith("eval settings (")  # outside a run the settings used are printed
+        data = json.loads((tmp_path / name).read_text())
+        assert (data["success_rate"], data["mean_return"]) == (final["success_rate"], final["mean_return"])

@@ -1,0 +1,74 @@
+"""Paths the user chose for output: checked before any work, written whole or not at all.
+
+Every check raises ``UserError`` (one line, exit 2) naming the path and what is wrong.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+from turnforge.errors import UserError
+
+
+def probe_writable(directory: Path, label: str) -> None:
+    """Raise ``UserError`` unless a file can be created in ``directory``. The probe is an
+    unnamed temporary file, gone when closed: nothing is left behind."""
+    try:
+        with tempfile.TemporaryFile(dir=directory):
+            pass
+    except OSError as err:
+        raise UserError(f"{label}: cannot write in {str(directory)!r} ({err.strerror})") from None
+
+
+def check_out_dir(path: Path, label: str) -> None:
+    """A run directory to create or fill: not a file, under a writable directory."""
+    if path.exists() and not path.is_dir():
+        raise UserError(f"{label} {str(path)!r} is a file, not a directory")
+    existing = path
+    while not existing.exists():  # the nearest existing ancestor: where the first mkdir happens
+        existing = existing.parent
+    if not existing.is_dir():
+        raise UserError(f"{label} {str(path)!r}: {str(existing)!r} is a file, not a directory")
+    probe_writable(existing, f"{label} {str(path)!r}")
+
+
+def check_out_file(path: Path, label: str, *, refuse_existing: bool) -> None:
+    """A JSON file to write: a regular file or a new name, in an existing writable directory;
+    an existing one is refused when ``refuse_existing``."""
+    if path.exists():
+        if not path.is_file():
+            kind = "a directory" if path.is_dir() else "not a regular file"
+            raise UserError(f"{label} {str(path)!r} is {kind}; give the path of a .json file to write")
+        if refuse_existing:
+            raise UserError(f"{label} {str(path)!r} already exists; give --force to overwrite it")
+    parent = path.parent
+    if not parent.is_dir():
+        what = f"directory {str(parent)!r} does not exist" if not parent.exists() else f"{str(parent)!r} is not a directory"
+        raise UserError(f"{label} {str(path)!r}: {what}")
+    probe_writable(parent, f"{label} {str(path)!r}")
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file, fsync and a rename (never half a file)."""
+    target = Path(path).resolve()  # through a symlink to its file
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def write_json(path: Path, data: dict) -> None:
+    """``write_atomic`` of ``data`` as JSON; an OS error is a ``UserError`` naming the path."""
+    try:
+        write_atomic(path, json.dumps(data, indent=2) + "\n")
+    except OSError as err:
+        raise UserError(f"cannot write {str(path)!r}: {err.strerror}") from None
