@@ -96,23 +96,46 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("args, expected", [pytest.param(a, e, id=i) for i, a, e in CASES])
-def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, checkpoints, args, expected):
+#: Cases that also go through a real ``python -m turnforge.cli`` process (the entry point itself);
+#: the others call ``cli.main()`` in this process (the same code, without ~4 s of imports each).
+IN_A_PROCESS = {"no-command", "unknown-command", "unknown-flag-eval", "eval-episodes-0", "bool-as-int", "train-out-is-a-file"}
+
+
+def run_main(args, cwd, monkeypatch, capsys):
+    """``cli.main()`` with ``args`` in ``cwd``: (exit code, stdout, stderr)."""
+    from turnforge import cli, errors
+
+    monkeypatch.chdir(cwd)
+    monkeypatch.setattr(errors, "current_run_dir", [])
+    monkeypatch.setattr(sys, "argv", ["turnforge", *map(str, args)])
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_:
+        cli.main()
+    out, err = capsys.readouterr()
+    return exit_.value.code, out, err
+
+
+@pytest.mark.parametrize("args, expected, case", [pytest.param(a, e, i, id=i) for i, a, e in CASES])
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, checkpoints, monkeypatch, capsys, args, expected, case):
     (tmp_path / "existing.json").write_text('{"keep": true}\n')
     (tmp_path / "file.txt").write_text("a file\n")
     (tmp_path / "a_dir").mkdir()
     names = {k: str(v) for k, v in checkpoints.items()} | {"tmp": str(tmp_path)}
     args = [a.format(**names) for a in args]
     before = snapshot(tmp_path, *checkpoints.values())
-    proc = run_cli(*args, cwd=tmp_path, timeout=90)  # a bad value taken would start a run of minutes
-    lines = [line for line in proc.stderr.splitlines() if line.strip()]
-    assert proc.returncode == 2, proc.stderr
-    assert len(lines) == 1 and lines[0].startswith("error: ") and expected.format(**names) in lines[0], proc.stderr
-    assert "Traceback" not in proc.stderr
-    assert snapshot(tmp_path, *checkpoints.values()) == before  # nothing written, nothing created
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_dir", "existing.json", "file.txt"]
-    if not args:  # bare `turnforge`: the help on stdout
-        assert "Usage: turnforge" in proc.stdout and "eval" in proc.stdout
+    runs = [run_main(args, tmp_path, monkeypatch, capsys)]
+    if case in IN_A_PROCESS:
+        proc = run_cli(*args, cwd=tmp_path, timeout=90)  # a bad value taken would start a run of minutes
+        runs.append((proc.returncode, proc.stdout, proc.stderr))
+    for code, stdout, stderr in runs:
+        lines = [line for line in stderr.splitlines() if line.strip()]
+        assert code == 2, stderr
+        assert len(lines) == 1 and lines[0].startswith("error: ") and expected.format(**names) in lines[0], stderr
+        assert "Traceback" not in stderr
+        assert snapshot(tmp_path, *checkpoints.values()) == before  # nothing written, nothing created
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["a_dir", "existing.json", "file.txt"]
+        if not args:  # bare `turnforge`: the help on stdout
+            assert "Usage: turnforge" in stdout and "eval" in stdout
 
 
 # ---------------------------------------------------------------------- how main() ends
