@@ -54,8 +54,8 @@ def checkpoints(tiny_model_dir, tmp_path_factory):
 # (checkpoints), {tmp} (the working directory, which holds existing.json, file.txt, a_dir/).
 CASES = [
     # the command line itself
-    ("no-command", [], "give a command: train, recipes, envs, check-env, eval, tiny-model"),
-    ("unknown-command", ["nope"], "no such command 'nope'; valid commands: train, recipes, envs, check-env, eval, tiny-model"),
+    ("no-command", [], "give a command: train, flywheel, recipes, envs, check-env, eval, tiny-model, data"),
+    ("unknown-command", ["nope"], "no such command 'nope'; valid commands: train, flywheel, recipes, envs, check-env, eval, tiny-model, data"),
     ("unknown-flag-eval", ["eval", "{ckpt}", "--bogus"], "no such option: --bogus"),
     ("unknown-flag-train", ["train", "--bogus"], "no such option: --bogus"),
     ("unknown-flag-check-env", ["check-env", "sokoban", "--bogus"], "no such option: --bogus"),
@@ -91,6 +91,17 @@ CASES = [
     ("rl-lr-inf", ["train", "rl.lr=.inf", "--out", "run"], "bad value for 'rl.lr' (inf): a learning rate must be a finite number in (0, 1]"),
     ("rl-lr-1e9", ["train", "rl.lr=1e9", "--out", "run"], "bad value for 'rl.lr' ('1e9'): a learning rate must be a finite number in (0, 1]"),
     ("bool-as-int", ["train", "rl.iterations=true", "--out", "run"], "bad value for 'rl.iterations' (True): a boolean where a number is expected"),
+    # flywheel: names checked before any work (the data command's cases are in tests/data/test_query_store.py)
+    ("flywheel-unknown-mechanism", ["flywheel", "flywheel.mechanisms=[guidance,magic]", "--out", "run"],
+     "bad value for 'flywheel.mechanisms' (['guidance', 'magic']): unknown name 'magic'; valid: guidance, curriculum, evolve, replay"),
+    ("flywheel-unknown-filter", ["flywheel", "flywheel.filters=[success,shiny]", "--out", "run"],
+     "unknown name 'shiny'; valid: infra, success, reward, truncation, loops, length, dedup, task_cap"),
+    ("flywheel-unknown-stage", ["flywheel", "flywheel.stages=[dpo]", "--out", "run"], "unknown name 'dpo'; valid: rft, rl"),
+    ("flywheel-guidance-level", ["flywheel", "flywheel.guidance_level=7", "--out", "run"],
+     "flywheel.guidance_level=7: env 'sokoban' has guidance levels 1..3"),
+    ("flywheel-env-without-hints", ["flywheel", "calculator-tiny", "--out", "run"],
+     "flywheel guidance (flywheel.mechanisms has guidance) needs env 'calculator' to implement"),
+    ("flywheel-rounds-0", ["flywheel", "--rounds", "0", "--out", "run"], "invalid value for '--rounds'"),
     # tiny-model
     ("tiny-model-out-is-a-file", ["tiny-model", "file.txt"], "'file.txt' is a file, not a directory"),
 ]

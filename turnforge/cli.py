@@ -1,4 +1,4 @@
-"""The ``turnforge`` command line: train, eval, recipes, envs, check-env, tiny-model.
+"""The ``turnforge`` command line: train, eval, recipes, envs, check-env, tiny-model, data.
 
 How a command ends (``main``):
 
@@ -34,7 +34,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import typer  # noqa: E402
 from rich.console import Console
-from rich.table import Table
+from rich.table import Column, Table
 
 from turnforge import errors
 from turnforge.errors import Interrupted, RunStopped, UserError, choices
@@ -81,6 +81,11 @@ def train(
         cfg = load_run_config(resume)
         run_train(cfg, resume, resume=True)
         return
+    _new_run(args, out)
+
+
+def _new_run(args: list[str], out: Path | None, rounds: int | None = None) -> None:
+    """Start a run from ``[RECIPE] [key=value ...]`` (``rounds``: flywheel rounds, overriding the recipe's)."""
     recipe = "sokoban-tiny"
     if args and "=" not in args[0]:
         recipe = args.pop(0)
@@ -89,13 +94,32 @@ def train(
         check_out_dir(out, "--out")
     from turnforge.config import load_config  # imports torch: after the checks above, which are quick
 
-    cfg = load_config(recipe, args)
+    cfg = load_config(recipe, args + ([f"flywheel.rounds={rounds}"] if rounds is not None else []))
     if out is None:
         out = Path("runs") / f"{cfg.recipe}-{time.strftime('%Y%m%d-%H%M%S')}"
         check_out_dir(out, "run directory")
     from turnforge.train.run import train as run_train
 
     run_train(cfg, out)
+
+
+@app.command(context_settings={"allow_extra_args": False})
+def flywheel(
+    args: Optional[List[str]] = typer.Argument(None, help="[RECIPE | path.yaml] [key=value ...] (default recipe: sokoban-tiny)"),
+    rounds: Optional[int] = typer.Option(None, "--rounds", min=1, help="Flywheel rounds (default: the recipe's flywheel.rounds, "
+                                         "or 4 when it has none)"),
+    out: Optional[Path] = typer.Option(None, "--out", help="Run directory (default: runs/<recipe>-<time>)"),
+) -> None:
+    """A training run with the data flywheel: BC, then rounds of collect -> filter -> train ->
+    evaluate (flywheel section of the config), then RL iterations if any; writes RUN/flywheel_report.md.
+    Resume it with `turnforge train --resume RUN`."""
+    args = list(args or [])
+    if rounds is None and not any(a.startswith("flywheel.rounds=") for a in args):
+        from turnforge.config import load_recipe_data
+
+        data = load_recipe_data(args[0] if args and "=" not in args[0] else "sokoban-tiny")[1]
+        rounds = None if (data.get("flywheel") or {}).get("rounds") else 4
+    _new_run(args, out, rounds)
 
 
 @app.command()
@@ -283,6 +307,59 @@ def tiny_model(out: Path = typer.Argument(..., help="Directory to write the mode
     _quiet_hf()
     build_tiny_model(out)
     console.print(f"saved a tiny Qwen2 model to {out}")
+
+
+DATA_HELP = (
+    "Query a run's trajectories with SQL (DuckDB): every RUN/trajectories/*.parquet as one dataset.\n\n"
+    "Views: samples (one row per training sample), trajectories (one row per episode), success_by_task, "
+    "success_by_round (by stage and iteration), success_by_source (episodes, scored, successes, success_rate, "
+    "mean_reward, infra_failures). Prints at most --limit rows, or writes every row to --out FILE (.parquet or .csv). "
+    "Example: turnforge data runs/x \"SELECT * FROM success_by_source\""
+)
+
+
+@app.command("data", help=DATA_HELP)
+def data_cmd(
+    run: Path = typer.Argument(..., metavar="RUN", help="Run directory (reads RUN/trajectories/*.parquet) or a directory of Parquet files"),
+    query: str = typer.Argument(..., metavar="SQL", help="DuckDB SQL over the views (e.g. \"SELECT * FROM success_by_round\")"),
+    out: Optional[Path] = typer.Option(None, "--out", help="Write every row to this .parquet or .csv file (replaced if there) instead of printing"),
+    limit: int = typer.Option(50, "--limit", min=0, help="Most rows to print"),
+) -> None:
+    """``turnforge data``: see ``DATA_HELP``. The output file is checked before the query runs."""
+    from rich.text import Text
+
+    from turnforge.data.query import TrajectoryStore, check_out_suffix, write_result
+
+    if out is not None:
+        check_out_suffix(out, "--out")
+        check_out_file(out, "--out", refuse_existing=False)
+    with TrajectoryStore(run) as store:
+        table = store.sql(query)
+    rows = "row" if table.num_rows == 1 else "rows"
+    if out is not None:
+        write_result(table, out)
+        console.print(f"wrote {table.num_rows} {rows} to {out}", markup=False, highlight=False, soft_wrap=True)
+        return
+    # Text, not str: "[up]" and "sokoban:train:0" are data, not rich markup or an emoji code. The table is as
+    # wide as its text (values are cut at 60 characters), wider than the terminal if need be: never squeezed to "…".
+    head = table.slice(0, limit)
+    cells = [[_cell(v) for v in row] for row in zip(*(c.to_pylist() for c in head.columns))]  # by position: names may repeat
+    widths = [max([len(name)] + [len(row[i]) for row in cells]) for i, name in enumerate(table.column_names)]
+    shown = Table(*(Column(Text(name), min_width=w) for name, w in zip(table.column_names, widths)))
+    for row in cells:
+        shown.add_row(*map(Text, row))
+    console.print(shown, crop=False)
+    more = f" (showing {limit}; --limit N shows more, --out FILE writes them all)" if table.num_rows > limit else ""
+    console.print(f"{table.num_rows} {rows}{more}", markup=False, highlight=False, soft_wrap=True)
+
+
+def _cell(value: object, width: int = 60) -> str:
+    """One value as one line of table text: NULL for null, floats to 6 significant digits, a line
+    break as ``\\n``, long text cut."""
+    if value is None:
+        return "NULL"
+    text = f"{value:.6g}" if isinstance(value, float) else str(value).replace("\n", "\\n")
+    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 # ---------------------------------------------------------------------- entry point

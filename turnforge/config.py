@@ -262,10 +262,78 @@ class EvalConfig(Section):
     split: Literal["heldout", "train"] = Field("heldout", description="Task split to evaluate on")
     every: int = Field(5, ge=0, description="Evaluate every N RL iterations (0 = only before and after RL)")
     temperature: float = Field(0.0, ge=0, description="0 = greedy decoding")
+    bc_temperatures: list[Annotated[float, Field(ge=0)]] = Field(
+        default_factory=list, description="Also evaluate the BC policy at each of these sampling temperatures; the best is "
+        "the run's baseline (summary.json: eval_bc_best_temperature). Learning is stated against it, not against T=1")
     min_heldout_tasks: int = Field(
         10, ge=1, description="The run refuses to start when the env's held-out split holds fewer distinct tasks "
         "(checked at start with check_env)"
     )
+
+
+FLYWHEEL_FILTERS = ("infra", "success", "reward", "truncation", "loops", "length", "dedup", "task_cap")
+FLYWHEEL_STAGES = ("rft", "rl")
+FLYWHEEL_MECHANISMS = ("guidance", "curriculum", "evolve", "replay")
+
+
+class FlywheelConfig(Section):
+    """The data flywheel between BC and RL (``turnforge.train.flywheel``): rounds of collect ->
+    filter -> train -> evaluate on the policy's own episodes."""
+
+    rounds: int = Field(0, ge=0, description="Flywheel rounds after BC (0 = no flywheel stage)")
+    env_steps_per_round: int = Field(
+        12_000, ge=1, description="Env-step budget of one round's collection (plain, guided, curriculum and evolved "
+        "episodes together); rounds stop admitting new tasks once it is spent")
+    tasks_per_wave: int = Field(64, ge=1, description="Fresh train tasks drawn at a time until the round's budget is spent")
+    group_size: int = Field(4, ge=1, description="Rollouts per task (uniform allocation; the most a task gets when adaptive)")
+    allocation: Literal["uniform", "adaptive"] = Field(
+        "adaptive", description="'uniform': group_size rollouts per task; 'adaptive' (XRPO-style): probe_rollouts per task "
+        "first, the rest of group_size only for tasks whose outcome is uncertain (some but not all probes succeeded)")
+    probe_rollouts: int = Field(2, ge=1, description="adaptive: first rollouts per task")
+    temperature: float = Field(1.0, gt=0, description="Sampling temperature of the flywheel's collection")
+    mechanisms: list[str] = Field(
+        default_factory=lambda: ["guidance", "replay"],
+        description=f"Exploration aids and data re-use, any of {', '.join(FLYWHEEL_MECHANISMS)}")
+    filters: list[str] = Field(
+        default_factory=lambda: ["infra", "success", "truncation", "loops", "dedup", "task_cap"],
+        description=f"Filters in order, any of {', '.join(FLYWHEEL_FILTERS)} (turnforge.data.filters)")
+    min_reward: float = Field(0.0, description="filter 'reward': the least episode return kept")
+    max_length: int = Field(1_000_000, ge=1, description="filter 'length': the most turns a kept episode has")
+    per_task_cap: int = Field(1, ge=1, description="filter 'task_cap': kept episodes per task (fewest turns first)")
+    stages: list[str] = Field(
+        default_factory=lambda: ["rft"], description=f"Training stages of a round, in order, any of {', '.join(FLYWHEEL_STAGES)}: "
+        "'rft' rejection-sampling fine-tuning on the kept episodes' own action tokens, 'rl' a GRPO update on the round's "
+        "plain groups (replayed successes added with truncated importance weights)")
+    guidance_level: int = Field(1, ge=1, description="guidance: the env's hint level for re-attempts of tasks no rollout solved")
+    guided_rollouts: int = Field(2, ge=1, description="guidance: guided re-attempts per unsolved task")
+    guided_training: Literal["rft", "is"] = Field(
+        "rft", description="guidance: guided successes are trained with the hints stripped from the context, as plain "
+        "RFT samples ('rft') or weighted by pi(a | unguided context) / mu(a | guided context), truncated at 1 ('is')")
+    curriculum_rollouts: int = Field(2, ge=1, description="curriculum: rollouts from each start state")
+    curriculum_starts: int = Field(64, ge=1, description="curriculum: start states per round (from successes on hard tasks)")
+    curriculum_advance: float = Field(
+        0.5, gt=0, le=1, description="curriculum: success at the current depth that moves the start one turn further back")
+    evolve_per_task: int = Field(2, ge=1, description="evolve: derived tasks per failed task")
+    evolve_pool: int = Field(256, ge=1, description="evolve: the most live derived tasks")
+    replay_size: int = Field(2000, ge=1, description="replay: the most episodes the buffer keeps (oldest out first)")
+    replay_max_success: float = Field(
+        0.5, ge=0, le=1, description="replay: a success enters the buffer when its task's plain success rate is at most this")
+    rft_epochs: int = Field(2, ge=1, description="rft: passes over the round's training samples")
+    rft_lr: LearningRate = Field(3e-4, description="rft: AdamW learning rate")
+    rft_batch_size: int = Field(64, ge=1, description="rft: samples per gradient step")
+    eval_episodes: int = Field(200, ge=1, description="Held-out episodes of the evaluation after each round")
+
+    @field_validator("mechanisms", "filters", "stages")
+    @classmethod
+    def _known_names(cls, value: list[str], info: ValidationInfo) -> list[str]:
+        valid = {"mechanisms": FLYWHEEL_MECHANISMS, "filters": FLYWHEEL_FILTERS, "stages": FLYWHEEL_STAGES}[info.field_name]
+        for name in value:
+            if name not in valid:
+                raise PydanticCustomError("unknown_name", "unknown name '{name}'; valid: {valid}",
+                                          {"name": name, "valid": ", ".join(valid)})
+        if len(set(value)) != len(value):
+            raise PydanticCustomError("repeated_name", "a name is repeated")
+        return value
 
 
 class TrainConfig(Section):
@@ -279,6 +347,7 @@ class TrainConfig(Section):
     bc: BCConfig = Field(default_factory=BCConfig, description="Behaviour-cloning warm start")
     rl: RLConfig = Field(default_factory=RLConfig, description="RL stage")
     critic: CriticConfig = Field(default_factory=CriticConfig, description="State values for PPO/GAE (rl.advantage=gae)")
+    flywheel: FlywheelConfig = Field(default_factory=FlywheelConfig, description="Data flywheel rounds between BC and RL")
     eval: EvalConfig = Field(default_factory=EvalConfig, description="Held-out evaluation")
     engine: EngineConfig = Field(default_factory=EngineConfig, description="Synchronous or asynchronous rollouts")
     cluster: Literal["local", "ray"] = Field(

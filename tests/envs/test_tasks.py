@@ -96,7 +96,7 @@ def test_capabilities_are_discovered():
     light = capabilities(Light())
     assert light.names() == ()
     sokoban = capabilities(make("sokoban"))
-    assert set(sokoban.names()) == {"snapshot", "anchor_key", "potential", "expert", "random_action", "reseed"}
+    assert set(sokoban.names()) == {"snapshot", "anchor_key", "potential", "expert", "random_action", "reseed", "guidance", "derive"}
     frozen = capabilities(make("frozenlake"))
     assert not frozen.potential and frozen.expert
     with pytest.raises(UserError, match=r"GiGPO needs env 'x' to implement anchor_key\(\), or use grpo"):

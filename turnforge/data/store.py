@@ -21,12 +21,21 @@ paid per turn). In DuckDB::
         WHERE infra_failure IS NOT NULL;                            -- failed demonstrations, why
     SELECT avg(reward) FROM (SELECT DISTINCT trajectory_id, reward FROM 'RUN/trajectories/rl_00000.parquet');
         -- mean return of the scored episodes (avg skips the failures' null)
+
+``source`` says where an episode came from (one of ``SOURCES``): ``demo`` (expert
+demonstrations), ``plain`` (the policy on a task's real start), ``guided`` (the policy with env
+guidance or hints in its prompt), ``curriculum`` (started from a snapshot state along an
+earlier trajectory), ``evolved`` (a task derived from a failed one), ``replay``. Files written
+before the column existed lack it: ``read_trajectories`` gives them a null ``source``;
+``turnforge.data.query.TrajectoryStore``, which reads all of a run's files as one dataset with
+views per trajectory and success rates by task, round and source (``turnforge data RUN SQL`` on
+the command line), reads it as ``default_source(stage)`` (``demo`` for stage ``bc``, else ``plain``).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -37,6 +46,7 @@ from turnforge.types import Trajectory
 SCHEMA = pa.schema(
     [
         ("stage", pa.string()),
+        ("source", pa.string()),
         ("iteration", pa.int32()),
         ("trajectory_id", pa.string()),
         ("task_id", pa.string()),
@@ -60,6 +70,14 @@ SCHEMA = pa.schema(
     ]
 )
 
+#: Where an episode came from: the values of the ``source`` column.
+SOURCES: tuple[str, ...] = ("demo", "plain", "guided", "curriculum", "evolved", "replay")
+
+
+def default_source(stage: str) -> str:
+    """The source of an episode written without one: ``demo`` for stage ``bc``, else ``plain``."""
+    return "demo" if stage == "bc" else "plain"
+
 
 def write_trajectories(
     path: str | Path,
@@ -68,13 +86,17 @@ def write_trajectories(
     stage: str,
     iteration: int,
     advantages: dict[str, Sequence[float]] | None = None,
+    sources: Mapping[str, str] | str | None = None,
 ) -> int:
     """Write the samples of ``trajectories`` to ``path`` (Parquet), one episode row for each
     trajectory without samples; returns the row count.
 
     ``advantages`` maps a trajectory id to the advantage of each of its turns: the row's
     ``advantage`` is its turn's value (null for a whole-episode sample whose turns differ),
-    ``turn_advantages`` the whole list."""
+    ``turn_advantages`` the whole list. ``sources`` is each episode's ``source``: one of
+    ``SOURCES`` for all of them, or a mapping from trajectory id that names every trajectory
+    (default: ``default_source(stage)``); an unknown value or a missing id raises ``ValueError``."""
+    source_of = _source_lookup(trajectories, sources, stage)
     rows: dict[str, list] = {name: [] for name in SCHEMA.names}
     for traj in trajectories:
         failed = traj.infra_failure is not None
@@ -83,6 +105,7 @@ def write_trajectories(
             turn_index = None if s is None else s.turn_index
             turn = traj.turns[turn_index] if turn_index is not None and 0 <= turn_index < len(traj.turns) else None
             rows["stage"].append(stage)
+            rows["source"].append(source_of[traj.trajectory_id])
             rows["iteration"].append(iteration)
             rows["trajectory_id"].append(traj.trajectory_id)
             rows["task_id"].append(traj.task.task_id)
@@ -111,6 +134,25 @@ def write_trajectories(
     return table.num_rows
 
 
+def _source_lookup(trajectories: Sequence[Trajectory], sources: Mapping[str, str] | str | None,
+                   stage: str) -> dict[str, str]:
+    """Each trajectory id's source, checked against ``SOURCES`` before anything is written."""
+    if sources is None or isinstance(sources, str):
+        value = default_source(stage) if sources is None else sources
+        found = {traj.trajectory_id: value for traj in trajectories}
+    else:
+        missing = [traj.trajectory_id for traj in trajectories if traj.trajectory_id not in sources]
+        if missing:
+            raise ValueError(f"sources has no entry for trajectory {missing[0]!r} ({len(missing)} missing); "
+                             "give one per trajectory id, or one source for all")
+        found = {traj.trajectory_id: sources[traj.trajectory_id] for traj in trajectories}
+    for tid, value in found.items():
+        if value not in SOURCES:
+            raise ValueError(f"unknown source {value!r} for trajectory {tid!r}; valid sources: "
+                             + ", ".join(repr(v) for v in SOURCES))
+    return found
+
+
 def _sample_advantage(per_turn: Sequence[float] | None, turn_index: int) -> float | None:
     if per_turn is None or len(per_turn) == 0:
         return None
@@ -120,5 +162,6 @@ def _sample_advantage(per_turn: Sequence[float] | None, turn_index: int) -> floa
 
 
 def read_trajectories(path: str | Path) -> pa.Table:
-    """Read a trajectory file (or a directory of them) as one Arrow table."""
+    """Read a trajectory file (or a directory of them) as one Arrow table; a column that an
+    older file lacks (``source``) reads as null."""
     return pq.read_table(path, schema=SCHEMA)

@@ -33,10 +33,18 @@ needs a missing one stops the run at start with a one-line error naming the meth
 - ``expert_action() -> str``: behaviour-cloning demonstrations;
 - ``action_names`` (a small discrete action set) or ``random_action(rng) -> str``: random
   actions (noisy demonstrators, random-policy Monte-Carlo rollouts, ``check_env``);
-- ``reseed(seed)``: a fresh future after ``restore`` (Monte-Carlo rollouts of stochastic envs).
+- ``reseed(seed)``: a fresh future after ``restore`` (Monte-Carlo rollouts of stochastic envs);
+- ``guidance_levels`` (non-empty): hints of graded strength (Agent-RLVR-style guidance),
+  turned on by the env's ``guidance=LEVEL`` option. A guided observation is the plain one
+  plus lines ``HINT_PREFIX + hint``; ``strip_guidance`` recovers the plain one. Hints that ran
+  the env's solver are counted in ``info["n_expert_queries"]`` (and, for the first
+  observation, ``env.reset_expert_queries``, also added to the first step's count);
+- ``derive_tasks(task, n, seed) -> list[Task]``: easier train tasks derived from ``task``
+  (a self-evolving curriculum, as in WebRL); they carry their level in ``task.data``.
 
-``turnforge.envs.levels.LevelEnv`` implements all of these for procedurally generated levels
-from a handful of hooks; the built-in games use it.
+``turnforge.envs.levels.LevelEnv`` implements snapshots, anchor keys and reseeding for
+procedurally generated levels from a handful of hooks, and the plumbing of guidance and
+derived tasks (the game writes the hints and the derivations); the built-in games use it.
 """
 
 from __future__ import annotations
@@ -94,6 +102,31 @@ def stable_hash(*parts: object) -> int:
     return int.from_bytes(digest, "little") >> 1
 
 
+#: Start of each hint line that guidance appends to an observation.
+HINT_PREFIX = "Hint: "
+
+
+def add_guidance(observation: str, hints: Sequence[str]) -> str:
+    """``observation`` with one ``HINT_PREFIX`` line per hint appended (unchanged when there are none)."""
+    for hint in hints:
+        if "\n" in hint or "\r" in hint:
+            raise ValueError(f"a hint must be one line; got {hint!r}")
+    if not hints:
+        return observation
+    return observation + "\n" + "\n".join(HINT_PREFIX + h for h in hints)
+
+
+def strip_guidance(observation: str) -> str:
+    """The unguided observation: ``observation`` without the hint lines that guidance appended
+    (the trailing lines starting with ``HINT_PREFIX``; the first line is always kept). Exact
+    for every observation whose own last line does not start with ``HINT_PREFIX``."""
+    lines = observation.split("\n")
+    keep = len(lines)
+    while keep > 1 and lines[keep - 1].startswith(HINT_PREFIX):
+        keep -= 1
+    return "\n".join(lines[:keep])
+
+
 class Env(ABC):
     """Base class of turnforge environments: ``reset(task, seed)`` and ``step(action)``
     (see the module docstring for the optional capabilities)."""
@@ -112,6 +145,9 @@ class Env(ABC):
     action_names: tuple[str, ...] = ()
     #: Where tasks come from (``turnforge.envs.tasks``); None = given by the recipe (``env.tasks``).
     tasks: TaskSource | None = None
+    #: One line describing each guidance level (level k is ``guidance_levels[k - 1]``);
+    #: () = the env gives no hints. Envs with levels take a ``guidance=k`` option (0 = off).
+    guidance_levels: tuple[str, ...] = ()
 
     @abstractmethod
     def reset(self, task: Task, seed: int) -> str:
@@ -150,6 +186,8 @@ CAPABILITY_METHODS: dict[str, str] = {
     "expert": "expert_action()",
     "random_action": "action_names or random_action(rng)",
     "reseed": "reseed(seed)",
+    "guidance": "guidance_levels (one description per hint level) and hints(level), turned on by a guidance=LEVEL option",
+    "derive": "derive_tasks(task, n, seed)",
 }
 
 
@@ -163,6 +201,8 @@ class Capabilities:
     expert: bool
     random_action: bool
     reseed: bool
+    guidance: bool
+    derive: bool
 
     def require(self, name: str, env_id: str, needed_by: str, otherwise: str = "") -> None:
         """Raise ``UserError`` naming the method to add (and ``otherwise``, another fix)
@@ -188,5 +228,7 @@ def capabilities(env: Env) -> Capabilities:
         expert=has("expert_action"),
         random_action=bool(env.action_names) or has("random_action"),
         reseed=has("reseed"),
+        guidance=bool(getattr(env, "guidance_levels", ())),
+        derive=has("derive_tasks"),
     )
 

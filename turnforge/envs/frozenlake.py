@@ -7,19 +7,25 @@ a path exists) and the start cell is shown as plain ice. On slippery ice the age
 moves in the intended direction with probability 1/3 and in each perpendicular
 direction with probability 1/3 (Gymnasium's rule); moving off the map is a valid move
 that stays in place.
+
+Guidance (``guidance=1..3``, see ``FrozenLakeEnv.guidance_levels``) and derived tasks
+(``FrozenLakeEnv.derive_tasks``, the start moved nearer the goal) are optional; with
+``guidance=0`` the env is unchanged.
 """
 
 from __future__ import annotations
 
 import random
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any, Iterator, Mapping
 
 import numpy as np
 
 from turnforge.envs.base import parse_choice, stable_hash
 from turnforge.envs.levels import LevelEnv, Outcome
 from turnforge.errors import UserError
+from turnforge.types import Task
 
 ACTIONS = ("Up", "Down", "Left", "Right")
 DELTAS = ((-1, 0), (1, 0), (0, -1), (0, 1))
@@ -31,10 +37,11 @@ Pos = tuple[int, int]
 
 @dataclass(frozen=True)
 class FrozenLakeLevel:
-    """An immutable map: start (0, 0), goal (size-1, size-1) and the holes."""
+    """An immutable map: the start ((0, 0) in generated maps), goal (size-1, size-1) and the holes."""
 
     size: int
     holes: frozenset[Pos]
+    start: Pos = (0, 0)
 
     def __deepcopy__(self, memo: dict) -> FrozenLakeLevel:
         return self  # immutable: snapshots share it
@@ -59,6 +66,30 @@ class FrozenLakeLevel:
             return "O" if pos in self.holes else "_"
 
         return "\n".join("".join(cell((r, c)) for c in range(self.size)) for r in range(self.size))
+
+    @classmethod
+    def from_text(cls, text: str) -> FrozenLakeLevel:
+        """Parse a map in the render format, the player ('P') marking the start."""
+        rows = text.strip("\n").split("\n")
+        size = len(rows)
+        if any(len(row) != size for row in rows):
+            raise ValueError("a FrozenLake map must be square")
+        holes, starts = set(), []
+        for r, row in enumerate(rows):
+            for c, ch in enumerate(row):
+                if ch not in "P_OG":
+                    raise ValueError(f"unknown FrozenLake cell {ch!r} at row {r}, column {c}")
+                if ch == "O":
+                    holes.add((r, c))
+                if ch == "P":
+                    starts.append((r, c))
+                if ch == "G" and (r, c) != (size - 1, size - 1):
+                    raise ValueError("the goal 'G' must be in the bottom-right corner")
+        if len(starts) != 1 or starts[0] == (size - 1, size - 1):
+            raise ValueError("a FrozenLake map needs one player 'P', not on the goal")
+        if rows[-1][-1] != "G":
+            raise ValueError("the bottom-right cell must be the goal 'G'")
+        return cls(size, frozenset(holes), starts[0])
 
 
 @dataclass
@@ -112,9 +143,20 @@ def slippery_policy(level: FrozenLakeLevel, gamma: float = 0.999, tol: float = 1
 
 class FrozenLakeEnv(LevelEnv[FrozenLakeLevel]):
     """FrozenLake on a random ``size`` x ``size`` map; reward ``success_reward`` at the
-    goal, 0 otherwise (a hole ends the episode with 0)."""
+    goal, 0 otherwise (a hole ends the episode with 0).
+
+    ``guidance`` (0 = off) gives hints of growing strength, each level including the ones
+    below it (``guidance_levels``). The guard of level 1 undoes a move that ends in a hole (on
+    slippery ice the move the ice actually made), so with guidance no episode is lost. No
+    hint names a move to make.
+    """
 
     action_names = ACTIONS
+    guidance_levels = (
+        "hole guard: a move that ends in a hole is undone, and a hint says so",
+        "level 1 + which neighbouring cells are holes",
+        "level 2 + the number of moves of the shortest safe path to the goal (BFS, 1 expert query)",
+    )
 
     def __init__(
         self,
@@ -125,8 +167,9 @@ class FrozenLakeEnv(LevelEnv[FrozenLakeLevel]):
         max_steps: int = 100,
         invalid_action_penalty: float = -0.1,
         success_reward: float = 1.0,
+        guidance: int = 0,
     ) -> None:
-        super().__init__(invalid_action_penalty=invalid_action_penalty, max_steps=max_steps)
+        super().__init__(invalid_action_penalty=invalid_action_penalty, max_steps=max_steps, guidance=guidance)
         if size < 2:
             raise UserError(f"frozenlake: size must be >= 2, got {size}")
         if not 0.0 <= hole_prob < 1.0:
@@ -163,10 +206,13 @@ class FrozenLakeEnv(LevelEnv[FrozenLakeLevel]):
         raise RuntimeError(f"frozenlake: no map with a path after 10000 attempts; lower hole_prob={self.hole_prob}")
 
     def level_key(self, level: FrozenLakeLevel) -> str:
-        return level.render((0, 0))
+        return level.render(level.start)
+
+    def level_from_data(self, data: Mapping[str, Any]) -> FrozenLakeLevel:
+        return FrozenLakeLevel.from_text(data["level"])
 
     def initial_state(self, level: FrozenLakeLevel, rng: random.Random) -> FrozenLakeState:
-        return FrozenLakeState(level, (0, 0))
+        return FrozenLakeState(level, level.start)
 
     def render(self) -> str:
         return self.state.level.render(self.state.player)
@@ -181,6 +227,14 @@ class FrozenLakeEnv(LevelEnv[FrozenLakeLevel]):
             actual = (action, *PERPENDICULAR[action])[self.rng.randrange(3)]
         nxt = s.level.move(s.player, actual)
         info = {"slipped": actual != action, "moved": nxt != s.player, "direction": ACTIONS[actual]}
+        if self.guidance:
+            info["guarded"] = nxt in s.level.holes
+            if info["guarded"]:  # the hole guard: stay where you were
+                info["moved"] = False
+                self.guard_note = f"moving {ACTIONS[actual]} from there fell into a hole; the move was undone"
+                if actual != action:
+                    self.guard_note = f"the ice slid you {ACTIONS[actual]} instead of {ACTIONS[action]}: " + self.guard_note
+                return Outcome(0.0, info=info)
         s.player = nxt
         if nxt == s.level.goal:
             return Outcome(self.success_reward, terminated=True, success=True, info=info)
@@ -197,6 +251,54 @@ class FrozenLakeEnv(LevelEnv[FrozenLakeLevel]):
                 self._policies.clear()
             self._policies[s.level] = slippery_policy(s.level)
         return ACTIONS[self._policies[s.level].get(s.player, 0)]
+
+    # ------------------------------------------------------------ guidance
+    def hints(self, level: int) -> list[str]:
+        """Level 2: the neighbouring holes; level 3: also the length of the shortest safe path
+        (BFS, 1 expert query). (Level 1's guard note comes from ``apply``.)"""
+        s: FrozenLakeState = self.state
+        if level < 2:
+            return []
+        around = [ACTIONS[a] for a in range(4) if s.level.move(s.player, a) in s.level.holes]
+        hints = ["holes: " + (", ".join(around) if around else "none")]
+        if level >= 3:
+            self.expert_queries += 1
+            path = shortest_path(s.level, s.player)
+            if path is None:
+                hints.append("the goal cannot be reached from here")
+            else:
+                hints.append(f"the goal is {len(path)} safe move{'s' if len(path) != 1 else ''} away")
+        return hints
+
+    # ------------------------------------------------------------ derived tasks
+    def derive_tasks(self, task: Task, n: int, seed: int) -> list[Task]:
+        """Up to ``n`` easier train tasks: the same map with the start moved j moves along a
+        shortest safe path from the parent's start (so the goal is nearer), never onto a
+        held-out map; ``seed`` draws which j."""
+        parent = self.level_for(task)
+        path = shortest_path(parent, parent.start)
+        if not path or len(path) < 2:
+            return []
+        rng = random.Random(stable_hash("derive", task.task_id, seed))
+
+        def easier(level: FrozenLakeLevel) -> bool:
+            found = shortest_path(level, level.start)
+            return found is not None and 0 < len(found) < len(path)
+
+        return self.derived_tasks(task, self._derived_candidates(parent, path, rng), n, easier)
+
+    def _derived_candidates(
+        self, parent: FrozenLakeLevel, path: list[int], rng: random.Random
+    ) -> Iterator[tuple[FrozenLakeLevel, str, int]]:
+        cells = [parent.start]
+        for action in path:
+            cells.append(parent.move(cells[-1], action))
+        steps = list(range(1, len(path)))  # cells[len(path)] is the goal
+        rng.shuffle(steps)
+        for j in steps:
+            r, c = cells[j]
+            how = f"start moved {j} of {len(path)} moves along a shortest safe path, to row {r}, column {c}"
+            yield replace(parent, start=cells[j]), how, j
 
 
 __all__ = ["ACTIONS", "FrozenLakeEnv", "FrozenLakeLevel", "FrozenLakeState", "shortest_path", "slippery_policy"]

@@ -20,9 +20,21 @@ Invalid actions cost ``invalid_action_penalty``, leave the state unchanged, and 
 observation that says what was wrong. ``max_steps`` truncates an episode from inside the env
 (the rollout's ``max_turns`` usually ends it first).
 
+Guidance (optional): set ``guidance_levels`` (one description per level) and write
+``hints(level) -> list[str]``, hints about ``self.state`` for guidance level ``level``; a hint
+that needs the solver adds 1 to ``self.expert_queries``. A guard (undoing a losing move) lives
+in ``apply``, which may set ``self.guard_note`` to say what it undid. With ``guidance=k > 0``,
+``reset`` and ``step`` append the note and the hints to the observation (``add_guidance``);
+``render``, ``anchor_key`` and snapshots stay unguided. Hints must be weaker than the expert's
+moves: never the next move itself.
+
+Derived tasks (optional, capability "derive"): write ``derive_tasks(task, n, seed)`` from
+``derived_tasks`` (below) and ``level_from_data(data)``. A derived task is a train task whose
+``task.data["level"]`` holds the level's ``level_key`` text; ``level_for`` reads it from there.
+
 Tool-using envs (``turnforge.envs.tool``) also set ``tools`` and ``observation_role = "tool"``.
 Integer ``info`` values under keys starting with ``n_`` are event counters (tool calls,
-truncated outputs, ...), summed per iteration in the metrics.
+truncated outputs, ``n_expert_queries`` of guidance, ...), summed per iteration in the metrics.
 """
 
 from __future__ import annotations
@@ -33,10 +45,11 @@ import random
 from abc import abstractmethod
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Generic, Mapping, TypeVar
+from typing import Any, Callable, Generic, Iterable, Mapping, TypeVar
 
-from turnforge.envs.base import Env, EnvSnapshot, InvalidAction, stable_hash
+from turnforge.envs.base import Env, EnvSnapshot, InvalidAction, add_guidance, stable_hash
 from turnforge.envs.tasks import TaskSource
+from turnforge.errors import UserError
 from turnforge.types import Scalar, StepResult, Task
 
 LevelT = TypeVar("LevelT")
@@ -75,16 +88,29 @@ class LevelEnv(Env, Generic[LevelT]):
     heldout_fraction: float = 0.1
     #: How many generated levels to keep in memory (generation may run a solver).
     level_cache_size: int = 4096
+    #: First index of derived tasks: above any generated task's, so their ids never collide.
+    derived_index_base: int = 2**40
 
-    def __init__(self, *, invalid_action_penalty: float = -0.1, max_steps: int = 100) -> None:
+    def __init__(self, *, invalid_action_penalty: float = -0.1, max_steps: int = 100, guidance: int = 0) -> None:
         self.invalid_action_penalty = float(invalid_action_penalty)
         self.max_steps = int(max_steps)
+        if isinstance(guidance, bool) or not isinstance(guidance, int) or not 0 <= guidance <= len(self.guidance_levels):
+            levels = "; ".join(["0 = off", *(f"{k} = {d}" for k, d in enumerate(self.guidance_levels, 1))])
+            raise UserError(f"{type(self).__name__}: guidance={guidance!r} is not a guidance level; valid levels: {levels}")
+        #: Guidance level (0 = off; see ``guidance_levels``).
+        self.guidance = guidance
         self.state: Any = None
         self.rng = random.Random(0)
         self.current_task: Task | None = None
         self.steps = 0
         self.done = True
-        self._levels: OrderedDict[tuple[str, int], LevelT] = OrderedDict()
+        #: What a guard in ``apply`` undid this step ("" = nothing); shown as the first hint.
+        self.guard_note = ""
+        #: Solver-backed hints computed for the observation being built (``hints`` adds to it).
+        self.expert_queries = 0
+        #: Solver-backed hints in the observation the last ``reset`` returned.
+        self.reset_expert_queries = 0
+        self._levels: OrderedDict[tuple[str, Any], LevelT] = OrderedDict()
         self.tasks = LevelTasks(self)
 
     # ------------------------------------------------------------------ hooks
@@ -122,6 +148,18 @@ class LevelEnv(Env, Generic[LevelT]):
     def apply(self, action: Any) -> Outcome:
         """Advance ``self.state`` by one valid action."""
 
+    def hints(self, level: int) -> list[str]:
+        """Hints (one line each) about ``self.state`` at guidance level ``level`` >= 1; add 1
+        to ``self.expert_queries`` for each hint that ran the solver. Default: none."""
+        return []
+
+    def level_from_data(self, data: Mapping[str, Any]) -> LevelT:
+        """The level that ``data["level"]`` (a ``level_key`` text) describes, for derived tasks."""
+        raise UserError(
+            f"{type(self).__name__} cannot read a level from task.data; implement level_from_data(data) "
+            "to use tasks that carry their level (derived tasks)"
+        )
+
     def invalid_observation(self, reason: str) -> str:
         """The observation after an invalid action (``reason`` says what was wrong)."""
         return f"Invalid action: {reason}. Valid actions: {self.valid_actions_text}.\n{self.render()}"
@@ -133,7 +171,10 @@ class LevelEnv(Env, Generic[LevelT]):
         return "heldout" if bucket < self.heldout_fraction * 10_000 else "train"
 
     def level_for(self, task: Task) -> LevelT:
-        """The level of ``task``: the first generated level whose content falls in the task's split."""
+        """The level of ``task``: ``task.data["level"]`` when the task carries one (derived tasks,
+        cached by content), else the first generated level whose content falls in the task's split."""
+        if task.data is not None and "level" in task.data:
+            return self._level_in_data(task)
         key = (task.split, task.index)
         if key in self._levels:
             self._levels.move_to_end(key)
@@ -144,10 +185,62 @@ class LevelEnv(Env, Generic[LevelT]):
                 break
         else:  # pragma: no cover - only with a degenerate heldout_fraction
             raise RuntimeError(f"{self.env_id}: no level for {task.task_id} after 10000 attempts")
+        self._cache_level(key, level)
+        return level
+
+    def _level_in_data(self, task: Task) -> LevelT:
+        text = task.data["level"]  # type: ignore[index]
+        key = ("level", text if isinstance(text, str) else repr(text))
+        if key in self._levels:
+            self._levels.move_to_end(key)
+            level = self._levels[key]
+        else:
+            try:
+                level = self.level_from_data(task.data)  # type: ignore[arg-type]
+            except (ValueError, TypeError, KeyError) as err:
+                raise UserError(f"{self.env_id}: task {task.task_id} carries a level that does not parse: {err}") from None
+            self._cache_level(key, level)
+        if task.split == "train" and self.split_of(level) == "heldout":
+            raise UserError(f"{self.env_id}: train task {task.task_id} carries a held-out level; held-out levels must stay unseen")
+        return level
+
+    def _cache_level(self, key: tuple[str, Any], level: LevelT) -> None:
         self._levels[key] = level
         if len(self._levels) > self.level_cache_size:
             self._levels.popitem(last=False)
-        return level
+
+    def derived_tasks(
+        self,
+        parent: Task,
+        candidates: Iterable[tuple[LevelT, str, int]],
+        n: int,
+        easier: Callable[[LevelT], bool],
+    ) -> list[Task]:
+        """Up to ``n`` derived train tasks of ``parent`` from ``candidates`` (``(level, how, k)``,
+        tried in order, lazily): a candidate is skipped when its level is held out, equals the
+        parent's or an earlier one's, or fails ``easier`` (which should check with the solver that
+        it is solvable and easier). Task ``index`` is ``derived_index_base + stable_hash(parent id,
+        how, k) % derived_index_base``; ``data`` holds ``level`` (the ``level_key`` text), ``parent``
+        (the parent's task id) and ``how``. A held-out parent raises: its variants would leak
+        held-out content into training."""
+        if parent.split != "train":
+            raise ValueError(f"{self.env_id}: derive tasks from train tasks only, not {parent.task_id}")
+        seen = {self.level_key(self.level_for(parent))}
+        out: list[Task] = []
+        indices: set[int] = set()
+        for level, how, k in candidates:
+            if len(out) >= n:
+                break
+            text = self.level_key(level)
+            if text in seen or self.split_of(level) == "heldout":
+                continue
+            seen.add(text)
+            index = self.derived_index_base + stable_hash(parent.task_id, how, k) % self.derived_index_base
+            if index in indices or not easier(level):
+                continue
+            indices.add(index)
+            out.append(Task(self.env_id, "train", index, {"level": text, "parent": parent.task_id, "how": how}))
+        return out
 
     # ------------------------------------------------------------------ the contract
     def reset(self, task: Task | None = None, seed: int | None = None) -> str:  # type: ignore[override]
@@ -161,7 +254,15 @@ class LevelEnv(Env, Generic[LevelT]):
         self.state = self.initial_state(self.level_for(task), self.rng)
         self.steps = 0
         self.done = False
-        return self.render()
+        self.guard_note = ""
+        observation, self.reset_expert_queries = self._guided(self.render())
+        return observation
+
+    def _unreported(self) -> int:
+        """The reset observation's expert queries, reported with the first step (a reset has
+        no info where the env pool could carry them)."""
+        n = self.reset_expert_queries if self.steps == 1 else 0
+        return n
 
     def step(self, action: str) -> StepResult:
         """Apply one action. Invalid actions cost ``invalid_action_penalty`` and never raise."""
@@ -169,22 +270,41 @@ class LevelEnv(Env, Generic[LevelT]):
             raise RuntimeError(f"{self.env_id}: step() after the episode ended; call reset() first")
         self.steps += 1
         truncated = self.steps >= self.max_steps
+        self.guard_note = ""
         try:
             parsed = self.parse_action(action)
             outcome = self.apply(parsed)
         except InvalidAction as err:
             self.done = truncated
-            return StepResult(self.invalid_observation(str(err)), self.invalid_action_penalty, False, truncated, invalid_action=True)
+            observation, queries = self._guided(self.invalid_observation(str(err)))
+            info = {"n_expert_queries": queries + self._unreported()} if self.guidance else {}
+            return StepResult(observation, self.invalid_action_penalty, False, truncated, invalid_action=True, info=info)
         self.done = outcome.terminated or truncated
+        observation, queries = self._guided(self.render())
+        info = dict(outcome.info)
+        if self.guidance:
+            info["n_expert_queries"] = queries + self._unreported()
         return StepResult(
-            self.render(),
+            observation,
             float(outcome.reward),
             bool(outcome.terminated),
             bool(truncated and not outcome.terminated),
             invalid_action=False,
             success=bool(outcome.success),
-            info=dict(outcome.info),
+            info=info,
         )
+
+    def _guided(self, observation: str) -> tuple[str, int]:
+        """``observation`` with the guard's note and the hints of ``self.guidance`` appended, and
+        the number of solver-backed hints. No hints once the episode has ended (nobody acts on
+        them); the guard's note is still shown."""
+        if not self.guidance:
+            return observation, 0
+        self.expert_queries = 0
+        hints = [self.guard_note] if self.guard_note else []
+        if not self.done:
+            hints += self.hints(self.guidance)
+        return add_guidance(observation, hints), self.expert_queries
 
     # ------------------------------------------------------------------ capabilities
     def snapshot(self) -> EnvSnapshot:

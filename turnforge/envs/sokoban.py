@@ -7,18 +7,22 @@ solution-length range (gym-sokoban instead plays the level backwards). So every 
 is solvable, and ``expert_action`` plays an optimal (fewest moves) solution. Rewards
 follow gym-sokoban: a step penalty per move, +/- ``box_on_target_reward`` when a box
 lands on / leaves a target, ``solved_reward`` when all boxes are on targets.
+
+Guidance (``guidance=1..3``, see ``SokobanEnv.guidance_levels``) and derived tasks
+(``SokobanEnv.derive_tasks``) are optional; with ``guidance=0`` the env is unchanged.
 """
 
 from __future__ import annotations
 
 import random
 from collections import deque
-from dataclasses import dataclass
-from typing import Iterable
+from dataclasses import dataclass, replace
+from typing import Any, Iterable, Iterator, Mapping
 
 from turnforge.envs.base import parse_choice, stable_hash
 from turnforge.envs.levels import LevelEnv, Outcome
 from turnforge.errors import UserError
+from turnforge.types import Task
 
 ACTIONS = ("Up", "Down", "Left", "Right")
 DELTAS = ((-1, 0), (1, 0), (0, -1), (0, 1))
@@ -155,6 +159,42 @@ def solve(
     return None
 
 
+def play(
+    level: SokobanLevel, player: Pos, boxes: frozenset[Pos], path: Iterable[int]
+) -> Iterator[tuple[int, bool, Pos, frozenset[Pos]]]:
+    """Replay a legal move sequence (a ``solve`` path): per move ``(action, pushed, player,
+    boxes)``, the state after it."""
+    for action in path:
+        dr, dc = DELTAS[action]
+        player = (player[0] + dr, player[1] + dc)
+        pushed = player in boxes
+        if pushed:
+            boxes = (boxes - {player}) | {(player[0] + dr, player[1] + dc)}
+        yield action, pushed, player, boxes
+
+
+def push_plan(level: SokobanLevel, player: Pos, boxes: frozenset[Pos], path: Iterable[int]) -> list[int]:
+    """The directions (indices into ``ACTIONS``) of the pushes in ``path``, without the walking."""
+    return [action for action, pushed, _, _ in play(level, player, boxes, path) if pushed]
+
+
+def walkable(level: SokobanLevel, start: Pos, boxes: frozenset[Pos]) -> list[Pos]:
+    """Cells the player reaches from ``start`` without pushing a box, sorted."""
+    seen, queue = {start}, deque([start])
+    while queue:
+        r, c = queue.popleft()
+        for dr, dc in DELTAS:
+            nxt = (r + dr, c + dc)
+            if nxt not in seen and not level.blocked(nxt) and nxt not in boxes:
+                seen.add(nxt)
+                queue.append(nxt)
+    return sorted(seen)
+
+
+def _at(pos: Pos) -> str:
+    return f"row {pos[0]}, column {pos[1]}"
+
+
 # ---------------------------------------------------------------------- env
 class SokobanEnv(LevelEnv[SokobanLevel]):
     """Sokoban on a ``dim`` x ``dim`` grid (outer walls included) with ``num_boxes`` boxes.
@@ -172,9 +212,21 @@ class SokobanEnv(LevelEnv[SokobanLevel]):
     until ``max_steps``, plus ``deadlock_penalty``. Without the charge an early deadlock
     would return more than a late one or than wandering until the limit, and group
     baselines would reward deadlocking fast. Set ``max_steps`` to the rollout's turn limit.
+
+    ``guidance`` (0 = off) gives hints of growing strength, each level including the ones
+    below it (``guidance_levels``). The guard of level 1 undoes a push that would leave the
+    pushed box off-target on a dead cell (the ``end_on_deadlock`` test), so with guidance
+    ``end_on_deadlock`` never fires; like that test it misses deadlocks between boxes.
+    Levels 2 and 3 run the solver (1 expert query per hint line that shows its answer) and
+    name box pushes only, never the walking moves.
     """
 
     action_names = ACTIONS
+    guidance_levels = (
+        "deadlock guard: a push that would strand a box on a dead cell is undone, and a hint says so",
+        "level 1 + the direction of the next box push of an optimal solution (solver, 1 expert query)",
+        "level 2 + the directions of all box pushes of an optimal solution (solver, 1 more expert query)",
+    )
 
     #: Most BFS states the generator and the expert visit per solve.
     solver_budget: int = 200_000
@@ -195,8 +247,9 @@ class SokobanEnv(LevelEnv[SokobanLevel]):
         max_solution_length: int | None = None,
         end_on_deadlock: bool = False,
         deadlock_penalty: float = 0.0,
+        guidance: int = 0,
     ) -> None:
-        super().__init__(invalid_action_penalty=invalid_action_penalty, max_steps=max_steps)
+        super().__init__(invalid_action_penalty=invalid_action_penalty, max_steps=max_steps, guidance=guidance)
         if dim < 5:
             raise UserError(f"sokoban: dim must be >= 5 (outer walls included), got {dim}")
         if num_boxes < 1 or 2 * num_boxes + 1 > (dim - 2) ** 2:
@@ -208,7 +261,8 @@ class SokobanEnv(LevelEnv[SokobanLevel]):
         self.solved_reward = float(solved_reward)
         self.min_solution_length, self.max_solution_length = int(min_solution_length), max_solution_length
         self.end_on_deadlock, self.deadlock_penalty = bool(end_on_deadlock), float(deadlock_penalty)
-        self._expert_cache: dict[tuple[SokobanLevel, Pos, frozenset[Pos]], int] = {}
+        # (level, player, boxes) -> (an optimal path through that state, the state's offset in it); None: no solution
+        self._plans: dict[tuple[SokobanLevel, Pos, frozenset[Pos]], tuple[tuple[int, ...], int] | None] = {}
         self._live: dict[SokobanLevel, frozenset[Pos]] = {}
 
     @property
@@ -279,6 +333,9 @@ class SokobanEnv(LevelEnv[SokobanLevel]):
     def level_key(self, level: SokobanLevel) -> str:
         return render_room(level, level.player, level.boxes)
 
+    def level_from_data(self, data: Mapping[str, Any]) -> SokobanLevel:
+        return SokobanLevel.from_text(data["level"])
+
     def initial_state(self, level: SokobanLevel, rng: random.Random) -> SokobanState:
         return SokobanState(level, level.player, level.boxes)
 
@@ -294,21 +351,27 @@ class SokobanEnv(LevelEnv[SokobanLevel]):
         level = s.level
         dr, dc = DELTAS[action]
         nxt = (s.player[0] + dr, s.player[1] + dc)
-        reward, moved, pushed = self.step_penalty, False, False
+        reward, moved, pushed, guarded = self.step_penalty, False, False, False
         if not level.blocked(nxt):
             if nxt not in s.boxes:
                 s.player, moved = nxt, True
             else:
                 beyond = (nxt[0] + dr, nxt[1] + dc)
                 if not level.blocked(beyond) and beyond not in s.boxes:
-                    s.boxes = (s.boxes - {nxt}) | {beyond}
-                    s.player, moved, pushed = nxt, True, True
-                    reward += self.box_on_target_reward * ((beyond in level.targets) - (nxt in level.targets))
+                    if self.guidance and beyond not in level.targets and beyond not in self._live_cells(level):
+                        guarded = True  # the deadlock guard: leave the state as it was
+                        self.guard_note = f"pushing the box {ACTIONS[action]} there would make the room unsolvable, so it was undone"
+                    else:
+                        s.boxes = (s.boxes - {nxt}) | {beyond}
+                        s.player, moved, pushed = nxt, True, True
+                        reward += self.box_on_target_reward * ((beyond in level.targets) - (nxt in level.targets))
         on_target = len(s.boxes & level.targets)
         solved = on_target == len(s.boxes)
         if solved:
             reward += self.solved_reward
-        info = {"boxes_on_target": on_target, "moved": moved, "pushed": pushed}
+        info: dict[str, bool | int] = {"boxes_on_target": on_target, "moved": moved, "pushed": pushed}
+        if self.guidance:
+            info["guarded"] = guarded
         if self.end_on_deadlock and pushed and not solved and (s.boxes - level.targets) - self._live_cells(level):
             info["deadlock"] = True
             skipped = self.step_penalty * max(self.max_steps - self.steps, 0)
@@ -342,21 +405,114 @@ class SokobanEnv(LevelEnv[SokobanLevel]):
         """First move of an optimal solution from the current state; in a deadlock (or if
         the solver's budget runs out) a move that changes the state, else 'Up'."""
         s: SokobanState = self.state
-        key = (s.level, s.player, s.boxes)
-        if key not in self._expert_cache:
-            if len(self._expert_cache) > 100_000:
-                self._expert_cache.clear()
-            path = solve(s.level, s.player, s.boxes, budget=self.solver_budget)
-            if not path:
-                return ACTIONS[self._any_moving_action()]
-            player, boxes = s.player, s.boxes  # cache the optimal suffix for every state on the path
-            for action in path:
-                self._expert_cache[(s.level, player, boxes)] = action
+        path = self.optimal_path(s.level, s.player, s.boxes)
+        if not path:
+            return ACTIONS[self._any_moving_action()]
+        return ACTIONS[path[0]]
+
+    def optimal_path(self, level: SokobanLevel, player: Pos, boxes: frozenset[Pos]) -> tuple[int, ...] | None:
+        """An optimal solution from ``(player, boxes)`` (``solve``), cached: one solve caches
+        its suffix for every state on its path. None: unsolvable or over ``solver_budget``."""
+        key = (level, player, boxes)
+        if key not in self._plans:
+            if len(self._plans) > 100_000:
+                self._plans.clear()
+            found = solve(level, player, boxes, budget=self.solver_budget)
+            if found is None:
+                self._plans[key] = None
+                return None
+            path = tuple(found)
+            self._plans[key] = (path, 0)
+            for i, (_, _, p, bx) in enumerate(play(level, player, boxes, path), 1):
+                self._plans.setdefault((level, p, bx), (path, i))
+        plan = self._plans[key]
+        return None if plan is None else plan[0][plan[1]:]
+
+    # ------------------------------------------------------------ guidance
+    def hints(self, level: int) -> list[str]:
+        """Level 2: the direction of the next push of an optimal solution; level 3: also the
+        directions of all its pushes. (Level 1's guard note comes from ``apply``.)"""
+        s: SokobanState = self.state
+        if level < 2 or s.boxes <= s.level.targets:
+            return []
+        path = self.optimal_path(s.level, s.player, s.boxes)
+        self.expert_queries += 1
+        if path is None:
+            return ["the solver found no solution from here; the room may be unsolvable"]
+        pushes = [ACTIONS[a] for a in push_plan(s.level, s.player, s.boxes, path)]
+        hints = [f"the next push moves a box {pushes[0]}"]
+        if level >= 3:
+            self.expert_queries += 1
+            hints.append("box pushes to solve: " + ", ".join(pushes))
+        return hints
+
+    # ------------------------------------------------------------ derived tasks
+    def derive_tasks(self, task: Task, n: int, seed: int) -> list[Task]:
+        """Up to ``n`` easier train tasks from ``task``'s room, each checked with the solver to
+        be solvable in fewer moves than the parent (and never a held-out level):
+
+        - the player moved next to the box, on the pushing side of an optimal solution's first push;
+        - the boxes as after push j of an optimal solution (so nearer their targets), the player
+          on a random floor cell from which it can walk to that push's pushing side;
+        - with several boxes: one box removed, with the target it ends on in that solution.
+
+        The first kind comes first, then the other two alternate; ``seed`` draws their order
+        and the player cells."""
+        parent = self.level_for(task)
+        path = self.optimal_path(parent, parent.player, parent.boxes)
+        if not path:
+            return []
+        rng = random.Random(stable_hash("derive", task.task_id, seed))
+
+        def easier(level: SokobanLevel) -> bool:
+            found = self.optimal_path(level, level.player, level.boxes)
+            return found is not None and 0 < len(found) < len(path)
+
+        return self.derived_tasks(task, self._derived_candidates(parent, path, rng), n, easier)
+
+    def _derived_candidates(
+        self, parent: SokobanLevel, path: tuple[int, ...], rng: random.Random
+    ) -> Iterator[tuple[SokobanLevel, str, int]]:
+        states = list(play(parent, parent.player, parent.boxes, path))
+        pushes = [i for i, (_, pushed, _, _) in enumerate(states) if pushed]
+        # 1. the player next to the box, on the side of the first push
+        first = pushes[0]
+        beside = states[first - 1][2] if first > 0 else parent.player
+        direction = ACTIONS[states[first][0]]
+        how = f"player placed next to the box, on the side to push it {direction} (first push of an optimal solution)"
+        yield replace(parent, player=beside), how, 0
+        # 2. the boxes further along the solution, alternating with 3. fewer boxes
+        nearer = list(range(1, len(pushes)))  # after the last push the room is solved
+        rng.shuffle(nearer)
+        fewer = self._fewer_boxes(parent, states, rng)
+        for i in range(max(len(nearer), len(fewer))):
+            if i < len(nearer):
+                j = nearer[i]
+                _, _, behind, boxes = states[pushes[j - 1]]
+                player = rng.choice(walkable(parent, behind, boxes))
+                how = f"box nearer its target: boxes as after push {j} of {len(pushes)} of an optimal solution, player at {_at(player)}"
+                yield replace(parent, boxes=boxes, player=player), how, j
+            if i < len(fewer):
+                yield fewer[i]
+
+    def _fewer_boxes(
+        self, parent: SokobanLevel, states: list[tuple[int, bool, Pos, frozenset[Pos]]], rng: random.Random
+    ) -> list[tuple[SokobanLevel, str, int]]:
+        """One box removed, with the target it ends on in the solution ``states``."""
+        if len(parent.boxes) < 2:
+            return []
+        where = {box: box for box in parent.boxes}  # start cell -> cell along the solution
+        for action, pushed, player, _ in states:
+            if pushed:
+                start = next(b for b, now in where.items() if now == player)
                 dr, dc = DELTAS[action]
-                player = (player[0] + dr, player[1] + dc)
-                if player in boxes:
-                    boxes = (boxes - {player}) | {(player[0] + dr, player[1] + dc)}
-        return ACTIONS[self._expert_cache[key]]
+                where[start] = (player[0] + dr, player[1] + dc)
+        out = []
+        for k, box in enumerate(sorted(parent.boxes)):
+            level = replace(parent, boxes=parent.boxes - {box}, targets=parent.targets - {where[box]})
+            out.append((level, f"fewer boxes: the box at {_at(box)} and its target at {_at(where[box])} removed", k))
+        rng.shuffle(out)
+        return out
 
     def _any_moving_action(self) -> int:
         s: SokobanState = self.state
@@ -370,4 +526,7 @@ class SokobanEnv(LevelEnv[SokobanLevel]):
         return 0
 
 
-__all__ = ["ACTIONS", "SokobanEnv", "SokobanLevel", "SokobanState", "live_cells", "render_room", "solve"]
+__all__ = [
+    "ACTIONS", "SokobanEnv", "SokobanLevel", "SokobanState", "live_cells", "play", "push_plan", "render_room", "solve",
+    "walkable",
+]

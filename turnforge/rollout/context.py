@@ -196,3 +196,34 @@ class EpisodeContext:
                 )
             ]
         return self.samples
+
+
+def action_segments(sample: Sample) -> list[tuple[np.ndarray, np.ndarray, int]]:
+    """The actions written into ``sample``, in order: (ids, logprobs, version) of each maximal
+    run of loss-mask-1 tokens."""
+    mask = sample.loss_mask.astype(bool)
+    edges = np.flatnonzero(np.diff(np.concatenate([[0], mask.astype(np.int8), [0]])))
+    return [(sample.token_ids[a:b], sample.logprobs[a:b], int(sample.versions[a])) for a, b in zip(edges[::2], edges[1::2])]
+
+
+def rerender(trajectory, observations: list[str], chat: ChatFormat, cfg: RolloutConfig, spec: PromptSpec,
+             marker_ids: tuple[int, ...]) -> list[Sample] | None:
+    """The samples ``trajectory`` would have had with ``observations`` (one per turn) in place
+    of the ones it was shown: same action ids, sampling logprobs and versions, contexts written
+    afresh (e.g. a guided episode with its hints stripped), cut to the budget as the engine
+    would. None when a context does not fit at all."""
+    actions: list[tuple[np.ndarray, np.ndarray, int]] = []
+    for x in sorted(trajectory.samples, key=lambda x: x.turn_index):
+        segs = action_segments(x)
+        actions.extend(segs if x.turn_index < 0 else segs[-1:])
+    if len(actions) != len(observations):
+        return None
+    ctx = EpisodeContext(chat, cfg, spec, marker_ids, trajectory.trajectory_id)
+    for obs, (ids, logprobs, version) in zip(observations, actions):
+        try:
+            ctx.observe(obs)
+        except ContextOverflow:
+            return None
+        sampled = version >= 0
+        ctx.act(tuple(int(i) for i in ids), tuple(float(v) for v in logprobs) if sampled else None, version)
+    return ctx.finish()

@@ -26,7 +26,7 @@ import torch
 from turnforge.errors import UserError
 from turnforge.policy.manifest import fsync, seal, verify
 from turnforge.policy.model import Policy
-from turnforge.train.metrics import BCStats, ValuePretrainStats, from_json
+from turnforge.train.metrics import BCStats, BestTemperature, ValuePretrainStats, from_json
 from turnforge.types import EvalResult
 
 STAGES = ("bc", "rl")  # order of the stages a resumable checkpoint can close
@@ -38,7 +38,7 @@ class TrainerState:
     (every random stream is derived from the seed and the iteration number).
     Written as ``trainer_state.json``."""
 
-    stage: str = "bc"  # last completed stage: "bc" or "rl"
+    stage: str = "bc"  # last completed stage: "bc", "flywheel" or "rl"
     iteration: int = 0  # completed RL iterations
     env_steps: int = 0  # turns the policy played (rollouts, demonstrations)
     mc_env_steps: int = 0  # env steps of Monte-Carlo critic rollouts (counted apart)
@@ -48,6 +48,8 @@ class TrainerState:
     eval_before_rl: EvalResult | None = None
     bc: BCStats | None = None
     value_pretrain: ValuePretrainStats | None = None
+    bc_temperatures: BestTemperature | None = None  # the BC policy at eval.bc_temperatures
+    hints: int = 0  # solver-backed hints of the flywheel stage
 
 
 @dataclass

@@ -40,6 +40,27 @@ def check_options(cfg: TrainConfig, env: Env) -> None:
             caps.require("snapshot", env_id, what)
             if critic.mc_policy == "random":
                 caps.require("random_action", env_id, f"{what} with random rollouts", "set critic.mc_policy=bc")
+    fw = cfg.flywheel
+    if fw.rounds > 0:
+        mech = set(fw.mechanisms)
+        if "guidance" in mech:
+            caps.require("guidance", env_id, "flywheel guidance (flywheel.mechanisms has guidance)",
+                         "drop guidance from flywheel.mechanisms")
+            levels = getattr(env, "guidance_levels", ())
+            if fw.guidance_level > len(levels):
+                raise UserError(f"flywheel.guidance_level={fw.guidance_level}: env {env_id!r} has guidance levels "
+                                f"1..{len(levels)}: " + "; ".join(f"{i} = {d}" for i, d in enumerate(levels, 1)))
+        if "curriculum" in mech:
+            caps.require("snapshot", env_id, "the start-state curriculum (flywheel.mechanisms has curriculum)",
+                         "drop curriculum from flywheel.mechanisms")
+        if "evolve" in mech:
+            caps.require("derive", env_id, "self-evolving tasks (flywheel.mechanisms has evolve)",
+                         "drop evolve from flywheel.mechanisms")
+        if "loops" in fw.filters:
+            caps.require("anchor_key", env_id, "the flywheel filter 'loops'", "drop loops from flywheel.filters")
+        if "rl" in fw.stages and rl.advantage not in ("grpo", "rloo", "reinforce_pp", "gigpo"):
+            raise UserError(f"flywheel stage 'rl' runs a critic-free update; rl.advantage={rl.advantage} is not one "
+                            "(use grpo, rloo, reinforce_pp or gigpo, or drop rl from flywheel.stages)")
     source = env.task_source()  # an env without tasks fails here
     for split in ("train", cfg.eval.split):
         if source.size(split) == 0:

@@ -8,7 +8,7 @@ with a field its class does not have is an error, so schema drift shows.
 
 Kinds: ``bc_epoch`` (``BCEpoch``), ``bc_done`` (``BCStats``), ``eval`` (``EvalRecord``),
 ``value_pretrain`` (``ValuePretrainStats``), ``rl_iter`` (``IterationMetrics``), ``warning``
-(``RunWarning``).
+(``RunWarning``), ``flywheel_round`` (``FlywheelRound``).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from turnforge.data.filters import FilterCount
 from turnforge.envpool.pool import PoolStats
 from turnforge.rollout.engine import RolloutStats
 from turnforge.types import EvalResult
@@ -78,6 +79,61 @@ class EvalRecord:
     result: EvalResult
     env_steps: int = 0
     time: float = 0.0
+
+
+@dataclass(frozen=True)
+class FlywheelRound:
+    """One data-flywheel round (``turnforge.train.flywheel``). Episode counts are
+    (scored episodes, successes) per source, infrastructure failures left out."""
+
+    round: int
+    round_env_steps: int  # turns played this round (all sources)
+    tasks: int  # distinct tasks of the plain and evolved collection
+    plain: tuple[int, int]
+    guided: tuple[int, int]
+    curriculum: tuple[int, int]
+    evolved: tuple[int, int]
+    unsolved_tasks: int  # tasks none of whose plain rollouts succeeded
+    filters: list[FilterCount]  # what each filter kept, in order
+    rft_samples: int  # samples of the round's RFT stage (kept + replayed)
+    replay_size: int
+    curriculum_depth: int  # turns before the end of a success that curriculum episodes start at (next round)
+    curriculum_success: float | None  # success of this round's curriculum episodes
+    evolved_live: int
+    evolved_retired: int  # derived tasks retired so far
+    expert_queries: int  # solver-backed hints shown so far
+    entropy: float | None  # mean next-token entropy on the round's plain action tokens, before the update
+    eval: EvalResult
+    seconds: float
+    env_steps: int = 0
+    time: float = 0.0
+
+
+@dataclass(frozen=True)
+class TemperatureEval:
+    """The BC policy evaluated at one sampling temperature."""
+
+    temperature: float
+    result: EvalResult
+
+
+@dataclass(frozen=True)
+class BestTemperature:
+    """The BC policy at its best sampling temperature (``eval.bc_temperatures``): the
+    baseline learning is stated against."""
+
+    temperature: float
+    eval: EvalResult
+    all: list[TemperatureEval]
+
+
+@dataclass(frozen=True)
+class ExpertQueries:
+    """Every label or hint an expert (the env's solver) gave the run."""
+
+    demonstration_actions: int  # expert moves in the BC demonstrations (random moves of a noisy one left out)
+    hints: int  # solver-backed hints shown in guided flywheel episodes
+    total: int
 
 
 @dataclass(frozen=True)
@@ -248,6 +304,10 @@ class RunSummary:
     torch_threads: int
     env_pool: PoolStats | None = None  # the run's own engine on env workers: demonstrations, evaluations, sync RL
     software: Software | None = None  # versions and CPU kernel path the run used (figures repeat bit for bit only with the same)
+    eval_bc_best_temperature: BestTemperature | None = None  # the BC policy at its best temperature (eval.bc_temperatures)
+    expert_queries: ExpertQueries | None = None
+    flywheel_rounds: int = 0
+    gain_over_bc_best_points: float | None = None  # 100 x (after - the BC policy at its best temperature)
 
 
 def read_summary(run_dir: str | Path) -> RunSummary:
@@ -257,7 +317,7 @@ def read_summary(run_dir: str | Path) -> RunSummary:
 
 EVENTS: dict[str, type] = {
     "bc_epoch": BCEpoch, "bc_done": BCStats, "eval": EvalRecord, "value_pretrain": ValuePretrainStats,
-    "rl_iter": IterationMetrics, "warning": RunWarning,
+    "rl_iter": IterationMetrics, "warning": RunWarning, "flywheel_round": FlywheelRound,
 }
 KINDS: dict[type, str] = {cls: kind for kind, cls in EVENTS.items()}
 
@@ -272,6 +332,7 @@ class RunMetrics:
     value_pretrain: ValuePretrainStats | None = None
     iterations: list[IterationMetrics] = field(default_factory=list)
     warnings: list[RunWarning] = field(default_factory=list)
+    flywheel: list[FlywheelRound] = field(default_factory=list)
 
 
 def to_json(record: Any) -> dict[str, Any]:
@@ -324,5 +385,6 @@ def read_metrics(run_dir: str | Path) -> RunMetrics:
         if kind in ("bc_done", "value_pretrain"):
             setattr(out, {"bc_done": "bc", "value_pretrain": "value_pretrain"}[kind], record)
         else:
-            getattr(out, {"bc_epoch": "bc_epochs", "eval": "evals", "rl_iter": "iterations", "warning": "warnings"}[kind]).append(record)
+            getattr(out, {"bc_epoch": "bc_epochs", "eval": "evals", "rl_iter": "iterations", "warning": "warnings",
+                          "flywheel_round": "flywheel"}[kind]).append(record)
     return out

@@ -45,11 +45,13 @@ from turnforge.train.checks import check_env_at_start, check_options
 from turnforge.train.bc import run_bc
 from turnforge.train.checkpoint import TrainerState, TrainingState, find_resumable, save_model, save_resumable
 from turnforge.train.interrupts import Interrupts
-from turnforge.train.metrics import RunSummary, RunWarning, Software, read_summary, to_json
+from turnforge.train.flywheel import run_flywheel, write_flywheel_report
+from turnforge.train.metrics import BestTemperature, ExpertQueries, RunSummary, RunWarning, Software, TemperatureEval, read_summary, to_json
 from turnforge.train.rl import Critic, budget_spent, make_reference, pretrain_values, run_rl
 from turnforge.train.reporting import MetricsLog, Progress, plot_learning_curve
 from turnforge.train.rundir import LOCK, RunLock
 from turnforge.train.session import Session
+from turnforge.types import EvalResult
 
 
 
@@ -175,15 +177,26 @@ def train(cfg: TrainConfig, out: str | Path, *, resume: bool = False, live: bool
             progress.message(f"warning: {warning}")
             metrics.log(RunWarning(warning), state.env_steps)
 
-        # 2. behaviour cloning warm start, then the reference evaluation
+        # 2. behaviour cloning warm start, then the reference evaluations: at eval.temperature and
+        #    at each of eval.bc_temperatures (the best of them is the baseline learning is stated against)
         if found is None:
             state.bc = run_bc(s) if cfg.bc.enabled else None
             save_model(policy, run_dir / "checkpoints" / "bc")
             state.eval_before_rl = s.evaluate("before-rl")
+            state.bc_temperatures = bc_at_temperatures(s, state.eval_before_rl)
             state.wall_seconds = s.wall_seconds()
             save_resumable(run_dir, policy, state, TrainingState(version=policy.version))
 
-        # 3. the critic (rl.advantage=gae with critic.enabled): the BC policy's trunk plus a
+        # 3. the data flywheel (flywheel.rounds > 0): rounds of collect -> filter -> train -> evaluate
+        optimizer = torch.optim.AdamW(policy.model.parameters(), lr=cfg.rl.lr, weight_decay=0.0)
+        if cfg.flywheel.rounds > 0 and state.stage == "bc":
+            rounds = run_flywheel(s, optimizer)
+            state.hints = rounds[-1].expert_queries
+            state.stage = "flywheel"
+            state.wall_seconds = s.wall_seconds()
+            save_resumable(run_dir, policy, state, TrainingState(version=policy.version, optimizer=optimizer.state_dict()))
+
+        # 4. the critic (rl.advantage=gae with critic.enabled): the BC policy's trunk plus a
         #    value head, pretrained on Monte-Carlo returns of the BC policy
         critic = None
         if cfg.critic.enabled:
@@ -195,8 +208,7 @@ def train(cfg: TrainConfig, out: str | Path, *, resume: bool = False, live: bool
             elif cfg.critic.pretrain_episodes > 0:
                 state.value_pretrain = pretrain_values(s, critic)
 
-        # 4. RL (a first SIGINT/SIGTERM finishes the iteration, checkpoints and stops)
-        optimizer = torch.optim.AdamW(policy.model.parameters(), lr=cfg.rl.lr, weight_decay=0.0)
+        # 5. RL (a first SIGINT/SIGTERM finishes the iteration, checkpoints and stops)
         if training is not None and training.optimizer is not None:
             optimizer.load_state_dict(training.optimizer)
         bc_policy = None
@@ -214,7 +226,7 @@ def train(cfg: TrainConfig, out: str | Path, *, resume: bool = False, live: bool
         if state.iteration < cfg.rl.iterations and not budget_spent(s):
             return None
 
-        # 5. final evaluation, checkpoint, summary, plot
+        # 6. final evaluation, checkpoint, summary, plot, flywheel report
         after = s.evaluate("after-rl")
         save_model(policy, run_dir / "checkpoints" / "final")
         state.wall_seconds = s.wall_seconds()
@@ -229,14 +241,34 @@ def train(cfg: TrainConfig, out: str | Path, *, resume: bool = False, live: bool
             env_id=cfg.env.id, env_kwargs=dict(cfg.env.kwargs), model=cfg.model.path,
             num_parameters=sum(p.numel() for p in policy.model.parameters()), torch_threads=cfg.threads,
             env_pool=engine.backend.stats() if cfg.engine.env_workers > 0 else None, software=Software.current(),
+            eval_bc_best_temperature=state.bc_temperatures, flywheel_rounds=cfg.flywheel.rounds,
+            gain_over_bc_best_points=None if state.bc_temperatures is None else
+            round(100 * (after.success_rate - state.bc_temperatures.eval.success_rate), 2),
+            expert_queries=ExpertQueries(demos := (state.bc.demo_env_steps - state.bc.demo_random_actions) if state.bc else 0,
+                                         state.hints, demos + state.hints),
         )
         write_atomic(run_dir / "summary.json", json.dumps(to_json(summary), indent=2) + "\n")
         plot_learning_curve(run_dir, f"{cfg.recipe} (seed {cfg.seed})")
+        if cfg.flywheel.rounds > 0:
+            write_flywheel_report(run_dir, summary)
         progress.message(
             f"done in {summary.wall_seconds:.0f}s: held-out success {before.success_rate:.3f} after BC -> "
             f"{after.success_rate:.3f} after RL ({summary.success_gain_points:+.1f} points); run dir {run_dir}"
         )
     return summary
+
+
+def bc_at_temperatures(s: Session, at_default: EvalResult) -> BestTemperature | None:
+    """The BC policy evaluated at each of ``eval.bc_temperatures`` (the evaluation at
+    ``eval.temperature`` is reused); the best success rate wins, the lower temperature on a tie."""
+    temps = s.cfg.eval.bc_temperatures
+    if not temps:
+        return None
+    evals = [TemperatureEval(t, at_default if t == s.cfg.eval.temperature else s.evaluate("bc", temperature=t)) for t in temps]
+    best = max(evals, key=lambda e: (e.result.success_rate, -e.temperature))
+    s.progress.message(f"BC policy at its best temperature: T={best.temperature} success {best.result.success_rate:.3f} "
+                       f"({', '.join(f'T={e.temperature}: {e.result.success_rate:.3f}' for e in evals)})")
+    return BestTemperature(best.temperature, best.result, evals)
 
 
 def _where(run_dir: Path, state: TrainerState, stop: Interrupts) -> str:

@@ -45,15 +45,19 @@ class Session:
     def wall_seconds(self) -> float:
         return self.wall_offset + time.time() - self.started
 
-    def evaluate(self, tag: str) -> EvalResult:
-        """Held-out evaluation, logged as an ``eval`` event at the current env step."""
+    def evaluate(self, tag: str, episodes: int | None = None, temperature: float | None = None) -> EvalResult:
+        """Held-out evaluation (``eval`` section; ``episodes``/``temperature`` override it),
+        logged as an ``eval`` event at the current env step."""
         e = self.cfg.eval
-        result, _ = evaluate(self.engine, self.policy, episodes=e.episodes, split=e.split, temperature=e.temperature,
+        episodes = e.episodes if episodes is None else episodes
+        temperature = e.temperature if temperature is None else temperature
+        result, _ = evaluate(self.engine, self.policy, episodes=episodes, split=e.split, temperature=temperature,
                              seed=self.cfg.seed, max_failure_share=self.cfg.max_failure_share, stage=f"eval {tag}")
         self.metrics.log(EvalRecord(tag, self.state.iteration, result), self.state.env_steps)
         failures = f", {result.infra_failures} infrastructure failures left out" if result.infra_failures else ""
         self.progress.message(
             f"eval {tag}: success {result.success_rate:.3f}  return {result.mean_return:.2f}  "
-            f"invalid {result.invalid_action_rate:.3f}  turns {result.mean_turns:.1f}  ({result.episodes} {e.split} episodes{failures})"
+            f"invalid {result.invalid_action_rate:.3f}  turns {result.mean_turns:.1f}  ({result.episodes} {e.split} episodes"
+            f"{'' if temperature == e.temperature else f', T={temperature}'}{failures})"
         )
         return result

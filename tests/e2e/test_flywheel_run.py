@@ -1,0 +1,104 @@
+"""The data flywheel through a tiny ``train()``: every mechanism runs, is recorded, and the
+trajectory store reads its episodes by source; guided samples are trained without their hints."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from helpers import TINY_TEST_SHAPE
+from turnforge.config import load_config
+from turnforge.data.query import TrajectoryStore
+from turnforge.envs.base import HINT_PREFIX, strip_guidance
+from turnforge.policy.model import load_policy
+from turnforge.rollout.actors import PolicyActor
+from turnforge.rollout.engine import EpisodeRequest, make_engine
+from turnforge.train.common import generator
+from turnforge.train.flywheel import guided_config
+from turnforge.train.metrics import read_metrics
+from turnforge.train.run import train
+from turnforge.rollout.context import rerender
+
+FLY = [
+    *[f"model.tiny.{k}={v}" for k, v in TINY_TEST_SHAPE.items()],
+    "bc.num_demos=30", "bc.epochs=2", "bc.batch_size=16", "rollout.max_turns=8", "eval.episodes=10",
+    "eval.bc_temperatures=[1.0,0.5]", "rl.iterations=1", "rl.tasks_per_iteration=2", "rl.group_size=2",
+    "flywheel.rounds=2", "flywheel.env_steps_per_round=150", "flywheel.tasks_per_wave=8", "flywheel.eval_episodes=10",
+    "flywheel.mechanisms=[guidance,curriculum,evolve,replay]", "flywheel.stages=[rft,rl]", "flywheel.guidance_level=2",
+    "flywheel.group_size=3", "flywheel.replay_max_success=1.0",
+]
+# a model this small solves nothing: the smoke run trains on every episode the machinery played
+EVERYTHING = ["flywheel.filters=[infra,loops,dedup]"]
+
+
+@pytest.mark.slow
+def test_flywheel_run_records_every_mechanism(tmp_path):
+    out = tmp_path / "run"
+    summary = train(load_config("sokoban-tiny", FLY + EVERYTHING), out, live=False)
+    rounds = read_metrics(out).flywheel
+    assert [r.round for r in rounds] == [1, 2] and summary.flywheel_rounds == 2
+    for r in rounds:
+        assert r.round_env_steps >= 150  # the budget is spent before a round stops admitting tasks
+        assert r.plain[0] + r.evolved[0] > 0 and [f.name for f in r.filters] == ["infra", "loops", "dedup"]
+        assert r.eval.episodes == 10 and r.entropy is not None and r.entropy > 0
+    assert rounds[0].guided[0] > 0  # a tiny BC policy leaves tasks unsolved
+    # level 2 hints need the solver: each is counted, and the summary adds the demonstrations' expert moves
+    assert summary.expert_queries.hints == rounds[-1].expert_queries > 0
+    assert summary.expert_queries.demonstration_actions == summary.bc.demo_env_steps - summary.bc.demo_random_actions
+    assert summary.expert_queries.total == summary.expert_queries.hints + summary.expert_queries.demonstration_actions
+    best = summary.eval_bc_best_temperature
+    assert [e.temperature for e in best.all] == [1.0, 0.5] and best.all[0].result == summary.eval_before_rl
+    assert best.eval.success_rate == max(e.result.success_rate for e in best.all)
+    assert summary.gain_over_bc_best_points == round(100 * (summary.eval_after_rl.success_rate - best.eval.success_rate), 2)
+    assert (out / "flywheel_report.md").read_text().count("\n| ") == 2 + 1 and (out / "flywheel.png").stat().st_size > 0
+
+    with TrajectoryStore(out) as store:
+        by_source = {row["source"]: row for row in store.sql("SELECT * FROM success_by_source").to_pylist()}
+        assert {"demo", "plain", "guided"} <= set(by_source)
+        played = store.sql("SELECT count(*) AS n FROM trajectories WHERE stage = 'flywheel'").to_pylist()[0]["n"]
+        assert played == sum(sum(getattr(r, s)[0] for s in ("plain", "guided", "curriculum", "evolved")) for r in rounds)
+
+
+@pytest.mark.slow
+def test_a_round_with_nothing_to_train_on_stops_the_run(tmp_path):
+    from turnforge.errors import RunStopped
+
+    with pytest.raises(RunStopped, match=r"flywheel round 1: no episode passed the filters \(\d+ episodes -> infra \d+ -> "
+                                         r"success 0 .*\); nothing to train on"):
+        train(load_config("sokoban-tiny", FLY + ["flywheel.rounds=1"]), tmp_path / "run", live=False)
+    assert not (tmp_path / "run" / "summary.json").exists()
+
+
+def test_guided_samples_rerendered_without_hints_keep_their_action_tokens(tmp_path):
+    cfg = load_config("sokoban-tiny", FLY + ["rollout.max_context_tokens=256"])
+    from turnforge.policy.tiny import build_tiny_model
+
+    build_tiny_model(tmp_path / "m", cfg.model.tiny)
+    policy = load_policy(tmp_path / "m", "float32")
+    guided = make_engine(guided_config(cfg), policy, num_envs=4)
+    plain = make_engine(cfg, policy, num_envs=1)
+    try:
+        actor = PolicyActor(policy, cfg.rollout.max_new_tokens, 1.0, generator(0, "t"))
+        reqs = [EpisodeRequest(guided.env.task("train", i), i, f"g{i}", f"g{i}") for i in range(4)]
+        trajs, _ = guided.play(reqs, actor)
+        hinted = 0
+        for t in trajs:
+            obs = [strip_guidance(turn.observation) for turn in t.turns]
+            hinted += sum(HINT_PREFIX in turn.observation for turn in t.turns)
+            new = rerender(t, obs, policy.chat, cfg.rollout, plain.prompt, plain.marker)
+            assert new is not None and len(new) == len(t.samples)
+            for old, x, o in zip(t.samples, new, obs):
+                act = old.loss_mask == 1
+                assert np.array_equal(x.token_ids[x.loss_mask == 1], old.token_ids[act])
+                assert np.array_equal(x.logprobs[x.loss_mask == 1], old.logprobs[act])
+                text = policy.tokenizer.decode(x.token_ids[x.loss_mask == 0])
+                assert HINT_PREFIX.strip() not in text and o.splitlines()[0] in text
+                # the context is exactly what the unguided engine writes for the stripped observation
+                from turnforge.rollout.context import EpisodeContext
+
+                ctx = EpisodeContext(policy.chat, cfg.rollout, plain.prompt, plain.marker, "x")
+                ctx.observe(o)
+                assert ctx.prompt() == tuple(x.token_ids[x.loss_mask == 0].tolist())
+        assert hinted > 0  # level 2 shows the next push on every observation
+    finally:
+        guided.close(), plain.close()

@@ -1,0 +1,447 @@
+"""The data flywheel: rounds of collect -> filter -> train -> evaluate on the policy's own episodes.
+
+Each round, top to bottom (``flywheel`` section of the config):
+
+1. collect, under an env-step budget (``env_steps_per_round``), waves of fresh train tasks
+   plus the live derived tasks (``evolve``):
+   - ``allocation=uniform``: ``group_size`` rollouts per task;
+   - ``allocation=adaptive`` (XRPO's idea, simplified): ``probe_rollouts`` per task first,
+     the rest of ``group_size`` only where the outcome is uncertain (some probes succeeded,
+     not all); solved and hopeless tasks get no more plain rollouts;
+2. exploration aids on the tasks no plain rollout solved:
+   - ``guidance`` (Agent-RLVR): re-attempts with the env's hints (``guidance_level``) in the
+     observations; the hints are stripped from the contexts before training
+     (``turnforge.rollout.context.rerender``); with ``guided_training=is`` each guided
+     sample is weighted by pi(a | unguided context) / mu(a | guided context), truncated at 1;
+   - ``curriculum`` (start-state curriculum): unguided episodes started from env snapshots
+     along earlier successes on hard tasks, ``depth`` turns before their end; the depth grows
+     by one when the success at it reaches ``curriculum_advance``;
+   - ``evolve`` (WebRL): the env derives easier tasks from each failed one
+     (``Env.derive_tasks``); they are played in later rounds while informative and retired
+     when a round solves all of their rollouts (or, unsolved, after three rounds);
+3. filter (``turnforge.data.filters``) and route: the kept episodes go to rejection-sampling
+   fine-tuning (``rft``: the loss on the policy's own action tokens); a kept success on a
+   task the plain policy mostly fails (plain success <= ``replay_max_success``) also enters
+   the replay buffer (``replay``), trained on again in later rounds;
+4. train: the stages in ``stages`` order: ``rft`` (supervised epochs on this round's kept
+   samples plus the replay buffer), ``rl`` (one GRPO update on the round's plain groups,
+   replayed samples added with the decoupled objective's truncated importance weights);
+5. evaluate on ``eval_episodes`` held-out tasks, log a ``FlywheelRound`` record, write the
+   round's episodes to ``trajectories/flywheel_RRRRR.parquet`` (``source`` column).
+
+Every expert query is counted (``FlywheelRound.expert_queries``): hints that needed the
+env's solver. Departures from the papers: XRPO allocates by a bandit over uncertainty and
+novelty, here by a two-stage probe; WebRL derives tasks with an LLM, here with an env hook;
+Agent-RLVR trains guided trajectories with RL, here with RFT (or importance-weighted RFT).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+import torch
+
+from turnforge.algos import masked_mean
+from turnforge.config import TrainConfig
+from turnforge.data.filters import Candidate, FilterCount, FilterParams, apply_filters, kept_samples
+from turnforge.data.store import write_trajectories
+from turnforge.envs.base import EnvSnapshot, stable_hash, strip_guidance
+from turnforge.errors import RunStopped
+from turnforge.policy.generate import token_logprobs
+from turnforge.rollout.actors import PolicyActor
+from turnforge.rollout.context import rerender
+from turnforge.rollout.engine import EpisodeRequest, RolloutEngine, make_engine
+from turnforge.train.common import GuardedStep, collate, generator, rng
+from turnforge.train.credit import sample_advantage, turn_advantages
+from turnforge.train.failures import check_trajectories
+from turnforge.train.metrics import FlywheelRound
+from turnforge.train.session import Session
+from turnforge.types import Sample, Task, Trajectory
+
+
+@dataclass
+class _Start:
+    """A curriculum start: a snapshot ``depth`` turns before the end of a success."""
+
+    task: Task
+    snapshot: EnvSnapshot
+    depth: int
+
+
+@dataclass
+class FlywheelState:
+    """What carries over from round to round."""
+
+    round: int = 0
+    replay: list[Candidate] = field(default_factory=list)
+    starts: list[tuple[Task, tuple[EnvSnapshot, ...]]] = field(default_factory=list)  # successes on hard tasks
+    depth: int = 1
+    evolved: dict[str, tuple[Task, int]] = field(default_factory=dict)  # task id -> (task, rounds played unsolved)
+    retired: int = 0
+    expert_queries: int = 0
+
+
+def guided_config(cfg: TrainConfig) -> TrainConfig:
+    """The run's config with the env's hints on (``flywheel.guidance_level``)."""
+    out = cfg.model_copy(deep=True)
+    out.env.kwargs = {**dict(cfg.env.kwargs), "guidance": cfg.flywheel.guidance_level}
+    return out
+
+
+def run_flywheel(s: Session, optimizer: torch.optim.Optimizer) -> list[FlywheelRound]:
+    """``flywheel.rounds`` rounds (see the module docstring); returns their records."""
+    cfg, fw = s.cfg, s.cfg.flywheel
+    guided = make_engine(guided_config(cfg), s.policy) if "guidance" in fw.mechanisms else None
+    state, records = FlywheelState(), []
+    step = GuardedStep(s.policy.model, optimizer, cfg.rl.max_grad_norm, cfg.rl.max_bad_steps)
+    s.progress.stage("flywheel", fw.rounds)
+    try:
+        for r in range(fw.rounds):
+            records.append(_round(s, state, guided, optimizer, step, r))
+            s.progress.update(r + 1, success=records[-1].eval.success_rate)
+    finally:
+        if guided is not None:
+            guided.close()
+    return records
+
+
+def _round(s: Session, st: FlywheelState, guided: RolloutEngine | None, optimizer: torch.optim.Optimizer,
+           step: GuardedStep, r: int) -> FlywheelRound:
+    cfg, fw, policy, env = s.cfg, s.cfg.flywheel, s.policy, s.env
+    t0 = time.time()
+    actor = PolicyActor(policy, cfg.rollout.max_new_tokens, fw.temperature, generator(cfg.seed, "flywheel", r))
+    keep = {"curriculum"} & set(fw.mechanisms)
+    played: list[tuple[Trajectory, str]] = []
+    steps = 0
+
+    def play(engine: RolloutEngine, requests: list[EpisodeRequest], source: str) -> list[Trajectory]:
+        nonlocal steps
+        if not requests:
+            return []
+        trajs, stats = engine.play(requests, actor, keep_snapshots=bool(keep))
+        check_trajectories(f"flywheel round {r + 1}", env.env_id, trajs, cfg.max_failure_share, kind=f"{source} episodes")
+        steps += stats.turns
+        played.extend((t, source) for t in trajs)
+        return trajs
+
+    def requests(tasks: list[Task], n: int, tag: str, offset: int = 0) -> list[EpisodeRequest]:
+        return [EpisodeRequest(t, stable_hash(cfg.seed, "flywheel", r, tag, t.task_id, g), f"{tag}-{r}-{t.task_id}",
+                               f"{tag}-{r}-{t.task_id}-{g}") for t in tasks for g in range(offset, offset + n)]
+
+    # 1.+2. collect under the step budget: the curriculum's starts and a wave of derived tasks
+    #    first, then waves of fresh tasks; each wave's unsolved tasks get guided re-attempts
+    plain: dict[str, list[Trajectory]] = {}
+    task_of: dict[str, Task] = {}
+    unsolved: list[Task] = []
+    guided_trajs: list[Trajectory] = []
+    depth_success = None
+    if "curriculum" in fw.mechanisms and st.starts:
+        starts = _curriculum_starts(st, fw.curriculum_starts, rng(cfg.seed, "flywheel-curriculum", r))
+        reqs = [EpisodeRequest(x.task, stable_hash(cfg.seed, "flywheel", r, "c", i, g), f"c-{r}-{i}", f"c-{r}-{i}-{g}",
+                               start=x.snapshot) for i, x in enumerate(starts) for g in range(fw.curriculum_rollouts)]
+        ok = [t for t in play(s.engine, reqs, "curriculum") if t.infra_failure is None]
+        depth_success = _successes(ok) / max(len(ok), 1)
+        if depth_success >= fw.curriculum_advance:
+            st.depth += 1
+    pool = [t for t, _ in st.evolved.values()]
+    evolved = [pool[int(i)] for i in rng(cfg.seed, "flywheel-evolved", r).permutation(len(pool))[:fw.tasks_per_wave]]
+    wave = 0
+    while steps < fw.env_steps_per_round:
+        if wave == 0 and evolved:
+            tasks, source = evolved, "evolved"
+        else:
+            ids = rng(cfg.seed, "flywheel-tasks", r, wave).integers(0, 2**31 - 1, fw.tasks_per_wave)
+            tasks, source = [env.task("train", int(i)) for i in ids], "plain"
+        wave += 1
+        first = fw.probe_rollouts if fw.allocation == "adaptive" else fw.group_size
+        for t in play(s.engine, requests(tasks, first, "p"), source):
+            plain.setdefault(t.task.task_id, []).append(t)
+            task_of[t.task.task_id] = t.task
+        if fw.allocation == "adaptive" and fw.group_size > first:
+            unsure = [t for t in tasks if 0 < _successes(plain[t.task_id]) < len(plain[t.task_id])]
+            for t in play(s.engine, requests(unsure, fw.group_size - first, "p", first), source):
+                plain[t.task.task_id].append(t)
+        failed = [t for t in tasks if _successes(plain[t.task_id]) == 0 and any(x.infra_failure is None for x in plain[t.task_id])]
+        unsolved += failed
+        if guided is not None and failed:
+            got = play(guided, requests(failed, fw.guided_rollouts, "g"), "guided")
+            guided_trajs += got
+            st.expert_queries += sum(int(turn.info.get("n_expert_queries", 0)) for t in got for turn in t.turns)
+    rate = {k: _successes(v) / max(sum(t.infra_failure is None for t in v), 1) for k, v in plain.items()}
+    if "evolve" in fw.mechanisms:
+        _evolve(s, st, plain, unsolved, r)
+
+    # 3. filter and route
+    params = FilterParams(fw.min_reward, fw.max_length, fw.per_task_cap)
+    candidates = [Candidate.of(t, src) for t, src in played if src != "guided"]
+    candidates += [c for c in (_unguided(s, t) for t in guided_trajs) if c is not None]
+    kept, counts = apply_filters(candidates, fw.filters, params)
+    hard = [c for c in kept if c.trajectory.success and c.source != "curriculum"
+            and rate.get(c.trajectory.task.task_id, 0.0) <= fw.replay_max_success]
+    if "curriculum" in fw.mechanisms:  # successes on hard tasks seed later start states (snapshots kept in memory)
+        st.starts.extend((c.trajectory.task, tuple(c.trajectory.snapshots[i] for i in c.turns)) for c in hard
+                         if c.source in ("plain", "guided") and c.trajectory.snapshots)
+        st.starts = st.starts[-fw.replay_size:]
+    replayed = list(st.replay) if "replay" in fw.mechanisms else []
+    if "replay" in fw.mechanisms:
+        st.replay = (st.replay + [replace(c, source="replay") for c in hard])[-fw.replay_size:]
+
+    # 4. train
+    entropy = _entropy(s, [x for t in plain.values() for x in t for x in x.samples])
+    rft_samples = 0
+    for stage in fw.stages:
+        if stage == "rft":
+            data = kept + replayed
+            samples, weights = _rft_data(s, data)
+            if not samples:
+                raise RunStopped(f"flywheel round {r + 1}: no episode passed the filters ({_funnel(counts)}); "
+                                 "nothing to train on (loosen flywheel.filters or raise flywheel.env_steps_per_round)")
+            rft_samples = len(samples)
+            _rft(s, step, samples, weights, r)
+        else:
+            _grpo(s, optimizer, step, [t for v in plain.values() for t in v], replayed, r)
+        policy.version += 1
+
+    # 5. record, evaluate
+    sources: dict[str, str] = {t.trajectory_id: src for t, src in played}
+    write_trajectories(s.run_dir / "trajectories" / f"flywheel_{r:05d}.parquet", [t for t, _ in played],
+                       stage="flywheel", iteration=r, sources=sources)
+    s.state.env_steps += steps
+    result = s.evaluate(f"flywheel-{r + 1}", episodes=fw.eval_episodes)
+    st.round = r + 1
+
+    def count(src: str) -> tuple[int, int]:
+        got = [t for t, x in played if x == src and t.infra_failure is None]
+        return len(got), _successes(got)
+
+    record = FlywheelRound(
+        round=r + 1, round_env_steps=steps, tasks=len(plain), plain=count("plain"), guided=count("guided"),
+        curriculum=count("curriculum"), evolved=count("evolved"), unsolved_tasks=len(unsolved),
+        filters=counts, rft_samples=rft_samples, replay_size=len(st.replay), curriculum_depth=st.depth,
+        curriculum_success=depth_success, evolved_live=len(st.evolved), evolved_retired=st.retired,
+        expert_queries=st.expert_queries, entropy=entropy, eval=result, seconds=round(time.time() - t0, 2),
+    )
+    s.metrics.log(record, s.state.env_steps)
+    s.progress.message(
+        f"flywheel round {r + 1}: {steps} env steps, plain {record.plain[1]}/{record.plain[0]}, guided "
+        f"{record.guided[1]}/{record.guided[0]}, curriculum {record.curriculum[1]}/{record.curriculum[0]}, evolved "
+        f"{record.evolved[1]}/{record.evolved[0]}; kept {len(kept)} episodes, {rft_samples} samples; "
+        f"held-out success {result.success_rate:.3f}"
+    )
+    return record
+
+
+def _funnel(counts: list[FilterCount]) -> str:
+    """'120 episodes -> infra 120 -> success 0' for a message."""
+    if not counts:
+        return "no filters"
+    return " -> ".join([f"{counts[0].episodes_in} episodes"] + [f"{c.name} {c.episodes_out}" for c in counts])
+
+
+def _successes(trajs: list[Trajectory]) -> int:
+    return sum(t.success for t in trajs if t.infra_failure is None)
+
+
+def _curriculum_starts(st: FlywheelState, n: int, gen: np.random.Generator) -> list[_Start]:
+    """Up to ``n`` starts, ``st.depth`` kept turns before the end of a stored success (its
+    first state when it is shorter): the real start is reached as the depth grows."""
+    picks = gen.permutation(len(st.starts))[:n]
+    out = []
+    for i in picks:
+        task, snaps = st.starts[int(i)]
+        k = max(len(snaps) - st.depth, 0)
+        if k > 0:  # k == 0 is the task's own start, which plain collection already plays
+            out.append(_Start(task, snaps[k], st.depth))
+    return out
+
+
+def _evolve(s: Session, st: FlywheelState, plain: dict[str, list[Trajectory]], unsolved: list[Task], r: int) -> None:
+    """Retire derived tasks that were solved every time (or stayed unsolved three rounds);
+    derive new ones from this round's unsolved tasks."""
+    fw = s.cfg.flywheel
+    for key, (task, age) in list(st.evolved.items()):
+        got = [t for t in plain.get(key, []) if t.infra_failure is None]
+        if got and _successes(got) == len(got):
+            del st.evolved[key]
+            st.retired += 1
+        elif got and _successes(got) == 0:
+            if age + 1 >= 3:
+                del st.evolved[key]
+                st.retired += 1
+            else:
+                st.evolved[key] = (task, age + 1)
+    for task in unsolved:
+        if len(st.evolved) >= fw.evolve_pool or task.task_id in st.evolved:
+            continue
+        for new in s.env.derive_tasks(task, fw.evolve_per_task, stable_hash(s.cfg.seed, "evolve", r, task.task_id)):
+            if len(st.evolved) < fw.evolve_pool:
+                st.evolved.setdefault(new.task_id, (new, 0))
+
+
+def _unguided(s: Session, traj: Trajectory) -> Candidate | None:
+    """A guided episode as training data: its samples re-written with the hints stripped
+    from every observation (same action tokens and sampling logprobs)."""
+    if traj.infra_failure is not None or not traj.samples:
+        return None
+    engine = s.engine
+    samples = rerender(traj, [strip_guidance(t.observation) for t in traj.turns], s.policy.chat, s.cfg.rollout,
+                       engine.prompt, engine.marker)
+    if samples is None:
+        return None
+    turns = tuple(replace(t, observation=strip_guidance(t.observation)) for t in traj.turns)
+    return Candidate.of(replace(traj, samples=tuple(samples), turns=turns), "guided")
+
+
+def _rft_data(s: Session, data: list[Candidate]) -> tuple[list[Sample], list[float]]:
+    """The samples of the kept turns and their weights: 1, or for guided samples with
+    ``guided_training=is`` the truncated ratio pi(a | unguided) / mu(a | guided)."""
+    samples, weights = [], []
+    for c in data:
+        xs = kept_samples([c])
+        samples.extend(xs)
+        if c.source == "guided" and s.cfg.flywheel.guided_training == "is":
+            weights.extend(_is_weights(s, xs))
+        else:
+            weights.extend([1.0] * len(xs))
+    return samples, weights
+
+
+@torch.no_grad()
+def _is_weights(s: Session, samples: list[Sample]) -> list[float]:
+    if not samples:
+        return []
+    batch = collate(samples, s.policy.pad_id)
+    lp, _ = token_logprobs(s.policy.model, batch.ids, batch.attention, s.cfg.flywheel.temperature)
+    log_ratio = ((lp - batch.old_logprobs) * batch.mask).sum(dim=1)
+    return torch.exp(log_ratio).clamp(max=1.0).tolist()
+
+
+@torch.no_grad()
+def _entropy(s: Session, samples: list[Sample], limit: int = 512) -> float | None:
+    """Mean entropy of the policy's next-token distribution on the action tokens of (up to
+    ``limit`` of) the round's plain samples, before the round's update."""
+    if not samples:
+        return None
+    chunk = samples[:limit]
+    out, n = 0.0, 0
+    for b in range(0, len(chunk), 128):
+        batch = collate(chunk[b:b + 128], s.policy.pad_id)
+        _, ent = token_logprobs(s.policy.model, batch.ids, batch.attention, 1.0, with_entropy=True)
+        m = batch.mask
+        out += float((ent * m).sum())
+        n += int(m.sum())
+    return out / max(n, 1)
+
+
+def _rft(s: Session, step: GuardedStep, samples: list[Sample], weights: list[float], r: int) -> None:
+    """Supervised epochs on the kept samples' action tokens (weighted per sample)."""
+    fw, policy = s.cfg.flywheel, s.policy
+    for group in step.optimizer.param_groups:
+        group["lr"] = fw.rft_lr
+    w_all = torch.tensor(weights, dtype=torch.float32)
+    policy.model.train()
+    for epoch in range(fw.rft_epochs):
+        order = rng(s.cfg.seed, "flywheel-rft", r, epoch).permutation(len(samples))
+        for b in range(0, len(samples), fw.rft_batch_size):
+            idx = order[b:b + fw.rft_batch_size]
+            batch = collate([samples[i] for i in idx], policy.pad_id)
+            lp, _ = token_logprobs(policy.model, batch.ids, batch.attention)
+            mask = batch.mask * w_all[idx][:, None]
+            step(-(lp * mask).sum() / batch.mask.sum().clamp(min=1))
+            s.state.train_tokens += batch.num_tokens
+    policy.model.eval()
+
+
+def _grpo(s: Session, optimizer: torch.optim.Optimizer, step: GuardedStep, trajs: list[Trajectory],
+          replayed: list[Candidate], r: int) -> None:
+    """One GRPO update on the round's plain groups (rl section's advantage settings); the
+    replayed successes join with advantage 1 and the decoupled objective's truncated
+    importance weights (they were sampled by older policies)."""
+    from turnforge.train.rl import ppo_update  # the RL stage's update, shared
+
+    ok = [t for t in trajs if t.infra_failure is None]
+    per_turn = turn_advantages(ok, s.cfg.rl)
+    pairs = [(x, sample_advantage(x, per_turn[t.trajectory_id])) for t in ok for x in t.samples]
+    pairs += [(x, 1.0) for c in replayed for x in kept_samples([c])]
+    if pairs:
+        for group in optimizer.param_groups:
+            group["lr"] = s.cfg.rl.lr
+        ppo_update(s, pairs, optimizer, step, None, stable_hash("flywheel", r), decoupled=bool(replayed))
+
+
+__all__ = ["FlywheelState", "guided_config", "run_flywheel"]
+
+
+def write_flywheel_report(run_dir, summary) -> None:
+    """``RUN/flywheel_report.md`` and ``RUN/flywheel.png``: held-out success per round, where
+    the successes came from (plain, guided, curriculum, evolved), what each filter kept."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from turnforge.paths import write_atomic
+    from turnforge.train.metrics import read_metrics
+
+    rounds = read_metrics(run_dir).flywheel
+    if not rounds:
+        return
+    xs = [0] + [x.round for x in rounds]
+    before = summary.eval_before_rl.success_rate
+    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(15, 4))
+    ax1.plot(xs, [before] + [x.eval.success_rate for x in rounds], marker="o", label=f"held-out (T={summary_temperature(run_dir)})")
+    best = summary.eval_bc_best_temperature
+    if best is not None:
+        ax1.axhline(best.eval.success_rate, color="tab:red", linestyle="--", label=f"BC at its best T={best.temperature}")
+    ax1.axhline(summary.eval_after_rl.success_rate, color="tab:green", linestyle=":", label="final (after RL)")
+    ax1.set(xlabel="round (0 = after BC)", ylabel="held-out success", ylim=(-0.02, 1.02), title="held-out success per round")
+    ax1.legend(loc="lower right")
+    bottom = np.zeros(len(rounds))
+    for src in ("plain", "guided", "curriculum", "evolved"):
+        ys = np.array([getattr(x, src)[1] for x in rounds], dtype=float)
+        ax2.bar(xs[1:], ys, bottom=bottom, label=src)
+        bottom += ys
+    ax2.set(xlabel="round", ylabel="successful episodes", title="where successes came from")
+    ax2.legend()
+    names = [f.name for f in rounds[0].filters]
+    kept = [sum(x.filters[i].episodes_out for x in rounds) for i in range(len(names))]
+    offered = sum(x.filters[0].episodes_in for x in rounds) if names else 0
+    ax3.bar(["offered"] + names, [offered] + kept, color="tab:gray")
+    ax3.set(ylabel="episodes (all rounds)", title="what each filter kept")
+    ax3.tick_params(axis="x", rotation=30)
+    fig.tight_layout()
+    fig.savefig(run_dir / "flywheel.png", dpi=100)
+    plt.close(fig)
+
+    lines = [f"# Flywheel report: {summary.recipe} (seed {summary.seed})", "",
+             f"Held-out success ({summary.eval_after_rl.episodes} episodes): after BC {before:.3f}"
+             + (f", BC at its best temperature (T={best.temperature}) {best.eval.success_rate:.3f}" if best else "")
+             + f", final {summary.eval_after_rl.success_rate:.3f}"
+             + (f" ({summary.gain_over_bc_best_points:+.1f} points over BC at its best temperature)" if best else "") + ".",
+             f"Expert queries: {summary.expert_queries.total} ({summary.expert_queries.demonstration_actions} demonstration "
+             f"moves, {summary.expert_queries.hints} hints).", "",
+             "![flywheel](flywheel.png)", "",
+             "| round | env steps | plain | guided | curriculum | evolved | unsolved tasks | RFT samples | replay | depth | "
+             "entropy | held-out |", "|" + "---|" * 12]
+    for x in rounds:
+        def pair(p: tuple[int, int]) -> str:
+            return f"{p[1]}/{p[0]}"
+        ent = "" if x.entropy is None else f"{x.entropy:.3f}"
+        lines.append(f"| {x.round} | {x.round_env_steps} | {pair(x.plain)} | {pair(x.guided)} | {pair(x.curriculum)} | "
+                     f"{pair(x.evolved)} | {x.unsolved_tasks} | {x.rft_samples} | {x.replay_size} | {x.curriculum_depth} | "
+                     f"{ent} | {x.eval.success_rate:.3f} ({x.eval.episodes}) |")
+    lines += ["", "Filters (episodes in -> out, kept turns in -> out, all rounds):", ""]
+    for i, name in enumerate(names):
+        f = [x.filters[i] for x in rounds]
+        lines.append(f"- `{name}`: {sum(c.episodes_in for c in f)} -> {sum(c.episodes_out for c in f)} episodes, "
+                     f"{sum(c.turns_in for c in f)} -> {sum(c.turns_out for c in f)} turns")
+    lines += ["", "Query the episodes: `turnforge data RUN \"SELECT * FROM success_by_source\"`.", ""]
+    write_atomic(run_dir / "flywheel_report.md", "\n".join(lines))
+
+
+def summary_temperature(run_dir) -> float:
+    import yaml
+
+    return float(yaml.safe_load((run_dir / "config.yaml").read_text())["eval"]["temperature"])
