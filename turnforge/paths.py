@@ -41,7 +41,7 @@ def check_out_file(path: Path, label: str, *, refuse_existing: bool) -> None:
     if path.exists():
         if not path.is_file():
             kind = "a directory" if path.is_dir() else "not a regular file"
-            raise UserError(f"{label} {str(path)!r} is {kind}; give the path of a .json file to write")
+            raise UserError(f"{label} {str(path)!r} is {kind}; give the path of a file to write")
         if refuse_existing:
             raise UserError(f"{label} {str(path)!r} already exists; give --force to overwrite it")
     parent = path.parent
