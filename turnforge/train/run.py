@@ -155,7 +155,7 @@ def train(cfg: TrainConfig, out: str | Path, *, resume: bool = False, live: bool
             model_path, state, training = found.path, found.state, found.training
             for problem in found.skipped:
                 progress.message(f"warning: {problem}; resuming from the previous checkpoint")
-        stop = stack.enter_context(Interrupts(lambda: _where(run_dir, state, stop)))
+        stop = stack.enter_context(Interrupts(lambda: _where(run_dir, state, stop, cfg.flywheel.rounds > 0)))
         policy = load_policy(model_path, cfg.model.dtype)
         policy.model.eval()
         prompt = PromptSpec.of(env, cfg.rollout.include_instructions)
@@ -271,7 +271,7 @@ def bc_at_temperatures(s: Session, at_default: EvalResult) -> BestTemperature | 
     return BestTemperature(best.temperature, best.result, evals)
 
 
-def _where(run_dir: Path, state: TrainerState, stop: Interrupts) -> str:
+def _where(run_dir: Path, state: TrainerState, stop: Interrupts, flywheel: bool = False) -> str:
     """Where an interrupted run stopped and what ``--resume`` continues from."""
     resume = f"resume with: turnforge train --resume {run_dir}"
     if stop.requested is not None:
@@ -279,4 +279,6 @@ def _where(run_dir: Path, state: TrainerState, stop: Interrupts) -> str:
     found = find_resumable(run_dir)
     if found is None:
         return f"before the first checkpoint (during behaviour cloning or the first evaluation); {resume} (starts it over)"
+    if flywheel and state.stage == "bc" and found.state.stage == "bc":
+        return f"during the flywheel stage; {resume} (plays the flywheel again from the BC checkpoint)"
     return f"during RL iteration {state.iteration + 1}; {resume} (continues from RL iteration {found.state.iteration})"
