@@ -186,10 +186,10 @@ def _round(s: Session, st: FlywheelState, guided: RolloutEngine | None, optimize
         st.starts = st.starts[-fw.replay_size:]
     replayed = list(st.replay) if "replay" in fw.mechanisms else []
     if "replay" in fw.mechanisms:
-        st.replay = (st.replay + [replace(c, source="replay") for c in hard])[-fw.replay_size:]
+        st.replay = (st.replay + hard)[-fw.replay_size:]  # with their own source (guided ones keep their IS weights)
 
     # 4. train
-    entropy = _entropy(s, [x for t in plain.values() for x in t for x in x.samples])
+    entropy = _entropy(s, [x for group in plain.values() for t in group for x in t.samples])
     rft_samples = 0
     for stage in fw.stages:
         if stage == "rft":
