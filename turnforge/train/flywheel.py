@@ -43,7 +43,6 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import torch
 
-from turnforge.algos import masked_mean
 from turnforge.config import TrainConfig
 from turnforge.data.filters import Candidate, FilterCount, FilterParams, apply_filters, kept_samples
 from turnforge.data.store import write_trajectories
@@ -63,18 +62,16 @@ from turnforge.types import Sample, Task, Trajectory
 
 @dataclass
 class _Start:
-    """A curriculum start: a snapshot ``depth`` turns before the end of a success."""
+    """A curriculum start: a snapshot ``FlywheelState.depth`` turns before the end of a success."""
 
     task: Task
     snapshot: EnvSnapshot
-    depth: int
 
 
 @dataclass
 class FlywheelState:
     """What carries over from round to round."""
 
-    round: int = 0
     replay: list[Candidate] = field(default_factory=list)
     starts: list[tuple[Task, tuple[EnvSnapshot, ...]]] = field(default_factory=list)  # successes on hard tasks
     depth: int = 1
@@ -112,7 +109,7 @@ def _round(s: Session, st: FlywheelState, guided: RolloutEngine | None, optimize
     cfg, fw, policy, env = s.cfg, s.cfg.flywheel, s.policy, s.env
     t0 = time.time()
     actor = PolicyActor(policy, cfg.rollout.max_new_tokens, fw.temperature, generator(cfg.seed, "flywheel", r))
-    keep = {"curriculum"} & set(fw.mechanisms)
+    keep = "curriculum" in fw.mechanisms  # snapshots of every episode: later curriculum starts
     played: list[tuple[Trajectory, str]] = []
     steps = 0
 
@@ -120,7 +117,7 @@ def _round(s: Session, st: FlywheelState, guided: RolloutEngine | None, optimize
         nonlocal steps
         if not requests:
             return []
-        trajs, stats = engine.play(requests, actor, keep_snapshots=bool(keep))
+        trajs, stats = engine.play(requests, actor, keep_snapshots=keep)
         check_trajectories(f"flywheel round {r + 1}", env.env_id, trajs, cfg.max_failure_share, kind=f"{source} episodes")
         steps += stats.turns
         played.extend((t, source) for t in trajs)
@@ -133,7 +130,6 @@ def _round(s: Session, st: FlywheelState, guided: RolloutEngine | None, optimize
     # 1.+2. collect under the step budget: the curriculum's starts and a wave of derived tasks
     #    first, then waves of fresh tasks; each wave's unsolved tasks get guided re-attempts
     plain: dict[str, list[Trajectory]] = {}
-    task_of: dict[str, Task] = {}
     unsolved: list[Task] = []
     guided_trajs: list[Trajectory] = []
     depth_success = None
@@ -158,7 +154,6 @@ def _round(s: Session, st: FlywheelState, guided: RolloutEngine | None, optimize
         first = fw.probe_rollouts if fw.allocation == "adaptive" else fw.group_size
         for t in play(s.engine, requests(tasks, first, "p"), source):
             plain.setdefault(t.task.task_id, []).append(t)
-            task_of[t.task.task_id] = t.task
         if fw.allocation == "adaptive" and fw.group_size > first:
             unsure = [t for t in tasks if 0 < _successes(plain[t.task_id]) < len(plain[t.task_id])]
             for t in play(s.engine, requests(unsure, fw.group_size - first, "p", first), source):
@@ -210,7 +205,6 @@ def _round(s: Session, st: FlywheelState, guided: RolloutEngine | None, optimize
                        stage="flywheel", iteration=r, sources=sources)
     s.state.env_steps += steps
     result = s.evaluate(f"flywheel-{r + 1}", episodes=fw.eval_episodes)
-    st.round = r + 1
 
     def count(src: str) -> tuple[int, int]:
         got = [t for t, x in played if x == src and t.infra_failure is None]
@@ -253,7 +247,7 @@ def _curriculum_starts(st: FlywheelState, n: int, gen: np.random.Generator) -> l
         task, snaps = st.starts[int(i)]
         k = max(len(snaps) - st.depth, 0)
         if k > 0:  # k == 0 is the task's own start, which plain collection already plays
-            out.append(_Start(task, snaps[k], st.depth))
+            out.append(_Start(task, snaps[k]))
     return out
 
 
