@@ -98,8 +98,8 @@ def run_all(jobs: Sequence[Job], workers: int = 1) -> list[RunSummary | None]:
 
 
 def bc_job(work_dir: str | Path, recipe: str, overrides: Sequence[str], seed: int) -> Job:
-    """The BC-only run of ``seed``: ``work_dir/bc-<seed>``, ``overrides`` + ``seed``, ``rl.iterations=0``."""
-    return Job(recipe, (*overrides, f"seed={seed}", "rl.iterations=0"), Path(work_dir) / f"bc-{seed}")
+    """The BC-only run of ``seed``: ``work_dir/bc-<seed>``, ``overrides`` + ``seed``, no flywheel, ``rl.iterations=0``."""
+    return Job(recipe, (*overrides, f"seed={seed}", "flywheel.rounds=0", "rl.iterations=0"), Path(work_dir) / f"bc-{seed}")
 
 
 def checkpoint_of(job: Job) -> Path:

@@ -96,7 +96,7 @@ def main() -> None:
         return
     out.mkdir(parents=True, exist_ok=True)
     work.mkdir(parents=True, exist_ok=True)
-    common = ["threads=1", "eval.every=5", f"rl.max_env_steps={args.env_steps}", "rl.iterations=1000"]
+    common = ["threads=1", "eval.every=5", f"rl.max_env_steps={args.env_steps}", "rl.iterations=1000", "flywheel.rounds=0"]
 
     t0 = time.time()
     # 1. one BC start per seed

@@ -57,7 +57,7 @@ RECIPE = "sokoban-tiny"
 # The runs' shared shape: small iterations so a run takes about a minute on 2 cores.
 BASE = [
     "rl.tasks_per_iteration=8", "rl.group_size=8", "rl.iterations=1000", "eval.every=0", "eval.episodes=8",
-    "checkpoint_every=1000", "threads=2",
+    "checkpoint_every=1000", "threads=2", "flywheel.rounds=0", "eval.bc_temperatures=[]",
 ]
 ENVS = {
     "sokoban-slow": ["env.id=sokoban-slow", "engine.env_workers=8"],

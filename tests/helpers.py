@@ -5,6 +5,10 @@ from __future__ import annotations
 #: The shape of the tiny test model (built once per session by the ``tiny_model_dir`` fixture).
 TINY_TEST_SHAPE = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1)
 
+#: Overrides that turn the default recipe's data flywheel (and its BC evaluations at several
+#: temperatures) off: runs of the tests that exercise the GRPO stage are BC -> GRPO only.
+NO_FLYWHEEL = ["flywheel.rounds=0", "eval.bc_temperatures=[]"]
+
 
 def inline_engine(policy, env, cfg, n: int = 1, **env_kwargs):
     """A rollout engine on in-process envs: ``env`` is a registered id (``n`` envs made with

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from helpers import TINY_TEST_SHAPE
+from helpers import NO_FLYWHEEL, TINY_TEST_SHAPE
 from turnforge.errors import Interrupted, RunStopped, UserError
 
 UNWRITABLE = "/sys"  # EACCES for every user, root included (chmod does not stop root)
@@ -263,7 +263,7 @@ def test_eval_of_a_run_checkpoint_repeats_the_runs_final_evaluation(tmp_path):
     # (sokoban-tiny's eval.temperature), 8 episodes, the recipe's rollout budgets
     run = tmp_path / "run"
     shape = [f"model.tiny.{k}={v}" for k, v in TINY_TEST_SHAPE.items()]
-    trained = run_cli("train", "env.id=coin", "bc.enabled=false", "check_env=false", *shape, "rl.iterations=1",
+    trained = run_cli("train", "env.id=coin", "bc.enabled=false", "check_env=false", *shape, *NO_FLYWHEEL, "rl.iterations=1",
                       "rl.tasks_per_iteration=2", "rl.group_size=2", "eval.episodes=8", "eval.every=0", "seed=3",
                       "--out", run, cwd=tmp_path, pythonpath=plugin)
     assert trained.returncode == 0, trained.stderr

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import TINY_TEST_SHAPE
+from helpers import NO_FLYWHEEL, TINY_TEST_SHAPE
 from turnforge.config import load_config
 from turnforge.envs import registry
 
@@ -33,7 +33,7 @@ def test_readme_env_example_runs_checks_and_trains(tmp_path, monkeypatch):
     exec(compile(readme_example(), str(README), "exec"), {"__name__": "readme_example"})  # registers and checks it
     from turnforge.train.run import train
 
-    overrides = ["env.id=guess-64", "bc.expert_noise=0", *[f"model.tiny.{k}={v}" for k, v in TINY_TEST_SHAPE.items()],
+    overrides = [*NO_FLYWHEEL, "env.id=guess-64", "bc.expert_noise=0", *[f"model.tiny.{k}={v}" for k, v in TINY_TEST_SHAPE.items()],
                  "threads=1", "bc.num_demos=40", "bc.epochs=2", "rl.iterations=2", "rl.tasks_per_iteration=2",
                  "rl.group_size=4", "eval.episodes=12", "eval.every=0"]
     summary = train(load_config("sokoban-tiny", overrides), tmp_path / "run", live=False)

@@ -9,7 +9,7 @@ import json
 import pyarrow.parquet as pq
 import pytest
 
-from helpers import TINY_TEST_SHAPE
+from helpers import NO_FLYWHEEL, TINY_TEST_SHAPE
 from turnforge.config import load_config
 from turnforge.envs import make, register
 from turnforge.envs.base import stable_hash
@@ -49,7 +49,7 @@ class FlakyEnv(EchoEnv):
 register("test-flaky", FlakyEnv, overwrite=True)
 
 FAST = [
-    *[f"model.tiny.{k}={v}" for k, v in TINY_TEST_SHAPE.items()],
+    *[f"model.tiny.{k}={v}" for k, v in TINY_TEST_SHAPE.items()], *NO_FLYWHEEL,
     "env.id=test-flaky", "check_env=false", "bc.num_demos=8", "bc.expert_noise=0", "bc.epochs=1", "bc.batch_size=8",
     "rl.iterations=1", "rl.tasks_per_iteration=4", "rl.group_size=2", "rl.minibatch_size=16",
     "rollout.max_turns=3", "eval.episodes=8", "eval.every=0", "threads=1",

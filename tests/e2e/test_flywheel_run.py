@@ -25,7 +25,7 @@ FLY = [
     "eval.bc_temperatures=[1.0,0.5]", "rl.iterations=1", "rl.tasks_per_iteration=2", "rl.group_size=2",
     "flywheel.rounds=2", "flywheel.env_steps_per_round=150", "flywheel.tasks_per_wave=8", "flywheel.eval_episodes=10",
     "flywheel.mechanisms=[guidance,curriculum,evolve,replay]", "flywheel.stages=[rft,rl]", "flywheel.guidance_level=2",
-    "flywheel.group_size=3", "flywheel.replay_max_success=1.0",
+    "flywheel.group_size=3", "flywheel.replay_max_success=1.0", "flywheel.allocation=adaptive",
 ]
 # a model this small solves nothing: the smoke run trains on every episode the machinery played
 EVERYTHING = ["flywheel.filters=[infra,loops,dedup]"]
@@ -102,3 +102,37 @@ def test_guided_samples_rerendered_without_hints_keep_their_action_tokens(tmp_pa
         assert hinted > 0  # level 2 shows the next push on every observation
     finally:
         guided.close(), plain.close()
+
+
+@pytest.mark.slow
+def test_a_run_interrupted_in_the_flywheel_resumes_to_the_same_result(tmp_path, monkeypatch):
+    """SIGINT in round 2 stops the run at once; ``--resume`` plays the flywheel again from the
+    BC checkpoint and ends with the weights and figures of a run that was never stopped."""
+    import signal
+
+    import torch
+
+    from turnforge.errors import Interrupted
+    from turnforge.train import flywheel
+    from turnforge.train.metrics import read_summary
+
+    cfg = FLY + EVERYTHING + ["flywheel.mechanisms=[replay]", "flywheel.stages=[rft]"]
+    straight = train(load_config("sokoban-tiny", cfg), tmp_path / "straight", live=False)
+    original = flywheel._round
+
+    def interrupted_in_round_two(s, st, guided, optimizer, step, r):
+        if r == 1:
+            signal.raise_signal(signal.SIGINT)
+        return original(s, st, guided, optimizer, step, r)
+
+    monkeypatch.setattr(flywheel, "_round", interrupted_in_round_two)
+    with pytest.raises(Interrupted, match=r"during the flywheel stage; resume with: .* \(plays the flywheel again"):
+        train(load_config("sokoban-tiny", cfg), tmp_path / "stopped", live=False)
+    monkeypatch.setattr(flywheel, "_round", original)
+    resumed = train(load_config("sokoban-tiny", cfg), tmp_path / "stopped", resume=True, live=False)
+    assert resumed.eval_after_rl == straight.eval_after_rl and resumed.env_steps == straight.env_steps
+    assert read_summary(tmp_path / "stopped").expert_queries == straight.expert_queries
+    assert [r.eval for r in read_metrics(tmp_path / "stopped").flywheel] == [r.eval for r in read_metrics(tmp_path / "straight").flywheel]
+    a = load_policy(tmp_path / "straight" / "checkpoints" / "final", "float32").model.state_dict()
+    b = load_policy(tmp_path / "stopped" / "checkpoints" / "final", "float32").model.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import TINY_TEST_SHAPE
+from helpers import NO_FLYWHEEL, TINY_TEST_SHAPE
 
 pytestmark = pytest.mark.slow
 
@@ -29,7 +29,7 @@ pytestmark = pytest.mark.slow
 # iterations of 4 tasks x 4 rollouts, 8 held-out episodes per evaluation. threads stays at
 # the recipe's 2, the default job's setting; at this size threads=1 gives other weights.
 SMALL = [
-    *[f"model.tiny.{k}={v}" for k, v in TINY_TEST_SHAPE.items()],
+    *[f"model.tiny.{k}={v}" for k, v in TINY_TEST_SHAPE.items()], *NO_FLYWHEEL,
     "bc.num_demos=24", "bc.epochs=2",
     "rl.iterations=2", "rl.tasks_per_iteration=4", "rl.group_size=4", "rl.minibatch_size=32",
     "eval.episodes=8", "eval.every=2", "checkpoint_every=2",

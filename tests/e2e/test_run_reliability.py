@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import TINY_TEST_SHAPE
+from helpers import NO_FLYWHEEL, TINY_TEST_SHAPE
 from turnforge.config import load_config
 from turnforge.errors import UserError
 from turnforge.train import checkpoint
@@ -29,7 +29,7 @@ from turnforge.train.run import load_run_config, train
 pytestmark = pytest.mark.slow
 
 FAST = [
-    *[f"model.tiny.{k}={v}" for k, v in TINY_TEST_SHAPE.items()],
+    *[f"model.tiny.{k}={v}" for k, v in TINY_TEST_SHAPE.items()], *NO_FLYWHEEL,
     "bc.num_demos=6", "bc.epochs=1", "bc.batch_size=8",
     "rl.iterations=4", "rl.tasks_per_iteration=2", "rl.group_size=2", "rl.minibatch_size=16",
     "rollout.max_turns=5", "eval.episodes=4", "eval.every=0", "checkpoint_every=1",

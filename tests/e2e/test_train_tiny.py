@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from helpers import TINY_TEST_SHAPE
+from helpers import NO_FLYWHEEL, TINY_TEST_SHAPE
 from turnforge.config import load_config
 from turnforge.train.metrics import read_metrics, read_summary
 from turnforge.train.run import load_run_config, train
@@ -17,7 +17,7 @@ from turnforge.train.run import load_run_config, train
 pytestmark = pytest.mark.slow
 
 FAST = [
-    *[f"model.tiny.{k}={v}" for k, v in TINY_TEST_SHAPE.items()],
+    *[f"model.tiny.{k}={v}" for k, v in TINY_TEST_SHAPE.items()], *NO_FLYWHEEL,
     "bc.num_demos=8", "bc.epochs=2", "bc.batch_size=8",
     "rl.iterations=3", "rl.tasks_per_iteration=3", "rl.group_size=2", "rl.minibatch_size=16",
     "rollout.max_turns=6", "eval.episodes=6", "eval.every=1", "checkpoint_every=1",

@@ -107,11 +107,11 @@ def test_sokoban_guard_undoes_a_deadlocking_push_only():
     assert r.reward == pytest.approx(env.step_penalty)
     assert env.render() == before
     assert r.observation == before + "\nHint: pushing the box Up there would make the room unsolvable, so it was undone"
-    assert r.info["n_expert_queries"] == 0
+    assert r.info["n_expert_queries"] == 1  # the guard's note counts as a query
     p = plain.step("Up")  # the same test as end_on_deadlock: without the guard the episode ends
     assert p.info["deadlock"] and p.terminated and not p.success
     r = env.step("Left")  # the note is shown once
-    assert r.observation == env.render() and not r.info["guarded"]
+    assert r.observation == env.render() and not r.info["guarded"] and r.info["n_expert_queries"] == 0
     for action in ("Up", "Right", "Right"):  # a live push and the solving push are left alone
         r = env.step(action)
         assert not r.info["guarded"]
@@ -181,6 +181,7 @@ def test_frozenlake_guard_undoes_a_fall():
     r = env.step("Right")
     assert (r.info["guarded"], r.info["moved"], r.terminated, r.reward) == (True, False, False, 0.0)
     assert r.observation == LAKE + "\nHint: moving Right from there fell into a hole; the move was undone"
+    assert r.info["n_expert_queries"] == 1  # the guard's note
     assert plain.step("Right").terminated  # without the guard the fall ends the episode
     r = env.step("Left")
     assert r.observation == "_O__\nP_O_\n_O__\n___G" and not r.info["guarded"]

@@ -47,6 +47,7 @@ TRAIN_OVERRIDES = [
     "threads=1", "bc.num_demos=100", "bc.epochs=4", "bc.batch_size=8", "bc.lr=0.003",
     "rl.iterations=3", "rl.tasks_per_iteration=4", "rl.group_size=4", "rl.minibatch_size=16",
     "rollout.max_turns=8", "eval.episodes=16", "eval.every=1", "checkpoint_every=1",
+    "flywheel.rounds=0", "eval.bc_temperatures=[]",  # the recipe's flywheel off: the golden run is BC -> GRPO
 ]
 
 

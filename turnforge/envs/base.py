@@ -37,7 +37,7 @@ needs a missing one stops the run at start with a one-line error naming the meth
 - ``guidance_levels`` (non-empty): hints of graded strength (Agent-RLVR-style guidance),
   turned on by the env's ``guidance=LEVEL`` option. A guided observation is the plain one
   plus lines ``HINT_PREFIX + hint``; ``strip_guidance`` recovers the plain one. Hints that ran
-  the env's solver are counted in ``info["n_expert_queries"]`` (and, for the first
+  the env's solver, and guard notes, are counted in ``info["n_expert_queries"]`` (and, for the first
   observation, ``env.reset_expert_queries``, also added to the first step's count);
 - ``derive_tasks(task, n, seed) -> list[Task]``: easier train tasks derived from ``task``
   (a self-evolving curriculum, as in WebRL); they carry their level in ``task.data``.

@@ -153,7 +153,7 @@ class FrozenLakeEnv(LevelEnv[FrozenLakeLevel]):
 
     action_names = ACTIONS
     guidance_levels = (
-        "hole guard: a move that ends in a hole is undone, and a hint says so",
+        "hole guard: a move that ends in a hole is undone, and a hint says so (1 expert query each)",
         "level 1 + which neighbouring cells are holes",
         "level 2 + the number of moves of the shortest safe path to the goal (BFS, 1 expert query)",
     )

@@ -23,7 +23,8 @@ observation that says what was wrong. ``max_steps`` truncates an episode from in
 Guidance (optional): set ``guidance_levels`` (one description per level) and write
 ``hints(level) -> list[str]``, hints about ``self.state`` for guidance level ``level``; a hint
 that needs the solver adds 1 to ``self.expert_queries``. A guard (undoing a losing move) lives
-in ``apply``, which may set ``self.guard_note`` to say what it undid. With ``guidance=k > 0``,
+in ``apply``, which may set ``self.guard_note`` to say what it undid; each note shown counts as
+one expert query too. With ``guidance=k > 0``,
 ``reset`` and ``step`` append the note and the hints to the observation (``add_guidance``);
 ``render``, ``anchor_key`` and snapshots stay unguided. Hints must be weaker than the expert's
 moves: never the next move itself.
@@ -296,15 +297,17 @@ class LevelEnv(Env, Generic[LevelT]):
 
     def _guided(self, observation: str) -> tuple[str, int]:
         """``observation`` with the guard's note and the hints of ``self.guidance`` appended, and
-        the number of solver-backed hints. No hints once the episode has ended (nobody acts on
-        them); the guard's note is still shown."""
+        the number of expert queries they cost: each solver-backed hint, and the guard's note
+        (the guard knows the room can no longer be solved: it is counted as one query even
+        where a rule rather than the solver decides). No hints once the episode has ended
+        (nobody acts on them); the guard's note is still shown."""
         if not self.guidance:
             return observation, 0
         self.expert_queries = 0
         hints = [self.guard_note] if self.guard_note else []
         if not self.done:
             hints += self.hints(self.guidance)
-        return add_guidance(observation, hints), self.expert_queries
+        return add_guidance(observation, hints), self.expert_queries + bool(self.guard_note)
 
     # ------------------------------------------------------------------ capabilities
     def snapshot(self) -> EnvSnapshot:

@@ -223,7 +223,7 @@ class SokobanEnv(LevelEnv[SokobanLevel]):
 
     action_names = ACTIONS
     guidance_levels = (
-        "deadlock guard: a push that would strand a box on a dead cell is undone, and a hint says so",
+        "deadlock guard: a push that would strand a box on a dead cell is undone, and a hint says so (1 expert query each)",
         "level 1 + the direction of the next box push of an optimal solution (solver, 1 expert query)",
         "level 2 + the directions of all box pushes of an optimal solution (solver, 1 more expert query)",
     )

@@ -253,7 +253,11 @@ def train(cfg: TrainConfig, out: str | Path, *, resume: bool = False, live: bool
             write_flywheel_report(run_dir, summary)
         progress.message(
             f"done in {summary.wall_seconds:.0f}s: held-out success {before.success_rate:.3f} after BC -> "
-            f"{after.success_rate:.3f} after RL ({summary.success_gain_points:+.1f} points); run dir {run_dir}"
+            f"{after.success_rate:.3f} at the end ({summary.success_gain_points:+.1f} points)"
+            + ("" if summary.gain_over_bc_best_points is None else
+               f", {summary.gain_over_bc_best_points:+.1f} points over the BC policy at its best temperature "
+               f"(T={state.bc_temperatures.temperature}: {state.bc_temperatures.eval.success_rate:.3f})")
+            + f"; run dir {run_dir}"
         )
     return summary
 
