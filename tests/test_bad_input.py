@@ -97,7 +97,7 @@ CASES = [
     ("flywheel-unknown-filter", ["flywheel", "flywheel.filters=[success,shiny]", "--out", "run"],
      "unknown name 'shiny'; valid: infra, success, reward, truncation, loops, length, dedup, task_cap"),
     ("flywheel-unknown-stage", ["flywheel", "flywheel.stages=[dpo]", "--out", "run"], "unknown name 'dpo'; valid: rft, rl"),
-    ("flywheel-guidance-level", ["flywheel", "flywheel.guidance_level=7", "--out", "run"],
+    ("flywheel-guidance-level", ["flywheel", "flywheel.mechanisms=[guidance]", "flywheel.guidance_level=7", "--out", "run"],
      "flywheel.guidance_level=7: env 'sokoban' has guidance levels 1..3"),
     ("flywheel-env-without-hints", ["flywheel", "calculator-tiny", "--out", "run"],
      "flywheel guidance (flywheel.mechanisms has guidance) needs env 'calculator' to implement"),

@@ -88,6 +88,7 @@ def test_check_env_failure_is_one_line_with_exit_1(tmp_path):
     assert ok.returncode == 0 and "one-heldout: ok" in ok.stdout, ok.stderr
     # train refuses it at start, before any model work, with the same fix
     train = subprocess.run([sys.executable, "-m", "turnforge.cli", "train", "env.id=one-heldout", "bc.enabled=false",
+                            "flywheel.rounds=0",
                             "--out", str(tmp_path / "run")], capture_output=True, text=True, env=env, timeout=120)
     assert train.returncode == 2 and "fails check_env" in train.stderr and "at least 10" in train.stderr
     assert not (tmp_path / "run").exists()
