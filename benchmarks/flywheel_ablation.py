@@ -228,13 +228,10 @@ def report(records: list[dict], out: Path, args: argparse.Namespace) -> None:
         rs = [r for r in runs if r["variant"] == v]
         acc, gain = [r["heldout_success"] for r in rs], [r["gain_over_bc_best_points"] for r in rs]
         q = [r["expert_queries"] for r in rs if r["expert_queries"] is not None]
+        queries = f"{statistics.median(q):,.0f}" if q else "—"
         lines.append(f"| {LABELS[v]} | {statistics.mean(acc):.3f} ± {_std(acc):.3f} | {statistics.mean(gain):+.1f} ± "
                      f"{_std(gain):.1f} | {min(gain):+.1f} | {statistics.median(r['env_steps'] for r in rs):,.0f} | "
-                     f"{statistics.median(q):,.0f} | {statistics.median(r['wall_seconds'] for r in rs):.0f} |"
-                     if q else
-                     f"| {LABELS[v]} | {statistics.mean(acc):.3f} ± {_std(acc):.3f} | {statistics.mean(gain):+.1f} ± "
-                     f"{_std(gain):.1f} | {min(gain):+.1f} | {statistics.median(r['env_steps'] for r in rs):,.0f} | — | "
-                     f"{statistics.median(r['wall_seconds'] for r in rs):.0f} |")
+                     f"{queries} | {statistics.median(r['wall_seconds'] for r in rs):.0f} |")
     ns = [r for r in records if r["variant"].startswith("never_solved")]
     if ns:
         lines += ["", f"Held-out levels never solved ({ns[0]['levels']} levels x {ns[0]['samples']} samples):", ""]
