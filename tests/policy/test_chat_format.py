@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 
-def test_pieces_recompose_the_template_rendering(tiny_policy):
-    tok, chat = tiny_policy.tokenizer, tiny_policy.chat
+def test_pieces_recompose_the_template_rendering(any_policy):
+    tok, chat = any_policy.tokenizer, any_policy.chat
     msgs = [
         {"role": "system", "content": "Rules."},
         {"role": "user", "content": "obs one"},
@@ -15,14 +15,14 @@ def test_pieces_recompose_the_template_rendering(tiny_policy):
     head, tail = chat.start("Rules.")
     ids = (
         list(head) + list(chat.encode("obs one")) + list(tail) + list(chat.encode("Up"))
-        + [tiny_policy.stop_ids[0]] + list(chat.close_after("Up<|im_end|>"))
+        + [any_policy.stop_ids[0]] + list(chat.close_after("Up<|im_end|>"))
         + list(chat.user_head) + list(chat.encode("obs two")) + list(chat.user_tail)
     )
     assert tok.decode(ids) == rendered
 
 
-def test_close_after_does_not_repeat_a_sampled_stop_token(tiny_policy):
-    chat, tok = tiny_policy.chat, tiny_policy.tokenizer
+def test_close_after_does_not_repeat_a_sampled_stop_token(any_policy):
+    chat, tok = any_policy.chat, any_policy.tokenizer
     assert chat.assistant_close == "<|im_end|>\n"
     assert tok.decode(list(chat.close_after("Up<|im_end|>"))) == "\n"
     assert tok.decode(list(chat.close_after("Up"))) == "<|im_end|>\n"  # cut by max_new_tokens: close it
@@ -33,3 +33,32 @@ def test_tiny_tokenizer_gives_one_token_per_grid_cell(tiny_policy):
     ids = tiny_policy.tokenizer(grid, add_special_tokens=False)["input_ids"]
     assert len(ids) == len(grid)
     assert tiny_policy.tokenizer.decode(ids) == grid
+
+
+def test_a_template_default_system_prompt_is_part_of_the_first_piece(any_policy):
+    # SmolLM2's template adds "You are a helpful AI assistant named SmolLM..." when the
+    # conversation has no system message; the pieces must carry it verbatim
+    tok, chat = any_policy.tokenizer, any_policy.chat
+    msgs = [{"role": "user", "content": "obs one"}, {"role": "assistant", "content": "Up"}, {"role": "user", "content": "obs two"}]
+    rendered = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+    head, tail = chat.start(None)
+    ids = (
+        list(head) + list(chat.encode("obs one")) + list(tail) + list(chat.encode("Up"))
+        + [any_policy.stop_ids[0]] + list(chat.close_after("Up<|im_end|>"))
+        + list(chat.user_head) + list(chat.encode("obs two")) + list(chat.user_tail)
+    )
+    assert tok.decode(ids) == rendered
+
+
+def test_smollm2_template_renders_tool_results_but_not_tool_schemas(smollm2_tiny_dir):
+    import pytest
+
+    from turnforge.errors import UserError
+    from turnforge.policy.model import load_chat_format
+
+    chat = load_chat_format(smollm2_tiny_dir)
+    head, tail = chat.turn("tool")  # a tool result is a ChatML turn of role "tool"
+    assert chat.tokenizer.decode(list(head)) == "<|im_start|>tool\n"
+    schema = '[{"type": "function", "function": {"name": "calc", "parameters": {}}}]'
+    with pytest.raises(UserError, match="does not render tools"):
+        chat.start("Rules.", schema)

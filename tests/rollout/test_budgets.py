@@ -18,10 +18,10 @@ def _run(policy, cfg, actor=None, n=2, **env_kwargs):
     return engine.play(reqs, actor)
 
 
-def test_long_observation_is_cut_by_tokens_with_marker_and_counted(tiny_policy):
+def test_long_observation_is_cut_by_tokens_with_marker_and_counted(any_policy):
     cfg = RolloutConfig(context="window", max_turns=2, max_new_tokens=4, max_context_tokens=40)
-    trajs, stats = _run(tiny_policy, cfg, actor=ExpertActor(), max_obs_words=200)
-    marker = list(tiny_policy.chat.encode(cfg.truncation_marker))
+    trajs, stats = _run(any_policy, cfg, actor=ExpertActor(), max_obs_words=200)
+    marker = list(any_policy.chat.encode(cfg.truncation_marker))
     cut_turns = [turn for t in trajs for turn in t.turns if turn.obs_truncated_tokens > 0]
     assert cut_turns and stats.obs_truncations == len(cut_turns)
     for t in trajs:
@@ -29,16 +29,16 @@ def test_long_observation_is_cut_by_tokens_with_marker_and_counted(tiny_policy):
             prompt = s.token_ids[s.loss_mask == 0].tolist()
             assert len(prompt) + cfg.max_new_tokens <= cfg.max_context_tokens
             if turn.obs_truncated_tokens:
-                text = tiny_policy.tokenizer.decode(prompt)
+                text = any_policy.tokenizer.decode(prompt)
                 assert "[truncated]" in text
                 # the marker ids sit right before the template's user tail
-                tail = list(tiny_policy.chat.start("Say anything.")[1])
+                tail = list(any_policy.chat.start("Say anything.")[1])
                 assert prompt[-len(tail) - len(marker): -len(tail)] == marker
 
 
-def test_full_history_overflow_ends_episode_as_context_budget(tiny_policy):
+def test_full_history_overflow_ends_episode_as_context_budget(any_policy):
     cfg = RolloutConfig(context="full_history", max_turns=10, max_new_tokens=4, max_context_tokens=60)
-    trajs, stats = _run(tiny_policy, cfg, actor=ExpertActor(), episode_len=10, max_obs_words=15)
+    trajs, stats = _run(any_policy, cfg, actor=ExpertActor(), episode_len=10, max_obs_words=15)
     assert stats.context_overflows >= 1
     ended = [t for t in trajs if t.truncation_reason == "context_budget"]
     assert len(ended) == stats.context_overflows
@@ -47,9 +47,9 @@ def test_full_history_overflow_ends_episode_as_context_budget(tiny_policy):
         assert len(s) <= cfg.max_context_tokens
 
 
-def test_window_drops_oldest_history_first_and_counts_it(tiny_policy):
+def test_window_drops_oldest_history_first_and_counts_it(any_policy):
     cfg = RolloutConfig(context="window", history_window=3, max_turns=4, max_new_tokens=4, max_context_tokens=70)
-    trajs, stats = _run(tiny_policy, cfg, actor=ExpertActor(), episode_len=4, max_obs_words=12)
+    trajs, stats = _run(any_policy, cfg, actor=ExpertActor(), episode_len=4, max_obs_words=12)
     assert stats.history_dropped > 0
 
 
@@ -63,7 +63,7 @@ def test_max_turns_truncates_and_env_crash_is_infra_failure(tiny_policy):
     assert all(t.truncation_reason == "max_turns" and t.num_turns == 2 for t in others)
 
 
-def test_invalid_actions_are_observations_not_errors(tiny_policy):
+def test_invalid_actions_are_observations_not_errors(any_policy):
     class SaysBad:
         version = 0
         needs_tokens = True
@@ -74,11 +74,11 @@ def test_invalid_actions_are_observations_not_errors(tiny_policy):
         def act(self, inputs):
             from turnforge.policy.generate import Generation
 
-            ids = tiny_policy.chat.encode("bad") + (tiny_policy.stop_ids[0],)
+            ids = any_policy.chat.encode("bad") + (any_policy.stop_ids[0],)
             return [Generation(ids, tuple([-1.0] * len(ids)), True) for _ in inputs]
 
     cfg = RolloutConfig(max_turns=3, max_new_tokens=4, max_context_tokens=512)
-    trajs, _ = _run(tiny_policy, cfg, actor=SaysBad())
+    trajs, _ = _run(any_policy, cfg, actor=SaysBad())
     for t in trajs:
         assert t.num_invalid == 3 and not t.success
         assert abs(t.episode_return - 3 * -0.1) < 1e-9

@@ -150,13 +150,49 @@ def default_corpus(samples_per_env: int = 20, env_ids: tuple[str, ...] = CORPUS_
     return texts
 
 
+def tiny_hf_config(cfg: TinyModelConfig, vocab_size: int | None = None, special: dict[str, int] | None = None):
+    """The transformers config of a tiny model (``vocab_size`` defaults to the configured one)."""
+    from transformers import GPT2Config, Qwen2Config
+
+    vocab_size = cfg.vocab_size if vocab_size is None else vocab_size
+    special = special or {}
+    if cfg.architecture == "qwen2":
+        config = Qwen2Config(
+            vocab_size=vocab_size,
+            hidden_size=cfg.hidden_size,
+            intermediate_size=cfg.intermediate_size,
+            num_hidden_layers=cfg.num_hidden_layers,
+            num_attention_heads=cfg.num_attention_heads,
+            num_key_value_heads=cfg.num_key_value_heads,
+            max_position_embeddings=cfg.max_position_embeddings,
+            tie_word_embeddings=cfg.tie_word_embeddings,
+            use_sliding_window=False,
+            **special,
+        )
+    else:
+        config = GPT2Config(
+            vocab_size=vocab_size,
+            n_embd=cfg.hidden_size,
+            n_inner=cfg.intermediate_size,
+            n_layer=cfg.num_hidden_layers,
+            n_head=cfg.num_attention_heads,
+            n_positions=cfg.max_position_embeddings,
+            tie_word_embeddings=cfg.tie_word_embeddings,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+            **special,
+        )
+    return config
+
+
 def build_tiny_model(out_dir: str | Path, cfg: TinyModelConfig | None = None, corpus: list[str] | None = None) -> Path:
     """Build and save a tiny Qwen2 model + tokenizer in HF format; returns ``out_dir``.
 
     The directory is written beside ``out_dir`` and renamed into place, so a kill never
     leaves a model without its tokenizer; an existing ``out_dir`` is replaced only if it
     is empty or a tiny model directory itself (``turnforge_tiny.json`` records the config)."""
-    from transformers import GPT2Config, GPT2LMHeadModel, Qwen2Config, Qwen2ForCausalLM
+    from transformers import GPT2LMHeadModel, Qwen2ForCausalLM
 
     cfg = cfg or TinyModelConfig()
     final = Path(out_dir)
@@ -171,35 +207,8 @@ def build_tiny_model(out_dir: str | Path, cfg: TinyModelConfig | None = None, co
         "eos_token_id": tokenizer.convert_tokens_to_ids(IM_END),
         "pad_token_id": tokenizer.convert_tokens_to_ids(PAD_TOKEN),
     }
-    if cfg.architecture == "qwen2":
-        config = Qwen2Config(
-            vocab_size=len(tokenizer),
-            hidden_size=cfg.hidden_size,
-            intermediate_size=cfg.intermediate_size,
-            num_hidden_layers=cfg.num_hidden_layers,
-            num_attention_heads=cfg.num_attention_heads,
-            num_key_value_heads=cfg.num_key_value_heads,
-            max_position_embeddings=cfg.max_position_embeddings,
-            tie_word_embeddings=cfg.tie_word_embeddings,
-            use_sliding_window=False,
-            **special,
-        )
-        model_cls = Qwen2ForCausalLM
-    else:
-        config = GPT2Config(
-            vocab_size=len(tokenizer),
-            n_embd=cfg.hidden_size,
-            n_inner=cfg.intermediate_size,
-            n_layer=cfg.num_hidden_layers,
-            n_head=cfg.num_attention_heads,
-            n_positions=cfg.max_position_embeddings,
-            tie_word_embeddings=cfg.tie_word_embeddings,
-            resid_pdrop=0.0,
-            embd_pdrop=0.0,
-            attn_pdrop=0.0,
-            **special,
-        )
-        model_cls = GPT2LMHeadModel
+    config = tiny_hf_config(cfg, len(tokenizer), special)
+    model_cls = Qwen2ForCausalLM if cfg.architecture == "qwen2" else GPT2LMHeadModel
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(cfg.seed)
         model = model_cls(config)

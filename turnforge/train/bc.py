@@ -16,6 +16,7 @@ from turnforge.algos import sft_loss
 from turnforge.data.store import write_trajectories
 from turnforge.envs.base import stable_hash
 from turnforge.policy.generate import token_logprobs
+from turnforge.policy.lora import trainable_parameters
 from turnforge.rollout.actors import ExpertActor
 from turnforge.rollout.engine import EpisodeRequest
 from turnforge.train.common import GuardedStep, collate, lr_factor, rng
@@ -47,7 +48,7 @@ def run_bc(s: Session) -> BCStats:
     )
 
     # 2. supervised fine-tuning on action tokens
-    optimizer = torch.optim.AdamW(policy.model.parameters(), lr=bc.lr, weight_decay=0.0)
+    optimizer = torch.optim.AdamW(trainable_parameters(policy.model), lr=bc.lr, weight_decay=0.0)
     step = GuardedStep(policy.model, optimizer, cfg.rl.max_grad_norm, cfg.rl.max_bad_steps)
     steps_per_epoch = -(-len(samples) // bc.batch_size)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: lr_factor(bc.lr_schedule, i, bc.epochs * steps_per_epoch))

@@ -1,7 +1,8 @@
 """Checkpoints: HF-format model directories plus the trainer state needed to resume exactly.
 
 ``checkpoints/<name>/`` holds ``model.safetensors``, ``config.json`` and the tokenizer
-files (loadable with ``AutoModelForCausalLM/AutoTokenizer.from_pretrained``). A resumable
+files (loadable with ``AutoModelForCausalLM/AutoTokenizer.from_pretrained``); under LoRA
+that is the merged model, and ``adapter/`` holds the adapter alone (``turnforge.policy.lora``). A resumable
 checkpoint adds ``trainer_state.pt`` (optimizer state) and ``trainer_state.json``
 (counters).
 
@@ -24,6 +25,7 @@ from typing import Any
 import torch
 
 from turnforge.errors import UserError
+from turnforge.policy.lora import ADAPTER_DIR, is_lora, merged_copy
 from turnforge.policy.manifest import fsync, seal, verify
 from turnforge.policy.model import Policy
 from turnforge.train.metrics import BCStats, BestTemperature, ValuePretrainStats, from_json
@@ -100,7 +102,11 @@ def save_model(policy: Policy, path: Path, extra: dict[str, Any] | None = None, 
     tmp = path.with_name(path.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    policy.model.save_pretrained(tmp, safe_serialization=True)
+    if is_lora(policy.model):  # the merged model (loads with from_pretrained) and the adapter alone
+        merged_copy(policy.model).save_pretrained(tmp, safe_serialization=True)
+        policy.model.save_pretrained(tmp / ADAPTER_DIR, safe_serialization=True)
+    else:
+        policy.model.save_pretrained(tmp, safe_serialization=True)
     policy.tokenizer.save_pretrained(tmp)
     for name, obj in (extra or {}).items():
         if name.endswith(".pt"):

@@ -299,7 +299,7 @@ class RunSummary:
     value_pretrain: ValuePretrainStats | None
     env_id: str
     env_kwargs: dict[str, Any]
-    model: str | None  # model.path ('tiny' = built in the run directory)
+    model: str | None  # model.path ('tiny' = built in the run directory; 'gguf:SOURCE' = model.gguf)
     num_parameters: int
     torch_threads: int
     env_pool: PoolStats | None = None  # the run's own engine on env workers: demonstrations, evaluations, sync RL
@@ -308,6 +308,7 @@ class RunSummary:
     expert_queries: ExpertQueries | None = None
     flywheel_rounds: int = 0
     gain_over_bc_best_points: float | None = None  # 100 x (after - the BC policy at its best temperature)
+    trainable_parameters: int | None = None  # those the optimizer updated last (the adapters under model.lora)
 
 
 def read_summary(run_dir: str | Path) -> RunSummary:

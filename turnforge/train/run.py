@@ -36,8 +36,12 @@ from turnforge.envs.registry import build_env
 from turnforge import errors
 from turnforge.errors import UserError
 from turnforge.paths import check_out_dir, write_atomic
+from turnforge.policy.gguf import cached_import, find_gguf
+from turnforge.policy.lora import (
+    ADAPTER_DIR, FrozenBase, add_lora, check_lora_targets, is_lora, merge_lora, skeleton, trainable_parameters,
+)
 from turnforge.policy.model import check_model_dir, load_policy
-from turnforge.policy.tiny import build_tiny_model
+from turnforge.policy.tiny import build_tiny_model, tiny_hf_config
 from turnforge.rollout.context import PromptSpec
 from turnforge.rollout.engine import make_engine
 from turnforge.envs.checker import check_action_lengths
@@ -124,8 +128,15 @@ def train(cfg: TrainConfig, out: str | Path, *, resume: bool = False, live: bool
         from turnforge.envpool.ray_pool import connect_ray
 
         connect_ray(cfg.engine.ray_address)
-    if cfg.model.path != "tiny":
+    if cfg.model.gguf is not None:
+        find_gguf(cfg.model.gguf)  # a missing package or file is one line now, not after set-up
+    elif cfg.model.path != "tiny":
         check_model_dir(cfg.model.path)
+    if cfg.model.lora.r > 0 and cfg.model.gguf is None:  # (a GGUF model's modules are checked once it is converted)
+        from transformers import AutoConfig
+
+        hf = tiny_hf_config(cfg.model.tiny) if cfg.model.path == "tiny" else AutoConfig.from_pretrained(cfg.model.path)
+        check_lora_targets(skeleton(hf), list(cfg.model.lora.target_modules))
     check_run_dir(run_dir, resume)
     run_dir.mkdir(parents=True, exist_ok=True)
     with ExitStack() as stack:
@@ -146,7 +157,9 @@ def train(cfg: TrainConfig, out: str | Path, *, resume: bool = False, live: bool
                 progress.message(f"{run_dir} held a run stopped before its first checkpoint; starting it over")
             (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(), sort_keys=False))
             state, training = TrainerState(), None
-            if cfg.model.path == "tiny":
+            if cfg.model.gguf is not None:
+                model_path = cached_import(cfg.model.gguf)
+            elif cfg.model.path == "tiny":
                 model_path = run_dir / "base_model"
                 build_tiny_model(model_path, cfg.model.tiny)
             else:
@@ -156,7 +169,14 @@ def train(cfg: TrainConfig, out: str | Path, *, resume: bool = False, live: bool
             for problem in found.skipped:
                 progress.message(f"warning: {problem}; resuming from the previous checkpoint")
         stop = stack.enter_context(Interrupts(lambda: _where(run_dir, state, stop, cfg.flywheel.rounds > 0)))
-        policy = load_policy(model_path, cfg.model.dtype)
+        lora = cfg.model.lora
+        if lora.r > 0 and found is not None:  # the BC policy (merged) plus the checkpoint's adapter
+            policy = load_policy(run_dir / "checkpoints" / "bc", cfg.model.dtype)
+            add_lora(policy, lora, cfg.seed, "rl", adapter_dir=found.path / ADAPTER_DIR)
+        else:
+            policy = load_policy(model_path, cfg.model.dtype)
+            if lora.r > 0 and cfg.bc.enabled:
+                add_lora(policy, lora, cfg.seed, "bc")
         policy.model.eval()
         prompt = PromptSpec.of(env, cfg.rollout.include_instructions)
         policy.chat.start(prompt.system, prompt.tools), policy.chat.turn(prompt.observation_role)  # template fits the env
@@ -181,14 +201,18 @@ def train(cfg: TrainConfig, out: str | Path, *, resume: bool = False, live: bool
         #    at each of eval.bc_temperatures (the best of them is the baseline learning is stated against)
         if found is None:
             state.bc = run_bc(s) if cfg.bc.enabled else None
+            if is_lora(policy.model):  # BC's adapter becomes part of the frozen base
+                merge_lora(policy)
             save_model(policy, run_dir / "checkpoints" / "bc")
+            if lora.r > 0:  # the flywheel and RL train a fresh adapter on top of the BC policy
+                add_lora(policy, lora, cfg.seed, "rl")
             state.eval_before_rl = s.evaluate("before-rl")
             state.bc_temperatures = bc_at_temperatures(s, state.eval_before_rl)
             state.wall_seconds = s.wall_seconds()
             save_resumable(run_dir, policy, state, TrainingState(version=policy.version))
 
         # 3. the data flywheel (flywheel.rounds > 0): rounds of collect -> filter -> train -> evaluate
-        optimizer = torch.optim.AdamW(policy.model.parameters(), lr=cfg.rl.lr, weight_decay=0.0)
+        optimizer = torch.optim.AdamW(trainable_parameters(policy.model), lr=cfg.rl.lr, weight_decay=0.0)
         if cfg.flywheel.rounds > 0 and state.stage == "bc":
             rounds = run_flywheel(s, optimizer)
             state.hints = rounds[-1].expert_queries
@@ -213,10 +237,13 @@ def train(cfg: TrainConfig, out: str | Path, *, resume: bool = False, live: bool
             optimizer.load_state_dict(training.optimizer)
         bc_policy = None
         mc_by_bc = cfg.critic.mc_policy == "bc" and (cfg.critic.mc_weight > 0 or cfg.rl.advantage == "mc_grpo")
-        if cfg.rl.kl_coef > 0 or mc_by_bc:
+        if mc_by_bc or (cfg.rl.kl_coef > 0 and lora.r == 0):
             bc_policy = load_policy(run_dir / "checkpoints" / "bc", cfg.model.dtype)
             bc_policy.model = make_reference(bc_policy.model)
-        reference = bc_policy.model if bc_policy is not None and cfg.rl.kl_coef > 0 else None
+        if cfg.rl.kl_coef > 0 and is_lora(policy.model):  # the frozen base is the BC policy: no copy needed
+            reference = FrozenBase(policy.model)
+        else:
+            reference = bc_policy.model if bc_policy is not None and cfg.rl.kl_coef > 0 else None
         stop.graceful = True
         run_rl(s, optimizer, reference, critic, bc_policy, stop_after)
         stop.graceful = False
@@ -238,8 +265,9 @@ def train(cfg: TrainConfig, out: str | Path, *, resume: bool = False, live: bool
             rl_seconds=None if rl_seconds is None else round(rl_seconds, 2), engine_mode=cfg.engine.mode,
             eta=cfg.engine.eta, env_workers=cfg.engine.env_workers, cluster=cfg.cluster, policy_version=policy.version,
             skipped_steps=state.skipped_steps, advantage=cfg.rl.advantage, bc=state.bc, value_pretrain=state.value_pretrain,
-            env_id=cfg.env.id, env_kwargs=dict(cfg.env.kwargs), model=cfg.model.path,
-            num_parameters=sum(p.numel() for p in policy.model.parameters()), torch_threads=cfg.threads,
+            env_id=cfg.env.id, env_kwargs=dict(cfg.env.kwargs), model=f"gguf:{cfg.model.gguf}" if cfg.model.gguf else cfg.model.path,
+            num_parameters=sum(p.numel() for p in policy.model.parameters()),
+            trainable_parameters=sum(p.numel() for p in trainable_parameters(policy.model)), torch_threads=cfg.threads,
             env_pool=engine.backend.stats() if cfg.engine.env_workers > 0 else None, software=Software.current(),
             eval_bc_best_temperature=state.bc_temperatures, flywheel_rounds=cfg.flywheel.rounds,
             gain_over_bc_best_points=None if state.bc_temperatures is None else
