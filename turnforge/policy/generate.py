@@ -19,8 +19,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
+import numpy as np
 import torch
 import torch.nn.functional as F
+from transformers import DynamicCache
 
 
 @dataclass(frozen=True)
@@ -60,29 +62,134 @@ def sample(
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     out: list[Generation] = []
     for start in range(0, len(prompts), max_batch):
-        out.extend(
-            _sample_batch(model, prompts[start:start + max_batch], max_new_tokens, stop_ids, pad_id, temperature, generator)
-        )
+        gens, _ = _sample_batch(model, prompts[start:start + max_batch], max_new_tokens, stop_ids, pad_id, temperature,
+                                generator)
+        out.extend(gens)
     return out
 
 
-def _sample_batch(model, prompts, max_new_tokens, stop_ids, pad_id, temperature, generator) -> list[Generation]:
+@dataclass
+class RowCache:
+    """The KV cache of one token sequence, compact (no padding): per layer (keys, values),
+    each ``[kv_heads, len(ids), head_dim]``, computed by the policy at ``version``."""
+
+    ids: tuple[int, ...]
+    layers: list[tuple[torch.Tensor, torch.Tensor]]
+    version: int
+
+    def prefix(self, n: int) -> "RowCache":
+        return RowCache(self.ids[:n], [(k[:, :n], v[:, :n]) for k, v in self.layers], self.version)
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of two id sequences."""
+    n = min(len(a), len(b))
+    if tuple(a[:n]) == tuple(b[:n]):
+        return n
+    return int(np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))[0])
+
+
+class PrefixCache:
+    """Prefill only what is new (``rollout.prefix_cache``).
+
+    Keeps, per episode, the KV cache of its last prompt and the tokens it sampled. When the
+    episode's next prompt starts with those ids (full-history mode: the prompt grows by the
+    template's closing text and the new observation), only the new tokens are prefilled; in
+    window mode the reusable part is whatever prefix still matches (the system prompt, at
+    least). A new episode reuses the longest matching prefix of the row stored last (the
+    shared system prompt). Identical prompts in one batch (a GRPO group's first turn) are
+    prefilled once. Entries belong to one policy version: a weight update makes them all
+    stale, and an episode that does not act in a call is dropped (it has ended).
+
+    Logprobs equal those of a full prefill up to float rounding (the matmul shapes differ);
+    the trainer re-scores every sample anyway."""
+
+    def __init__(self) -> None:
+        self.entries: dict[str, RowCache] = {}
+        self.last: RowCache | None = None
+        self.prefilled_tokens = 0  # prompt tokens the model prefilled
+        self.reused_tokens = 0  # prompt tokens whose KV came from the cache or from a duplicate prompt
+
+    def _lookup(self, key: str, prompt: Sequence[int], version: int) -> RowCache | None:
+        for cand in (self.entries.get(key), self.last):
+            if cand is None or cand.version != version:
+                continue
+            n = min(common_prefix(cand.ids, prompt), len(prompt) - 1)  # at least one token to prefill: its logits
+            if n > 0:
+                return cand if n == len(cand.ids) else cand.prefix(n)
+        return None
+
+    @torch.no_grad()
+    def sample(self, model: torch.nn.Module, keys: Sequence[str], prompts: Sequence[Sequence[int]], version: int, *,
+               max_new_tokens: int, stop_ids: Sequence[int], pad_id: int, temperature: float = 1.0,
+               generator: torch.Generator | None = None) -> list[Generation]:
+        past = [self._lookup(k, p, version) for k, p in zip(keys, prompts)]
+        gens, rows = _sample_batch(model, prompts, max_new_tokens, stop_ids, pad_id, temperature, generator,
+                                   past=past, keep=True, version=version, counters=self)
+        self.entries = dict(zip(keys, rows))
+        self.last = rows[-1] if rows else self.last
+        return gens
+
+
+def _past_cache(reused: list[RowCache | None], device) -> tuple[DynamicCache | None, torch.Tensor]:
+    """The reused prefixes as one left-padded ``DynamicCache`` and its attention mask ``[rows, P]``."""
+    lengths = [0 if c is None else len(c.ids) for c in reused]
+    width = max(lengths)
+    mask = torch.zeros((len(reused), width), dtype=torch.long)
+    if width == 0:
+        return None, mask
+    data = []
+    for layer, (k0, v0) in enumerate(next(c for c in reused if c is not None).layers):
+        k = k0.new_zeros((len(reused), k0.shape[0], width, k0.shape[2]))
+        v = v0.new_zeros((len(reused), v0.shape[0], width, v0.shape[2]))
+        for r, c in enumerate(reused):
+            if c is not None:
+                k[r, :, width - len(c.ids):], v[r, :, width - len(c.ids):] = c.layers[layer]
+        data.append((k.to(device), v.to(device)))
+    for r, n in enumerate(lengths):
+        mask[r, width - n:] = 1
+    return DynamicCache(ddp_cache_data=data), mask
+
+
+def _sample_batch(model, prompts, max_new_tokens, stop_ids, pad_id, temperature, generator, *, past=None, keep=False,
+                  version=0, counters=None) -> tuple[list[Generation], list[RowCache]]:
+    """Sample a batch. ``past``: per prompt, a ``RowCache`` of a prefix of it whose KV is
+    reused (or None); identical prompts are then also prefilled once. ``keep``: return each
+    row's ``RowCache`` (its prompt and the sampled ids that were fed back)."""
     device = next(model.parameters()).device
-    ids, mask = _left_pad(prompts, pad_id)
-    ids, mask = ids.to(device), mask.to(device)
-    batch = ids.shape[0]
-    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    batch = len(prompts)
+    if past is not None:  # one prefill row per distinct prompt
+        index: dict[tuple[int, ...], int] = {}
+        inverse = [index.setdefault(tuple(p), len(index)) for p in prompts]
+        rows = [inverse.index(u) for u in range(len(index))]
+        reused = [past[i] for i in rows]
+    else:
+        rows, inverse, reused = list(range(batch)), list(range(batch)), [None] * batch
+    cache, past_mask = _past_cache(reused, device)
+    p_len = past_mask.sum(-1)
+    new_ids, new_mask = _left_pad([prompts[i][int(n):] for i, n in zip(rows, p_len)], pad_id)
+    mask = torch.cat([past_mask, new_mask], dim=1).to(device)
+    positions = (p_len[:, None] + new_mask.cumsum(-1) - 1).clamp(min=0).to(device)
+    if counters is not None:
+        counters.prefilled_tokens += int(new_mask.sum())
+        counters.reused_tokens += sum(len(p) for p in prompts) - int(new_mask.sum())
+
+    out = model(input_ids=new_ids.to(device), attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True)
+    past_kv = out.past_key_values
+    logits = out.logits[:, -1, :].float()  # [rows, V]
+    next_pos = positions[:, -1:] + 1  # [rows, 1]
+    if len(rows) < batch:  # each distinct prompt's prefill, copied to its duplicates
+        expand = torch.as_tensor(inverse, device=device)
+        past_kv.batch_select_indices(expand)
+        logits, mask, next_pos = logits[expand], mask[expand], next_pos[expand]
+    prompt_width = mask.shape[1]
     stop = torch.as_tensor(list(stop_ids), dtype=torch.long, device=device)
     sampled = torch.full((batch, max_new_tokens), pad_id, dtype=torch.long, device=device)
     logps = torch.zeros((batch, max_new_tokens), dtype=torch.float32, device=device)
     lengths = torch.full((batch,), max_new_tokens, dtype=torch.long, device=device)
     done = torch.zeros(batch, dtype=torch.bool, device=device)
     stopped = torch.zeros(batch, dtype=torch.bool, device=device)
-
-    out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True)
-    past = out.past_key_values
-    logits = out.logits[:, -1, :].float()  # [B, V]
-    next_pos = positions[:, -1:] + 1  # [B, 1]
+    fed = 0  # sampled tokens fed back through the model (their KV is in the cache)
     for t in range(max_new_tokens):
         logp_full = F.log_softmax(logits / temperature if temperature > 0 else logits, dim=-1)  # [B, V]
         if temperature > 0:
@@ -99,17 +206,26 @@ def _sample_batch(model, prompts, max_new_tokens, stop_ids, pad_id, temperature,
         if bool(done.all()) or t == max_new_tokens - 1:
             break
         mask = torch.cat([mask, torch.ones((batch, 1), dtype=mask.dtype, device=device)], dim=1)
-        out = model(input_ids=tok[:, None], attention_mask=mask, position_ids=next_pos, past_key_values=past, use_cache=True)
-        past = out.past_key_values
+        out = model(input_ids=tok[:, None], attention_mask=mask, position_ids=next_pos, past_key_values=past_kv, use_cache=True)
+        past_kv = out.past_key_values
         logits = out.logits[:, -1, :].float()
         next_pos = next_pos + 1
+        fed += 1
 
     result = []
     sampled_l, logps_l, lengths_l, stopped_l = sampled.tolist(), logps.tolist(), lengths.tolist(), stopped.tolist()
     for i in range(batch):
         n = lengths_l[i]
         result.append(Generation(tuple(sampled_l[i][:n]), tuple(logps_l[i][:n]), bool(stopped_l[i])))
-    return result
+    kept: list[RowCache] = []
+    if keep:
+        prompt_mask = mask[:, :prompt_width].cpu()
+        for i in range(batch):
+            k_i = min(lengths_l[i], fed)
+            where = torch.cat([prompt_mask[i].nonzero().squeeze(-1), prompt_width + torch.arange(k_i)]).to(device)
+            layers = [(layer.keys[i].index_select(1, where), layer.values[i].index_select(1, where)) for layer in past_kv.layers]
+            kept.append(RowCache(tuple(prompts[i]) + tuple(sampled_l[i][:k_i]), layers, version))
+    return result, kept
 
 
 def pad_right(sequences: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:

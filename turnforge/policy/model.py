@@ -136,6 +136,9 @@ class Policy:
     pad_id: int
     path: str
     version: int = 0
+    #: Actors of this policy reuse KV caches across turns and prefill identical prompts once
+    #: (``rollout.prefix_cache``; ``turnforge.policy.generate.PrefixCache``).
+    prefix_cache: bool = False
 
     @property
     def device(self) -> torch.device:

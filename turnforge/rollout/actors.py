@@ -7,7 +7,8 @@ cloning). Actors that need something read off the env before they act (the exper
 an env-side random action) say so with ``probe``; the env host reads it after the previous
 request, wherever the env runs (this process, a worker process, a Ray actor).
 
-Actors hold no per-episode state: every draw is a function of the actor's seed, the episode
+Actors hold no per-episode state that changes what they do (a ``PolicyActor`` may keep KV
+caches, which only save compute): every draw is a function of the actor's seed, the episode
 and the turn (or of a shared generator for the LM), so what they do does not depend on how
 many episodes play at once or in which order they finish.
 """
@@ -22,7 +23,7 @@ import torch
 
 from turnforge.envpool.host import NO_PROBE, AfterState, Probe
 from turnforge.envs.base import stable_hash
-from turnforge.policy.generate import Generation, sample
+from turnforge.policy.generate import Generation, PrefixCache, sample
 from turnforge.policy.model import Policy
 from turnforge.types import Task
 
@@ -62,6 +63,7 @@ class PolicyActor:
 
     def __init__(self, policy: Policy, max_new_tokens: int, temperature: float, generator: torch.Generator) -> None:
         self.policy, self.max_new_tokens, self.temperature, self.generator = policy, max_new_tokens, temperature, generator
+        self.cache = PrefixCache() if policy.prefix_cache else None
 
     @property
     def version(self) -> int:
@@ -71,6 +73,12 @@ class PolicyActor:
         return NO_PROBE
 
     def act(self, inputs: Sequence[ActorInput]) -> list[Generation | str]:
+        if self.cache is not None:
+            return self.cache.sample(
+                self.policy.model, [x.trajectory_id for x in inputs], [x.prompt for x in inputs], self.policy.version,
+                max_new_tokens=self.max_new_tokens, stop_ids=self.policy.stop_ids, pad_id=self.policy.pad_id,
+                temperature=self.temperature, generator=self.generator,
+            )
         return sample(
             self.policy.model,
             [x.prompt for x in inputs],

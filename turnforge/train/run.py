@@ -178,6 +178,7 @@ def train(cfg: TrainConfig, out: str | Path, *, resume: bool = False, live: bool
             if lora.r > 0 and cfg.bc.enabled:
                 add_lora(policy, lora, cfg.seed, "bc")
         policy.model.eval()
+        policy.prefix_cache = cfg.rollout.prefix_cache
         prompt = PromptSpec.of(env, cfg.rollout.include_instructions)
         policy.chat.start(prompt.system, prompt.tools), policy.chat.turn(prompt.observation_role)  # template fits the env
         engine = stack.enter_context(closing(make_engine(cfg, policy)))
