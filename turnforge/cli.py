@@ -133,7 +133,9 @@ def recipes() -> None:
     for name, path in list_recipes().items():
         data = yaml.safe_load(path.read_text()) or {}
         first = path.read_text().splitlines()[0].lstrip("# ").strip() if path.read_text().startswith("#") else ""
-        table.add_row(name, str(data.get("env", {}).get("id", "sokoban")), str(data.get("model", {}).get("path", "tiny")), first)
+        model = data.get("model", {})
+        shown = f"gguf:{model['gguf']}" if model.get("gguf") else str(model.get("path", "tiny"))
+        table.add_row(name, str(data.get("env", {}).get("id", "sokoban")), shown, first)
     console.print(table)
 
 

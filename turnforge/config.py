@@ -114,6 +114,10 @@ class RolloutConfig(Section):
     include_instructions: bool = Field(True, description="Put the env's instructions (and a tool env's tool schemas) in the system prompt")
     temperature: float = Field(1.0, gt=0, description="Sampling temperature of training rollouts")
     truncation_marker: str = Field(" ...[truncated]", description="Text appended where an observation was cut")
+    example_turns: int = Field(
+        0, ge=0, le=8, description="Worked turns of the env's expert on train task 0, shown as user and assistant "
+        "turns before the first observation: few-shot prompting for a pretrained model new to the env"
+    )
     prefix_cache: bool = Field(
         False, description="Reuse each episode's KV cache from its previous turn (and the shared system prompt's) and "
         "prefill identical prompts once: only new tokens are prefilled. Logprobs change by float rounding only"

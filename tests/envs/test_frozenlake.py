@@ -105,3 +105,17 @@ def test_bad_config_is_a_user_error():
 
     with pytest.raises(UserError, match="hole_prob"):
         make("frozenlake", hole_prob=1.0)
+
+
+def test_first_word_parsing_takes_the_answers_first_word_only_when_asked():
+    from turnforge.envs.base import InvalidAction, parse_choice
+
+    names = ("Up", "Down", "Left", "Right")
+    assert parse_choice("Down, because the hole is left", names, first_word=True) == 1
+    assert parse_choice("  right.\nThen up", names, first_word=True) == 3
+    assert parse_choice("<answer>Up</answer> then Down", names, first_word=True) == 0  # tags win
+    for text in ("Down, because the hole is left", "Go down"):
+        with pytest.raises(InvalidAction):
+            parse_choice(text, names)  # the default: the whole answer must be the move
+    with pytest.raises(InvalidAction):
+        parse_choice("Go down", names, first_word=True)

@@ -62,3 +62,15 @@ def test_smollm2_template_renders_tool_results_but_not_tool_schemas(smollm2_tiny
     schema = '[{"type": "function", "function": {"name": "calc", "parameters": {}}}]'
     with pytest.raises(UserError, match="does not render tools"):
         chat.start("Rules.", schema)
+
+
+def test_example_turns_are_earlier_user_and_assistant_turns(any_policy):
+    tok, chat = any_policy.tokenizer, any_policy.chat
+    examples = (("P_\n_G", "Down"), ("__\nPG", "Right"))
+    msgs = [{"role": "system", "content": "Rules."}]
+    for obs, answer in examples:
+        msgs += [{"role": "user", "content": obs}, {"role": "assistant", "content": answer}]
+    msgs.append({"role": "user", "content": "obs one"})
+    rendered = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+    head, tail = chat.start("Rules.", "", examples)
+    assert tok.decode(list(head) + list(chat.encode("obs one")) + list(tail)) == rendered

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from helpers import inline_engine
@@ -83,3 +84,21 @@ def test_invalid_actions_are_observations_not_errors(any_policy):
         assert t.num_invalid == 3 and not t.success
         assert abs(t.episode_return - 3 * -0.1) < 1e-9
         assert t.turns[1].observation.startswith("Invalid action")
+
+
+def test_example_turns_need_an_expert_and_come_from_train_task_0():
+    from turnforge.envs import make
+    from turnforge.errors import UserError
+    from turnforge.rollout.context import PromptSpec
+
+    env = make("frozenlake", size=4)
+    spec = PromptSpec.of(env, True, 2)
+    first = make("frozenlake", size=4).reset(env.task("train", 0), 0)
+    assert len(spec.examples) == 2 and spec.examples[0][0] == first and spec.examples[0][1] in ("Up", "Down", "Left", "Right")
+    assert spec.system == env.instructions
+
+    class NoExpert:
+        env_id = "x"
+
+    with pytest.raises(UserError, match="needs env 'x' to implement expert_action"):
+        PromptSpec.of(NoExpert(), True, 1)

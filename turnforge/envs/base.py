@@ -81,19 +81,26 @@ class EnvSnapshot:
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.IGNORECASE | re.DOTALL)
 
 
-def parse_choice(text: str, names: Sequence[str]) -> int:
+def parse_choice(text: str, names: Sequence[str], first_word: bool = False) -> int:
     """Index of the action name that ``text`` spells (case-insensitive, whole stripped text).
 
-    If ``text`` contains ``<answer>X</answer>`` tags, the last ``X`` is matched instead.
-    Anything else raises ``InvalidAction``.
+    If ``text`` contains ``<answer>X</answer>`` tags, the last ``X`` is matched instead. With
+    ``first_word``, only the first word of the text counts ("Down, because..." is Down): for
+    pretrained chat models that explain their move. Anything else raises ``InvalidAction``.
     """
     tagged = _ANSWER_TAG.findall(text)
     word = (tagged[-1] if tagged else text).strip().lower()
+    if first_word and not tagged:
+        match = _FIRST_WORD.match(word)
+        word = match.group(0) if match else word
     for i, name in enumerate(names):
         if word == name.lower():
             return i
     shown = repr(text) if len(repr(text)) <= 40 else repr(text)[:36] + "...'"
     raise InvalidAction(f"could not parse {shown} as an action")
+
+
+_FIRST_WORD = re.compile(r"[a-z0-9]+")
 
 
 def stable_hash(*parts: object) -> int:

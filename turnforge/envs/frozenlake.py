@@ -168,8 +168,10 @@ class FrozenLakeEnv(LevelEnv[FrozenLakeLevel]):
         invalid_action_penalty: float = -0.1,
         success_reward: float = 1.0,
         guidance: int = 0,
+        first_word: bool = False,
     ) -> None:
-        super().__init__(invalid_action_penalty=invalid_action_penalty, max_steps=max_steps, guidance=guidance)
+        super().__init__(invalid_action_penalty=invalid_action_penalty, max_steps=max_steps, guidance=guidance,
+                         first_word=first_word)
         if size < 2:
             raise UserError(f"frozenlake: size must be >= 2, got {size}")
         if not 0.0 <= hole_prob < 1.0:
@@ -218,7 +220,7 @@ class FrozenLakeEnv(LevelEnv[FrozenLakeLevel]):
         return self.state.level.render(self.state.player)
 
     def parse_action(self, text: str) -> int:
-        return parse_choice(text, ACTIONS)
+        return parse_choice(text, ACTIONS, self.first_word)
 
     def apply(self, action: int) -> Outcome:
         s: FrozenLakeState = self.state

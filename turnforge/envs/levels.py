@@ -92,9 +92,11 @@ class LevelEnv(Env, Generic[LevelT]):
     #: First index of derived tasks: above any generated task's, so their ids never collide.
     derived_index_base: int = 2**40
 
-    def __init__(self, *, invalid_action_penalty: float = -0.1, max_steps: int = 100, guidance: int = 0) -> None:
+    def __init__(self, *, invalid_action_penalty: float = -0.1, max_steps: int = 100, guidance: int = 0,
+                 first_word: bool = False) -> None:
         self.invalid_action_penalty = float(invalid_action_penalty)
         self.max_steps = int(max_steps)
+        self.first_word = bool(first_word)  # parse_choice(..., first_word): the action is the answer's first word
         if isinstance(guidance, bool) or not isinstance(guidance, int) or not 0 <= guidance <= len(self.guidance_levels):
             levels = "; ".join(["0 = off", *(f"{k} = {d}" for k, d in enumerate(self.guidance_levels, 1))])
             raise UserError(f"{type(self).__name__}: guidance={guidance!r} is not a guidance level; valid levels: {levels}")

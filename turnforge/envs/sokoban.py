@@ -248,8 +248,10 @@ class SokobanEnv(LevelEnv[SokobanLevel]):
         end_on_deadlock: bool = False,
         deadlock_penalty: float = 0.0,
         guidance: int = 0,
+        first_word: bool = False,
     ) -> None:
-        super().__init__(invalid_action_penalty=invalid_action_penalty, max_steps=max_steps, guidance=guidance)
+        super().__init__(invalid_action_penalty=invalid_action_penalty, max_steps=max_steps, guidance=guidance,
+                         first_word=first_word)
         if dim < 5:
             raise UserError(f"sokoban: dim must be >= 5 (outer walls included), got {dim}")
         if num_boxes < 1 or 2 * num_boxes + 1 > (dim - 2) ** 2:
@@ -344,7 +346,7 @@ class SokobanEnv(LevelEnv[SokobanLevel]):
         return render_room(self.state.level, self.state.player, self.state.boxes)
 
     def parse_action(self, text: str) -> int:
-        return parse_choice(text, ACTIONS)
+        return parse_choice(text, ACTIONS, self.first_word)
 
     def apply(self, action: int) -> Outcome:
         s: SokobanState = self.state

@@ -10,6 +10,7 @@ reloads with identical logits, which ``import_gguf`` checks before it seals the 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import os
@@ -94,7 +95,8 @@ def import_gguf(source: str | Path, out: Path) -> Path:
     try:
         try:
             tokenizer = AutoTokenizer.from_pretrained(gguf_file.parent, gguf_file=gguf_file.name)
-            model = AutoModelForCausalLM.from_pretrained(gguf_file.parent, gguf_file=gguf_file.name, dtype=torch.float32)
+            with _quiet_gguf_reader():
+                model = AutoModelForCausalLM.from_pretrained(gguf_file.parent, gguf_file=gguf_file.name, dtype=torch.float32)
         except Exception as err:  # a malformed file fails anywhere in the reader (struct, KeyError, ValueError...)
             first = (str(err).strip().splitlines() or [type(err).__name__])[0]
             raise UserError(f"cannot read GGUF file {str(gguf_file)!r}: {first}") from None
@@ -117,6 +119,26 @@ def import_gguf(source: str | Path, out: Path) -> Path:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+@contextlib.contextmanager
+def _quiet_gguf_reader():
+    """transformers' GGUF reader draws a plain tqdm bar; silence it where transformers'
+    own progress bars are off (in a run, whose log should not fill with it)."""
+    import functools
+
+    import transformers.modeling_gguf_pytorch_utils as reader
+    from transformers.utils import logging as hf_logging
+
+    if hf_logging.is_progress_bar_enabled() or not hasattr(reader, "tqdm"):
+        yield
+        return
+    original = reader.tqdm
+    reader.tqdm = functools.partial(original, disable=True)
+    try:
+        yield
+    finally:
+        reader.tqdm = original
 
 
 def cache_dir() -> Path:

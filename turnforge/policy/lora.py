@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import sys
+import warnings
 from pathlib import Path
 
 import torch
@@ -24,6 +25,9 @@ from turnforge.errors import UserError
 from turnforge.policy.model import Policy
 
 ADAPTER_DIR = "adapter"  # a checkpoint's subdirectory holding the LoRA adapter alone
+
+# peft asks transformers a deprecated question on every wrap; the warning is peft's to fix, not the user's
+warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*deprecated", category=FutureWarning)
 
 
 def linear_module_names(model: torch.nn.Module) -> list[str]:

@@ -58,7 +58,7 @@ class ChatFormat:
             raise UserError(f"chat template of {name!r} does not put assistant content right after the generation prompt")
         #: Text the template puts after assistant content (e.g. "<|im_end|>\n").
         self.assistant_close: str = self._split(with_assistant[len(prompt_u):])[1]
-        self._starts: dict[tuple[str | None, str], tuple[tuple[int, ...], tuple[int, ...]]] = {}
+        self._starts: dict[tuple, tuple[tuple[int, ...], tuple[int, ...]]] = {}
 
     def _render(self, messages: list[dict], gen: bool, tools: list[dict] | None = None) -> str:
         return self.tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=gen)
@@ -73,10 +73,22 @@ class ChatFormat:
         """Token ids of ``text`` with no special tokens added."""
         return tuple(self.tokenizer(text, add_special_tokens=False)["input_ids"]) if text else ()
 
-    def start(self, system: str | None, tools: str = "") -> tuple[tuple[int, ...], tuple[int, ...]]:
-        """(head, tail) ids around the first user message's content, with ``system`` as the
-        system prompt (``None`` for none) and ``tools`` (a JSON list of tool schemas, "" for
-        none) rendered by the template's own tool section. Cached per (system, tools)."""
+    def start(self, system: str | None, tools: str = "", examples: tuple[tuple[str, str], ...] = ()
+              ) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """(head, tail) ids around the first real user message's content, with ``system`` as the
+        system prompt (``None`` for none), ``tools`` (a JSON list of tool schemas, "" for
+        none) rendered by the template's own tool section, and ``examples`` (observation,
+        answer) pairs as earlier user and assistant turns (few-shot). Cached per arguments."""
+        if examples:
+            key = (system, tools, examples)
+            if key not in self._starts:
+                head, tail = self.start(system, tools)
+                ids = list(head)
+                for i, (obs, answer) in enumerate(examples):
+                    ids += ([] if i == 0 else list(self.user_head)) + list(self.encode(obs))
+                    ids += list(tail if i == 0 else self.user_tail) + list(self.encode(answer)) + list(self.close_after(answer))
+                self._starts[key] = (tuple(ids) + self.user_head, self.user_tail)
+            return self._starts[key]
         key = (system, tools)
         if key not in self._starts:
             messages = [{"role": "user", "content": SENTINEL}]

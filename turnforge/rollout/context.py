@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from turnforge.config import RolloutConfig
+from turnforge.errors import UserError
 from turnforge.policy.model import ChatFormat
 from turnforge.types import Sample
 
@@ -47,15 +48,39 @@ class PromptSpec:
     system: str | None = None
     tools: str = ""  # JSON list of tool schemas ("" = none): hashable, and sent as is to Ray workers
     observation_role: str = "user"
+    examples: tuple[tuple[str, str], ...] = ()  # (observation, answer) turns before the first observation
 
     @classmethod
-    def of(cls, env, include_instructions: bool) -> "PromptSpec":
+    def of(cls, env, include_instructions: bool, example_turns: int = 0) -> "PromptSpec":
         """The spec of ``env``; without ``include_instructions`` neither its instructions nor
-        its tool schemas are shown (the policy must have learned them)."""
+        its tool schemas are shown (the policy must have learned them). ``example_turns``:
+        that many turns of the env's expert on train task 0 come before the first observation,
+        as user and assistant turns (few-shot prompting)."""
+        examples = expert_examples(env, example_turns)
         if not include_instructions:
-            return cls(None, "", env.observation_role)
+            return cls(None, "", env.observation_role, examples)
         tools = json.dumps(list(env.tools)) if env.tools else ""
-        return cls(env.instructions, tools, env.observation_role)
+        return cls(env.instructions, tools, env.observation_role, examples)
+
+
+def expert_examples(env, turns: int) -> tuple[tuple[str, str], ...]:
+    """``turns`` (observation, expert action) pairs of the env's expert on train task 0 (() for 0).
+    They are expert labels shown in every prompt; ``turns`` of them are counted as expert queries."""
+    if turns == 0:
+        return ()
+    if not callable(getattr(env, "expert_action", None)):
+        raise UserError(f"rollout.example_turns={turns} needs env {env.env_id!r} to implement expert_action() "
+                        "(the worked turns are the expert's); set rollout.example_turns=0")
+    obs = env.reset(env.task("train", 0), 0)
+    pairs = []
+    for _ in range(turns):
+        action = env.expert_action()
+        pairs.append((obs, action))
+        result = env.step(action)
+        if result.terminated or result.truncated:
+            break
+        obs = result.observation
+    return tuple(pairs)
 
 
 @dataclass
@@ -99,7 +124,7 @@ class EpisodeContext:
 
     def _observe_full(self, content: tuple[int, ...]) -> int:
         if not self._ids:
-            head, tail = self.chat.start(self.spec.system, self.spec.tools)
+            head, tail = self.chat.start(self.spec.system, self.spec.tools, self.spec.examples)
         else:
             head, tail = self.chat.turn(self.spec.observation_role)
         content, cut = self._fit(content, len(self._ids) + len(head) + len(tail))
@@ -113,7 +138,7 @@ class EpisodeContext:
     def _window_prompt(self, turns, content: tuple[int, ...]) -> tuple[int, ...]:
         """The window's first observation goes in the first user message (a tool result as
         first message would be an orphan), later ones in messages of the observation role."""
-        head, tail = self.chat.start(self.spec.system, self.spec.tools)
+        head, tail = self.chat.start(self.spec.system, self.spec.tools, self.spec.examples)
         later_head, later_tail = self.chat.turn(self.spec.observation_role)
         out: list[int] = list(head)
         for i, (obs, act) in enumerate(turns):

@@ -179,8 +179,8 @@ def train(cfg: TrainConfig, out: str | Path, *, resume: bool = False, live: bool
                 add_lora(policy, lora, cfg.seed, "bc")
         policy.model.eval()
         policy.prefix_cache = cfg.rollout.prefix_cache
-        prompt = PromptSpec.of(env, cfg.rollout.include_instructions)
-        policy.chat.start(prompt.system, prompt.tools), policy.chat.turn(prompt.observation_role)  # template fits the env
+        prompt = PromptSpec.of(env, cfg.rollout.include_instructions, cfg.rollout.example_turns)
+        policy.chat.start(prompt.system, prompt.tools, prompt.examples), policy.chat.turn(prompt.observation_role)  # template fits the env
         engine = stack.enter_context(closing(make_engine(cfg, policy)))
         too_long = check_action_lengths(engine.env, policy.chat, cfg.rollout.max_new_tokens) if cfg.check_env else []
         if training is not None:
@@ -281,14 +281,20 @@ def train(cfg: TrainConfig, out: str | Path, *, resume: bool = False, live: bool
         if cfg.flywheel.rounds > 0:
             write_flywheel_report(run_dir, summary)
         progress.message(
-            f"done in {summary.wall_seconds:.0f}s: held-out success {before.success_rate:.3f} after BC -> "
+            f"done in {summary.wall_seconds:.0f}s: held-out success {before.success_rate:.3f} "
+            f"{'after BC' if cfg.bc.enabled else 'at the start'} -> "
             f"{after.success_rate:.3f} at the end ({summary.success_gain_points:+.1f} points)"
             + ("" if summary.gain_over_bc_best_points is None else
-               f", {summary.gain_over_bc_best_points:+.1f} points over the BC policy at its best temperature "
+               f", {summary.gain_over_bc_best_points:+.1f} points over the {start_name(cfg)} at its best temperature "
                f"(T={state.bc_temperatures.temperature}: {state.bc_temperatures.eval.success_rate:.3f})")
             + f"; run dir {run_dir}"
         )
     return summary
+
+
+def start_name(cfg: TrainConfig) -> str:
+    """What RL starts from, in messages: the BC policy, or the model itself without BC."""
+    return "BC policy" if cfg.bc.enabled else "starting policy (no BC)"
 
 
 def bc_at_temperatures(s: Session, at_default: EvalResult) -> BestTemperature | None:
@@ -299,7 +305,7 @@ def bc_at_temperatures(s: Session, at_default: EvalResult) -> BestTemperature | 
         return None
     evals = [TemperatureEval(t, at_default if t == s.cfg.eval.temperature else s.evaluate("bc", temperature=t)) for t in temps]
     best = max(evals, key=lambda e: (e.result.success_rate, -e.temperature))
-    s.progress.message(f"BC policy at its best temperature: T={best.temperature} success {best.result.success_rate:.3f} "
+    s.progress.message(f"{start_name(s.cfg)} at its best temperature: T={best.temperature} success {best.result.success_rate:.3f} "
                        f"({', '.join(f'T={e.temperature}: {e.result.success_rate:.3f}' for e in evals)})")
     return BestTemperature(best.temperature, best.result, evals)
 
