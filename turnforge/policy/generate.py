@@ -174,7 +174,11 @@ def _sample_batch(model, prompts, max_new_tokens, stop_ids, pad_id, temperature,
         counters.prefilled_tokens += int(new_mask.sum())
         counters.reused_tokens += sum(len(p) for p in prompts) - int(new_mask.sum())
 
-    out = model(input_ids=new_ids.to(device), attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True)
+    # with the prefix cache, only the last position's logits are computed (as HF generate does); the plain
+    # path keeps computing all of them so that the tiny recipes' figures stay bit-identical
+    extra = {"logits_to_keep": 1} if past is not None else {}
+    out = model(input_ids=new_ids.to(device), attention_mask=mask, position_ids=positions, past_key_values=cache,
+                use_cache=True, **extra)
     past_kv = out.past_key_values
     logits = out.logits[:, -1, :].float()  # [rows, V]
     next_pos = positions[:, -1:] + 1  # [rows, 1]
