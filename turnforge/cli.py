@@ -31,6 +31,9 @@ from typing import List, NoReturn, Optional
 # OpenMP threads sleep when idle instead of spinning: on a machine loaded by other jobs a
 # spinning thread pool made a short run 10x slower (same weights either way).
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+from turnforge.kernels import pin_cpu_kernels  # noqa: E402
+
+pin_cpu_kernels()  # the same float results on AVX2 and AVX-512 CPUs (before torch is imported)
 
 import typer  # noqa: E402
 from rich.console import Console

@@ -122,6 +122,11 @@ class RolloutConfig(Section):
         False, description="Reuse each episode's KV cache from its previous turn (and the shared system prompt's) and "
         "prefill identical prompts once: only new tokens are prefilled. Logprobs change by float rounding only"
     )
+    backend: Literal["hf", "vllm"] = Field(
+        "hf", description="'hf': the built-in KV-cache sampler on the training model; 'vllm': vLLM's offline engine in "
+        "this process, weights synced in place after every update, its logprob gap to the trainer corrected by truncated IS"
+    )
+    vllm_kv_cache_gib: float = Field(1.0, gt=0, description="Memory vLLM reserves for its KV cache (rollout.backend=vllm)")
 
 
 class BCConfig(Section):
@@ -257,7 +262,7 @@ class EngineConfig(Section):
         False, description="Train on the first groups to finish; running ones carry over with newer weights (APRIL; needs eta >= 1)"
     )
     is_cap: float | None = Field(
-        2.0, gt=0, description="Truncated importance sampling cap C on pi_prox / pi_behav (async; None = untruncated)"
+        2.0, gt=0, description="Truncated importance sampling cap C on pi_prox / pi_behav (async, or rollout.backend=vllm; None = untruncated)"
     )
     env_workers: int = Field(
         0, ge=0, description="Env worker processes (EnvPool; Ray actors with cluster=ray) for every episode of the run; "
@@ -429,6 +434,13 @@ def incompatible_options(cfg: TrainConfig) -> str | None:
     if cfg.model.lora.r > 0 and critic.enabled:
         return "model.lora.r > 0 with critic.enabled=true: the learned critic copies the full policy trunk; use critic.mc_weight=1 or no critic"
     eng = cfg.engine
+    if cfg.rollout.backend == "vllm":
+        if cfg.cluster == "ray":
+            return "rollout.backend=vllm runs vLLM in the trainer's process; use cluster=local"
+        if eng.mode == "async":
+            return "rollout.backend=vllm with engine.mode=async: the one vLLM engine is not shared across threads; use engine.mode=sync"
+        if cfg.rollout.prefix_cache:
+            return "rollout.prefix_cache=true is the built-in sampler's; vLLM keeps its own prefix cache (set rollout.prefix_cache=false)"
     if eng.mode == "sync" and (eng.eta > 0 or eng.partial_rollouts):
         what = f"engine.eta={eng.eta}" if eng.eta > 0 else "engine.partial_rollouts=true"
         return f"{what} needs engine.mode=async (the sync loop is always on-policy)"

@@ -151,6 +151,9 @@ class Policy:
     #: Actors of this policy reuse KV caches across turns and prefill identical prompts once
     #: (``rollout.prefix_cache``; ``turnforge.policy.generate.PrefixCache``).
     prefix_cache: bool = False
+    #: Another rollout backend to sample with (``rollout.backend=vllm``: a
+    #: ``turnforge.policy.vllm_sampler.VLLMSampler``); None samples with ``model`` itself.
+    sampler: object | None = None
 
     @property
     def device(self) -> torch.device:

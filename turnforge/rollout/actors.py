@@ -57,7 +57,8 @@ class Actor(Protocol):
 
 
 class PolicyActor:
-    """Samples actions from the policy LM (temperature 0 = greedy)."""
+    """Samples actions from the policy LM (temperature 0 = greedy), with the built-in sampler
+    or the policy's other backend (``Policy.sampler``, e.g. vLLM)."""
 
     needs_tokens = True
 
@@ -73,6 +74,11 @@ class PolicyActor:
         return NO_PROBE
 
     def act(self, inputs: Sequence[ActorInput]) -> list[Generation | str]:
+        if self.policy.sampler is not None:  # vLLM (its own generator and prefix cache)
+            return self.policy.sampler.sample(
+                self.policy.model, self.policy.version, [x.prompt for x in inputs],
+                max_new_tokens=self.max_new_tokens, stop_ids=self.policy.stop_ids, temperature=self.temperature,
+            )
         if self.cache is not None:
             return self.cache.sample(
                 self.policy.model, [x.trajectory_id for x in inputs], [x.prompt for x in inputs], self.policy.version,

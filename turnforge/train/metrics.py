@@ -138,7 +138,8 @@ class ExpertQueries:
 
 @dataclass(frozen=True)
 class OffPolicyStats:
-    """The decoupled objective's view of an iteration's samples (asynchronous rollouts)."""
+    """The decoupled objective's view of an iteration's samples (asynchronous rollouts, or
+    vLLM's: another engine's numerics)."""
 
     offpolicy_token_fraction: float  # action tokens sampled by an older policy version
     is_weight_mean: float  # truncated importance weight min(pi_prox / pi_behav, engine.is_cap)
@@ -146,6 +147,8 @@ class OffPolicyStats:
     is_truncated_fraction: float  # tokens whose weight hit the cap
     logprob_mismatch_max: float  # |p_trainer - p_rollout| on tokens the current version sampled (numerics)
     logprob_mismatch_mean: float
+    log_ratio_abs_max: float = 0.0  # |logp_trainer - logp_rollout| on the same tokens
+    log_ratio_abs_mean: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -160,7 +163,7 @@ class UpdateStats:
     grad_norm: float  # mean gradient norm before clipping
     tokens: int  # tokens trained on (repeated samples counted once per copy)
     merged_row_fraction: float  # rows after merging repeated samples / samples (1 = nothing merged)
-    offpolicy: OffPolicyStats | None = None  # asynchronous rollouts only
+    offpolicy: OffPolicyStats | None = None  # asynchronous or vLLM rollouts only
 
 
 @dataclass(frozen=True)

@@ -141,10 +141,11 @@ def run_rl(
             t_credit = time.time() - t1
 
             # 3. policy update: PPO-clip with rl.loss_agg aggregation, minibatches in a seeded order;
-            #    asynchronous rollouts use the decoupled objective with truncated importance weights
+            #    asynchronous rollouts and vLLM's (other numerics) use the decoupled objective with
+            #    truncated importance weights
             t2 = time.time()
             update = ppo_update(s, samples, optimizer, step, reference if rl.kl_mode == "loss" else None, it,
-                                decoupled=cfg.engine.mode == "async")
+                                decoupled=cfg.engine.mode == "async" or cfg.rollout.backend == "vllm")
             policy.version += 1
             rollouts.after_update()  # weight sync to the rollout worker (nothing to do when it shares the model)
 
@@ -351,12 +352,13 @@ def proximal_logprobs(s: Session, samples: list[Sample], batch_size: int = 128) 
     decoupled loss), one ``[T]`` row per sample, plus off-policy diagnostics over all action
     tokens: the share sampled by an older version, the truncated importance weights
     ``min(pi_prox / pi_behav, engine.is_cap)`` (mean, largest raw, truncated share), and the
-    rollout-vs-trainer mismatch ``|p_trainer - p_rollout|`` on tokens the current version
-    sampled (numerics only: the KV-cache sampler against the trainer's forward pass)."""
+    rollout-vs-trainer mismatch ``|p_trainer - p_rollout|`` and ``|logp_trainer - logp_rollout|``
+    on tokens the current version sampled (numerics only: the KV-cache sampler, or vLLM,
+    against the trainer's forward pass)."""
     policy, temperature, cap = s.policy, s.cfg.rollout.temperature, s.cfg.engine.is_cap
     policy.model.eval()
     rows: list[torch.Tensor] = []
-    stale, weights, raw_max, truncated, diffs = 0, [], 1.0, 0, []
+    stale, weights, raw_max, truncated, diffs, log_diffs = 0, [], 1.0, 0, [], []
     for b in range(0, len(samples), batch_size):
         chunk = samples[b:b + batch_size]
         batch = collate(chunk, policy.pad_id)
@@ -372,13 +374,17 @@ def proximal_logprobs(s: Session, samples: list[Sample], batch_size: int = 128) 
             stale += int((x.versions[acted] < policy.version).sum())
             fresh = acted & (x.versions == policy.version)
             if fresh.any():
-                diffs.append((lp[i, : len(x)][torch.from_numpy(fresh)].exp() - torch.from_numpy(x.logprobs[fresh]).exp()).abs())
+                trainer, rollout = lp[i, : len(x)][torch.from_numpy(fresh)], torch.from_numpy(x.logprobs[fresh])
+                diffs.append((trainer.exp() - rollout.exp()).abs())
+                log_diffs.append((trainer - rollout).abs())
     w = torch.cat(weights) if weights else torch.ones(1)
     d = torch.cat(diffs) if diffs else torch.zeros(1)
+    ld = torch.cat(log_diffs) if log_diffs else torch.zeros(1)
     n = max(int(w.numel()), 1)
     return rows, OffPolicyStats(
         offpolicy_token_fraction=stale / n, is_weight_mean=float(w.mean()), is_weight_max=raw_max,
         is_truncated_fraction=truncated / n, logprob_mismatch_max=float(d.max()), logprob_mismatch_mean=float(d.mean()),
+        log_ratio_abs_max=float(ld.max()), log_ratio_abs_mean=float(ld.mean()),
     )
 
 

@@ -128,6 +128,10 @@ def train(cfg: TrainConfig, out: str | Path, *, resume: bool = False, live: bool
         from turnforge.envpool.ray_pool import connect_ray
 
         connect_ray(cfg.engine.ray_address)
+    if cfg.rollout.backend == "vllm":  # not installed: one line now, not after set-up
+        from turnforge.policy.vllm_sampler import require_vllm
+
+        require_vllm()
     if cfg.model.gguf is not None:
         find_gguf(cfg.model.gguf)  # a missing package or file is one line now, not after set-up
     elif cfg.model.path != "tiny":
@@ -179,6 +183,11 @@ def train(cfg: TrainConfig, out: str | Path, *, resume: bool = False, live: bool
                 add_lora(policy, lora, cfg.seed, "bc")
         policy.model.eval()
         policy.prefix_cache = cfg.rollout.prefix_cache
+        if cfg.rollout.backend == "vllm":  # the engine loads model_path; the policy's own weights are synced before use
+            from turnforge.policy.vllm_sampler import VLLMSampler
+
+            policy.sampler = VLLMSampler(model_path, seed=cfg.seed, max_model_len=cfg.rollout.max_context_tokens,
+                                         dtype=cfg.model.dtype, kv_cache_gib=cfg.rollout.vllm_kv_cache_gib)
         prompt = PromptSpec.of(env, cfg.rollout.include_instructions, cfg.rollout.example_turns)
         policy.chat.start(prompt.system, prompt.tools, prompt.examples), policy.chat.turn(prompt.observation_role)  # template fits the env
         engine = stack.enter_context(closing(make_engine(cfg, policy)))
@@ -202,6 +211,8 @@ def train(cfg: TrainConfig, out: str | Path, *, resume: bool = False, live: bool
         #    at each of eval.bc_temperatures (the best of them is the baseline learning is stated against)
         if found is None:
             state.bc = run_bc(s) if cfg.bc.enabled else None
+            if policy.sampler is not None:  # BC changed the weights without a version bump
+                policy.sampler.invalidate()
             if is_lora(policy.model):  # BC's adapter becomes part of the frozen base
                 merge_lora(policy)
             save_model(policy, run_dir / "checkpoints" / "bc")
