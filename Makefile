@@ -28,8 +28,10 @@ $(STAMP): pyproject.toml constraints.txt Makefile
 train: setup
 	$(BIN)/turnforge train $(ARGS)
 
+# two pytest workers (pytest-xdist): most of a test is single-threaded Python (tiny models, envs,
+# process start-up), so two cores run the suite in about two thirds of the time
 test: setup
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -n 2 $(PYTEST_ARGS)
 
 # vLLM's CPU build pins torch 2.13.0+cpu and needs transformers < 5.20: a venv of its own (about 3.4 GB)
 VVENV := .venv-vllm

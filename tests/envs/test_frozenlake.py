@@ -119,3 +119,18 @@ def test_first_word_parsing_takes_the_answers_first_word_only_when_asked():
             parse_choice(text, names)  # the default: the whole answer must be the move
     with pytest.raises(InvalidAction):
         parse_choice("Go down", names, first_word=True)
+
+
+def test_potential_rises_by_one_cell_per_expert_move_and_is_positive_before_the_goal():
+    env = make("frozenlake", size=4)
+    for i in range(20):
+        env.reset(seed=i, task=env.task("train", i))
+        optimal = len(shortest_path(env.state.level, (0, 0)))
+        assert env.potential() == pytest.approx(1 - optimal / 16)
+        while True:
+            before = env.potential()
+            r = env.step(env.expert_action())
+            if env.done:
+                break
+            assert env.potential() == pytest.approx(before + 1 / 16) and env.potential() > 0
+        assert r.success and before == pytest.approx(1 - 1 / 16)  # one move from the goal

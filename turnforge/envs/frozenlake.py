@@ -242,6 +242,16 @@ class FrozenLakeEnv(LevelEnv[FrozenLakeLevel]):
             return Outcome(self.success_reward, terminated=True, success=True, info=info)
         return Outcome(0.0, terminated=nxt in s.level.holes, info=info)
 
+    def potential(self) -> float:
+        """Shaping potential: ``1 - d / size**2`` with ``d`` the fewest safe moves from the agent
+        to the goal (BFS), 0 where no safe path is left. Positive everywhere a path exists, so
+        with the engine's Phi = 0 at terminal states (goal and hole alike) falling into a hole
+        costs the potential given up, and an episode cut off nearer the goal scores higher than
+        one cut off farther away (the sum telescopes: optimal policies are unchanged)."""
+        s: FrozenLakeState = self.state
+        path = shortest_path(s.level, s.player)
+        return 0.0 if path is None else 1.0 - len(path) / s.level.size**2
+
     def expert_action(self) -> str:
         """BFS shortest path on plain ice; on slippery ice the value-iteration policy."""
         s: FrozenLakeState = self.state
