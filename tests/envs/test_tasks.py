@@ -98,7 +98,7 @@ def test_capabilities_are_discovered():
     sokoban = capabilities(make("sokoban"))
     assert set(sokoban.names()) == {"snapshot", "anchor_key", "potential", "expert", "random_action", "reseed", "guidance", "derive"}
     frozen = capabilities(make("frozenlake"))
-    assert not frozen.potential and frozen.expert
+    assert frozen.potential and frozen.expert and not capabilities(make("2048")).potential
     with pytest.raises(UserError, match=r"GiGPO needs env 'x' to implement anchor_key\(\), or use grpo"):
         light.require("anchor_key", "x", "GiGPO", "use grpo")
 
