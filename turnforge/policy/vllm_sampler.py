@@ -13,15 +13,16 @@ weights into the running engine in place (vLLM's ``reload_weights``; LoRA adapte
 merged into a copy first) and drops vLLM's prefix cache. No restart, no file round-trip.
 
 The trainer re-scores every sample with its own forward pass, so the gap between vLLM's
-numerics and the trainer's is measured per iteration (``logprob_mismatch_*`` in
-metrics.jsonl) and corrected by the truncated importance weight of the decoupled loss, the
+numerics and the trainer's is measured per iteration (``log_ratio_abs_*``, the
+``|logp_vllm - logp_trainer|`` of ``OffPolicyStats`` in metrics.jsonl) and corrected by the truncated importance weight of the decoupled loss, the
 same correction asynchronous rollouts use (``turnforge.train.rl.ppo_update``).
 
 Departures from the built-in sampler:
 - Draws come from vLLM's generator, seeded once with ``LLM(seed=)`` (the CPU build ignores
-  per-request seeds). A run replays exactly from its start; a resumed run does not replay the
-  draws an uninterrupted run would have made, and ``rollout.temperature`` is all there is
-  (no top-p / top-k, as with the built-in sampler).
+  per-request seeds), not from turnforge's per-iteration generators: a resumed run does not
+  replay the draws an uninterrupted run would have made (whether two whole runs repeat bit for
+  bit was not checked). ``rollout.temperature`` is all there is (no top-p / top-k, as with the
+  built-in sampler).
 - vLLM keeps its own prefix cache (``enable_prefix_caching``), so ``rollout.prefix_cache``
   does not apply.
 """
@@ -72,7 +73,7 @@ class VLLMSampler:
             kv_cache_memory_bytes=int(kv_cache_gib * 2**30),
         )
         torch.set_num_threads(threads)  # (the CPU build may patch this to a no-op after binding its threads)
-        self._loaded: tuple[int, int] | None = None  # (id of the model, version) whose weights the engine holds
+        self._loaded: tuple[torch.nn.Module, int] | None = None  # (the model, its version) the engine holds
         #: Weight loads so far (one per policy version sampled).
         self.syncs = 0
 
@@ -85,14 +86,13 @@ class VLLMSampler:
 
     def sync(self, model: torch.nn.Module, version: int) -> bool:
         """Load ``model``'s weights into the engine unless it holds them already; True if it loaded."""
-        key = (id(model), version)
-        if key == self._loaded:
+        if self._loaded is not None and self._loaded[0] is model and self._loaded[1] == version:
             return False
         weights = _hf_state_dict(model)
         # vLLM's in-place reload (it re-runs the post-load weight processing the CPU build needs)
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights.items())})
         self.llm.reset_prefix_cache()
-        self._loaded, self.syncs = key, self.syncs + 1
+        self._loaded, self.syncs = (model, version), self.syncs + 1
         return True
 
     def sample(self, model: torch.nn.Module, version: int, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
