@@ -122,6 +122,10 @@ class RolloutConfig(Section):
         False, description="Reuse each episode's KV cache from its previous turn (and the shared system prompt's) and "
         "prefill identical prompts once: only new tokens are prefilled. Logprobs change by float rounding only"
     )
+    tools_in_system_prompt: bool = Field(
+        False, description="Write a tool env's schemas into the system prompt as text (with the call syntax) instead "
+        "of the chat template's tools argument: for templates that cannot render tools (e.g. SmolLM2's)"
+    )
     backend: Literal["hf", "vllm"] = Field(
         "hf", description="'hf': the built-in KV-cache sampler on the training model; 'vllm': vLLM's offline engine in "
         "this process, weights synced in place after every update, its logprob gap to the trainer corrected by truncated IS"

@@ -60,8 +60,25 @@ def test_smollm2_template_renders_tool_results_but_not_tool_schemas(smollm2_tiny
     head, tail = chat.turn("tool")  # a tool result is a ChatML turn of role "tool"
     assert chat.tokenizer.decode(list(head)) == "<|im_start|>tool\n"
     schema = '[{"type": "function", "function": {"name": "calc", "parameters": {}}}]'
-    with pytest.raises(UserError, match="does not render tools"):
+    with pytest.raises(UserError, match="does not render tools; the env has tools, so set rollout.tools_in_system_prompt=true"):
         chat.start("Rules.", schema)
+
+
+def test_tool_schemas_go_into_the_system_prompt_as_text_when_asked(smollm2_tiny_dir):
+    from turnforge.envs import make
+    from turnforge.policy.model import load_chat_format
+    from turnforge.rollout.context import PromptSpec
+
+    chat, env = load_chat_format(smollm2_tiny_dir), make("calculator")
+    assert PromptSpec.of(env, True).tools  # by default the template's tools argument
+    spec = PromptSpec.of(env, True, tools_in_system_prompt=True)
+    assert spec.tools == "" and spec.system.startswith(env.instructions)
+    assert '<tool_call>{"name": <tool name>, "arguments"' in spec.system and '"name": "calculator"' in spec.system
+    head, _ = chat.start(spec.system, spec.tools)
+    assert chat.tokenizer.decode(list(head)) == f"<|im_start|>system\n{spec.system}<|im_end|>\n<|im_start|>user\n"
+    json_env = make("calculator", tool_call_format="json")
+    assert '{"name": <tool name>, "parameters"' in PromptSpec.of(json_env, True, tools_in_system_prompt=True).system
+    assert PromptSpec.of(env, False, tools_in_system_prompt=True) == PromptSpec.of(env, False)  # no instructions, no tools
 
 
 def test_example_turns_are_earlier_user_and_assistant_turns(any_policy):

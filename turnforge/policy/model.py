@@ -98,8 +98,8 @@ class ChatFormat:
             rendered = self._render(messages, gen=True, tools=schemas)
             if schemas and rendered == self._render(messages, gen=True):
                 raise UserError(
-                    f"chat template of {self._name!r} does not render tools; the env has tools, so use a model "
-                    "whose template takes them (e.g. Qwen2.5 or the tiny model's)"
+                    f"chat template of {self._name!r} does not render tools; the env has tools, so set "
+                    "rollout.tools_in_system_prompt=true (the schemas as text) or use a model whose template takes them"
                 )
             head, tail = self._split(rendered)
             self._starts[key] = (self.encode(head), self.encode(tail))

@@ -51,16 +51,32 @@ class PromptSpec:
     examples: tuple[tuple[str, str], ...] = ()  # (observation, answer) turns before the first observation
 
     @classmethod
-    def of(cls, env, include_instructions: bool, example_turns: int = 0) -> "PromptSpec":
+    def of(cls, env, include_instructions: bool, example_turns: int = 0, tools_in_system_prompt: bool = False
+           ) -> "PromptSpec":
         """The spec of ``env``; without ``include_instructions`` neither its instructions nor
         its tool schemas are shown (the policy must have learned them). ``example_turns``:
         that many turns of the env's expert on train task 0 come before the first observation,
-        as user and assistant turns (few-shot prompting)."""
+        as user and assistant turns (few-shot prompting). ``tools_in_system_prompt``: the tool
+        schemas are written into the system prompt as text (``tools_text``) instead of going
+        through the template's ``tools`` argument, for templates that cannot render tools."""
         examples = expert_examples(env, example_turns)
         if not include_instructions:
             return cls(None, "", env.observation_role, examples)
+        if env.tools and tools_in_system_prompt:
+            return cls(f"{env.instructions}\n\n{tools_text(env)}", "", env.observation_role, examples)
         tools = json.dumps(list(env.tools)) if env.tools else ""
         return cls(env.instructions, tools, env.observation_role, examples)
+
+
+def tools_text(env) -> str:
+    """A tool env's schemas as plain text, with the call syntax of its ``tool_call_format``
+    (Hermes-style, the format of most tool-trained templates, unless the env asks for JSON)."""
+    if getattr(env, "tool_call_format", "hermes") == "json":
+        how = 'call one by answering only {"name": <tool name>, "parameters": {<arguments>}}'
+    else:
+        how = 'call one with <tool_call>{"name": <tool name>, "arguments": {<arguments>}}</tool_call>'
+    schemas = "\n".join(json.dumps(t, separators=(", ", ": ")) for t in env.tools)
+    return f"You may use these tools; {how}.\n{schemas}"
 
 
 def expert_examples(env, turns: int) -> tuple[tuple[str, str], ...]:

@@ -169,7 +169,7 @@ class RolloutEngine:
 
     def __init__(self, backend: EnvBackend, cfg: RolloutConfig, policy: Policy | None, env: Env) -> None:
         self.backend, self.cfg, self.policy, self.env = backend, cfg, policy, env
-        self.prompt = PromptSpec.of(env, cfg.include_instructions, cfg.example_turns)
+        self.prompt = PromptSpec.of(env, cfg.include_instructions, cfg.example_turns, cfg.tools_in_system_prompt)
         self.caps = capabilities(env)
         self.marker = policy.chat.encode(cfg.truncation_marker) if policy is not None else ()
         self.free_slots: list[int] = list(range(backend.num_envs))[::-1]

@@ -188,7 +188,8 @@ def train(cfg: TrainConfig, out: str | Path, *, resume: bool = False, live: bool
 
             policy.sampler = VLLMSampler(model_path, seed=cfg.seed, max_model_len=cfg.rollout.max_context_tokens,
                                          dtype=cfg.model.dtype, kv_cache_gib=cfg.rollout.vllm_kv_cache_gib)
-        prompt = PromptSpec.of(env, cfg.rollout.include_instructions, cfg.rollout.example_turns)
+        prompt = PromptSpec.of(env, cfg.rollout.include_instructions, cfg.rollout.example_turns,
+                                 cfg.rollout.tools_in_system_prompt)
         policy.chat.start(prompt.system, prompt.tools, prompt.examples), policy.chat.turn(prompt.observation_role)  # template fits the env
         engine = stack.enter_context(closing(make_engine(cfg, policy)))
         too_long = check_action_lengths(engine.env, policy.chat, cfg.rollout.max_new_tokens) if cfg.check_env else []
