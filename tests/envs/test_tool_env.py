@@ -160,6 +160,31 @@ def test_guess_expert_checks_then_answers():
     assert 0.6 < wins / 300 < 0.8  # 1/3 found by the check, half of the rest by the unverified guess
 
 
+def test_arithmetic_needs_the_calculator_and_a_plain_number():
+    env = make("arithmetic", num_numbers=3)
+    level = env.level_for(env.task("train", 0))
+    assert evaluate(level.expression)[0] == level.value and len(evaluate(level.expression)[1]) == 3
+    assert env.question(level) == f"Expression: {level.expression}"
+    env.reset(seed=0)
+    first = env.expert_action()  # the oracle copies the expression into a calculator call
+    assert first == call("calculator", expression=env.state["level"].expression)
+    r = env.step(first)
+    assert r.observation == str(env.state["level"].value) and not r.terminated
+    r = env.step(env.expert_action())
+    assert r.terminated and r.success and r.reward == 1.0
+    lvl = env.level_for(env.task("train", 1))
+    assert env.score(lvl, f" {lvl.value} ") == (1.0, True)
+    assert env.score(lvl, lvl.expression) == (0.0, False)  # the expression is not an answer
+    assert env.score(lvl, str(lvl.value + 1)) == (0.0, False)
+    guess, wins = make("arithmetic", expert="guess"), 0
+    for i in range(50):  # answers without the tool, and wrongly
+        guess.reset(seed=i)
+        wins += guess.step(guess.expert_action()).success
+    assert wins == 0
+    with pytest.raises(UserError, match="no /"):
+        make("arithmetic", ops="+/")
+
+
 def test_bad_options_are_user_errors():
     with pytest.raises(UserError, match="unknown expert 'psychic'; valid experts: guess, oracle"):
         make("calculator", expert="psychic")

@@ -14,6 +14,7 @@ register("frozenlake-slippery", "turnforge.envs.frozenlake:FrozenLakeEnv", size=
 register("sokoban-slow", "turnforge.envs.latency:SlowSokobanEnv", dim=6, num_boxes=1)
 register("2048", "turnforge.envs.game2048:Game2048Env", size=4, target_tile=256)
 register("calculator", "turnforge.envs.tool.calculator:CalculatorEnv", num_numbers=2, max_value=9)
+register("arithmetic", "turnforge.envs.tool.calculator:ArithmeticEnv", num_numbers=2, max_value=999)
 register("python-tasks", "turnforge.envs.tool.python_tasks:PythonTasksEnv")
 register("code-repair", "turnforge.envs.code.repair:CodeRepairEnv")
 

@@ -243,26 +243,60 @@ def pad_right(sequences: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Te
     return ids, mask
 
 
+def _keeps_selected_logits(model: torch.nn.Module) -> bool:
+    """Whether ``model`` (an HF causal LM, possibly under peft or ``FrozenBase``) accepts a
+    boolean ``[B, T]`` ``logits_to_keep`` and applies its head to those positions only."""
+    import inspect
+
+    from transformers import modeling_utils
+
+    inner = getattr(model, "_peft", model)  # FrozenBase
+    inner = inner.get_base_model() if hasattr(inner, "get_base_model") else inner  # PeftModel
+    return hasattr(modeling_utils, "slice_logits_to_keep") and "logits_to_keep" in inspect.signature(inner.forward).parameters
+
+
 def token_logprobs(
     model: torch.nn.Module,
     ids: torch.Tensor,
     attention_mask: torch.Tensor,
     temperature: float = 1.0,
     with_entropy: bool = False,
+    positions: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probability of each token given the tokens before it, for right-padded ``ids``.
 
     Returns ``logprobs [B, T]`` (position 0 is 0: nothing predicts the first token) and,
     if asked, the entropy of each predictive distribution ``[B, T]`` (same alignment).
+
+    ``positions`` (``[B, T]``, nonzero on the tokens to score, e.g. a batch's action mask):
+    only those tokens are scored and every other entry is 0. The LM head and the
+    vocabulary-wide softmax then run on those positions alone (``logits_to_keep`` with a
+    boolean mask), not on every prompt position: on SmolLM2 the head is 28 M of 135 M
+    parameters and a 49,152-wide row per position, so this saves most of the memory of a
+    multi-turn batch. Models without that argument get full logits, then the selection.
     """
-    logits = model(input_ids=ids, attention_mask=attention_mask).logits[:, :-1, :].float()  # [B, T-1, V]
+    if positions is None:
+        logits = model(input_ids=ids, attention_mask=attention_mask).logits[:, :-1, :].float()  # [B, T-1, V]
+        targets = ids[:, 1:]
+        keep = None
+    else:
+        keep = positions[:, 1:] != 0  # [B, T-1]: token t is predicted at position t-1
+        if _keeps_selected_logits(model):
+            head = F.pad(keep, (0, 1), value=False)  # [B, T]
+            logits = model(input_ids=ids, attention_mask=attention_mask, logits_to_keep=head).logits.float()  # [N, V]
+        else:
+            logits = model(input_ids=ids, attention_mask=attention_mask).logits[:, :-1, :][keep].float()
+        targets = ids[:, 1:][keep]
     if temperature > 0 and temperature != 1.0:
         logits = logits / temperature
-    logz = torch.logsumexp(logits, dim=-1)  # [B, T-1]
-    picked = logits.gather(-1, ids[:, 1:, None]).squeeze(-1) - logz  # [B, T-1]
-    logprobs = F.pad(picked, (1, 0))
+    logz = torch.logsumexp(logits, dim=-1)
+    picked = logits.gather(-1, targets[..., None]).squeeze(-1) - logz
     entropy = None
     if with_entropy:
         probs = torch.softmax(logits, dim=-1)
-        entropy = F.pad(logz - (probs * logits).sum(-1), (1, 0))
-    return logprobs, entropy
+        entropy = logz - (probs * logits).sum(-1)
+    if keep is not None:  # back to [B, T-1], zeros where nothing was scored
+        picked = torch.zeros(keep.shape, dtype=picked.dtype, device=picked.device).masked_scatter(keep, picked)
+        if entropy is not None:
+            entropy = torch.zeros(keep.shape, dtype=entropy.dtype, device=entropy.device).masked_scatter(keep, entropy)
+    return F.pad(picked, (1, 0)), (F.pad(entropy, (1, 0)) if entropy is not None else None)

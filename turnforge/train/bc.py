@@ -59,7 +59,7 @@ def run_bc(s: Session) -> BCStats:
         order = rng(cfg.seed, "bc", epoch).permutation(len(samples))
         for b in range(steps_per_epoch):
             batch = collate([samples[i] for i in order[b * bc.batch_size:(b + 1) * bc.batch_size]], policy.pad_id)
-            logprobs, _ = token_logprobs(policy.model, batch.ids, batch.attention)
+            logprobs, _ = token_logprobs(policy.model, batch.ids, batch.attention, positions=batch.mask)
             loss = sft_loss(logprobs, batch.mask)
             step(loss)
             scheduler.step()

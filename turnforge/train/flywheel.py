@@ -307,7 +307,7 @@ def _is_weights(s: Session, samples: list[Sample]) -> list[float]:
     if not samples:
         return []
     batch = collate(samples, s.policy.pad_id)
-    lp, _ = token_logprobs(s.policy.model, batch.ids, batch.attention, s.cfg.flywheel.temperature)
+    lp, _ = token_logprobs(s.policy.model, batch.ids, batch.attention, s.cfg.flywheel.temperature, positions=batch.mask)
     log_ratio = ((lp - batch.old_logprobs) * batch.mask).sum(dim=1)
     return torch.exp(log_ratio).clamp(max=1.0).tolist()
 
@@ -322,7 +322,7 @@ def _entropy(s: Session, samples: list[Sample], limit: int = 512) -> float | Non
     out, n = 0.0, 0
     for b in range(0, len(chunk), 128):
         batch = collate(chunk[b:b + 128], s.policy.pad_id)
-        _, ent = token_logprobs(s.policy.model, batch.ids, batch.attention, 1.0, with_entropy=True)
+        _, ent = token_logprobs(s.policy.model, batch.ids, batch.attention, 1.0, with_entropy=True, positions=batch.mask)
         m = batch.mask
         out += float((ent * m).sum())
         n += int(m.sum())
@@ -341,7 +341,7 @@ def _rft(s: Session, step: GuardedStep, samples: list[Sample], weights: list[flo
         for b in range(0, len(samples), fw.rft_batch_size):
             idx = order[b:b + fw.rft_batch_size]
             batch = collate([samples[i] for i in idx], policy.pad_id)
-            lp, _ = token_logprobs(policy.model, batch.ids, batch.attention)
+            lp, _ = token_logprobs(policy.model, batch.ids, batch.attention, positions=batch.mask)
             mask = batch.mask * w_all[idx][:, None]
             step(-(lp * mask).sum() / batch.mask.sum().clamp(min=1))
             s.state.train_tokens += batch.num_tokens

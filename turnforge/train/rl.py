@@ -251,7 +251,7 @@ def kl_penalties(
     for b in range(0, len(samples), batch_size):
         chunk = samples[b:b + batch_size]
         batch = collate(chunk, pad_id)
-        ref, _ = token_logprobs(reference, batch.ids, batch.attention, temperature)
+        ref, _ = token_logprobs(reference, batch.ids, batch.attention, temperature, positions=batch.mask)
         kl = (kl_estimate(batch.old_logprobs, ref, estimator) * batch.mask).numpy()
         for i, x in enumerate(chunk):
             turn = action_turns(x)
@@ -307,11 +307,12 @@ def ppo_update(
             chunk = [rows[i] for i in idx]
             batch = collate([r.sample for r in chunk], policy.pad_id, [r.advantage for r in chunk])
             counts = torch.tensor([r.count for r in chunk], dtype=torch.float32)
-            logprobs, entropy = token_logprobs(policy.model, batch.ids, batch.attention, cfg.rollout.temperature, with_entropy=True)
+            logprobs, entropy = token_logprobs(policy.model, batch.ids, batch.attention, cfg.rollout.temperature,
+                                               with_entropy=True, positions=batch.mask)
             ref = None
             if reference is not None:
                 with torch.no_grad():
-                    ref, _ = token_logprobs(reference, batch.ids, batch.attention, cfg.rollout.temperature)
+                    ref, _ = token_logprobs(reference, batch.ids, batch.attention, cfg.rollout.temperature, positions=batch.mask)
             ppo_kwargs = dict(
                 clip_low=rl.clip_low, clip_high=rl.clip_high, ref_logprobs=ref, kl_coef=rl.kl_coef,
                 weights=torch.tensor([r.weight for r in chunk], dtype=torch.float32), dual_clip=rl.dual_clip,
@@ -362,7 +363,7 @@ def proximal_logprobs(s: Session, samples: list[Sample], batch_size: int = 128) 
     for b in range(0, len(samples), batch_size):
         chunk = samples[b:b + batch_size]
         batch = collate(chunk, policy.pad_id)
-        lp, _ = token_logprobs(policy.model, batch.ids, batch.attention, temperature)
+        lp, _ = token_logprobs(policy.model, batch.ids, batch.attention, temperature, positions=batch.mask)
         w, st = importance_weights(lp, batch.old_logprobs, batch.mask, cap)
         on = batch.mask.bool()
         weights.append(w[on])

@@ -198,3 +198,57 @@ def _args_of(expression: str) -> str:
 
 def _expression_of(args: str) -> str:
     return json.loads(args)["expression"]
+
+
+@dataclass(frozen=True)
+class ArithmeticLevel:
+    expression: str
+    value: int
+
+
+class ArithmeticEnv(CalculatorEnv):
+    """Compute the value of an arithmetic expression of multi-digit integers (``num_numbers``
+    numbers in 2..``max_value``, operators from ``ops``, no division) and answer the number:
+    ``<answer>10081</answer>``. Unlike Countdown, the question holds no answer in plain
+    sight: a small model cannot multiply three-digit numbers in its head, so the way to
+    win is to pass the expression to the calculator and copy its result. Only a plain
+    integer answer counts (answering the expression itself scores 0). The ``oracle``
+    expert does exactly that; ``guess`` answers at once, off by one (always wrong: a
+    player that skips the tool, for tests)."""
+
+    def __init__(self, *, num_numbers: int = 2, max_value: int = 999, ops: str = "+-*", expert: str = "oracle",
+                 **kwargs) -> None:
+        if "/" in ops:
+            raise UserError(f"ops must be a non-empty string of + - * (no /: answers are integers); got {ops!r}")
+        super().__init__(num_numbers=num_numbers, max_value=max_value, ops=ops, expert=expert, **kwargs)
+
+    @property
+    def instructions(self) -> str:
+        return ("Compute the value of the expression. You may use the calculator. "
+                "Answer with the number only: <answer>number</answer>.")
+
+    def generate_level(self, level_seed: int) -> ArithmeticLevel:
+        rng = random.Random(level_seed)
+        numbers = [rng.randint(2, self.max_value) for _ in range(self.num_numbers)]
+        text = str(numbers[0])
+        for n in numbers[1:]:
+            text += rng.choice(self.ops) + str(n)
+        return ArithmeticLevel(text, int(evaluate(text)[0]))
+
+    def level_key(self, level: ArithmeticLevel) -> str:
+        return level.expression
+
+    def question(self, level: ArithmeticLevel) -> str:
+        return f"Expression: {level.expression}"
+
+    def score(self, level: ArithmeticLevel, answer: str) -> tuple[float, bool]:
+        won = re.fullmatch(r"\s*-?\d+\s*", answer) is not None and int(answer) == level.value
+        return (self.success_reward if won else 0.0), won
+
+    def expert_action(self) -> str:
+        level = self.state["level"]
+        if self.expert == "oracle" and not self.state["calls"] and self.max_tool_calls > 0:
+            return _call(level.expression)
+        if self.expert == "oracle":
+            return f"<answer>{level.value}</answer>"
+        return f"<answer>{level.value + 1}</answer>"
