@@ -91,3 +91,17 @@ def test_example_turns_are_earlier_user_and_assistant_turns(any_policy):
     rendered = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
     head, tail = chat.start("Rules.", "", examples)
     assert tok.decode(list(head) + list(chat.encode("obs one")) + list(tail)) == rendered
+
+
+def test_example_tool_results_keep_the_tool_role(any_policy):
+    """A worked tool episode shows its tool result as a tool message, as live episodes do."""
+    tok, chat = any_policy.tokenizer, any_policy.chat
+    examples = (("Expression: 2*3", '<tool_call>{"x": 1}</tool_call>'), ("6", "<answer>6</answer>"))
+    msgs = [{"role": "system", "content": "Rules."},
+            {"role": "user", "content": examples[0][0]}, {"role": "assistant", "content": examples[0][1]},
+            {"role": "tool", "content": examples[1][0]}, {"role": "assistant", "content": examples[1][1]},
+            {"role": "user", "content": "Expression: 4+5"}]
+    rendered = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+    head, tail = chat.start("Rules.", "", examples, example_role="tool")
+    assert tok.decode(list(head) + list(chat.encode("Expression: 4+5")) + list(tail)) == rendered
+    assert chat.start("Rules.", "", examples, example_role="tool") != chat.start("Rules.", "", examples)

@@ -73,20 +73,23 @@ class ChatFormat:
         """Token ids of ``text`` with no special tokens added."""
         return tuple(self.tokenizer(text, add_special_tokens=False)["input_ids"]) if text else ()
 
-    def start(self, system: str | None, tools: str = "", examples: tuple[tuple[str, str], ...] = ()
-              ) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    def start(self, system: str | None, tools: str = "", examples: tuple[tuple[str, str], ...] = (),
+              example_role: str = "user") -> tuple[tuple[int, ...], tuple[int, ...]]:
         """(head, tail) ids around the first real user message's content, with ``system`` as the
         system prompt (``None`` for none), ``tools`` (a JSON list of tool schemas, "" for
         none) rendered by the template's own tool section, and ``examples`` (observation,
-        answer) pairs as earlier user and assistant turns (few-shot). Cached per arguments."""
+        answer) pairs of one worked episode as earlier turns (few-shot): its first observation
+        a user message, the later ones messages of ``example_role`` (the env's observation
+        role, e.g. "tool" for tool results), each followed by its answer. Cached per arguments."""
         if examples:
-            key = (system, tools, examples)
+            key = (system, tools, examples, example_role)
             if key not in self._starts:
                 head, tail = self.start(system, tools)
+                later_head, later_tail = self.turn(example_role)
                 ids = list(head)
                 for i, (obs, answer) in enumerate(examples):
-                    ids += ([] if i == 0 else list(self.user_head)) + list(self.encode(obs))
-                    ids += list(tail if i == 0 else self.user_tail) + list(self.encode(answer)) + list(self.close_after(answer))
+                    ids += ([] if i == 0 else list(later_head)) + list(self.encode(obs))
+                    ids += list(tail if i == 0 else later_tail) + list(self.encode(answer)) + list(self.close_after(answer))
                 self._starts[key] = (tuple(ids) + self.user_head, self.user_tail)
             return self._starts[key]
         key = (system, tools)

@@ -56,7 +56,7 @@ class PromptSpec:
         """The spec of ``env``; without ``include_instructions`` neither its instructions nor
         its tool schemas are shown (the policy must have learned them). ``example_turns``:
         that many turns of the env's expert on train task 0 come before the first observation,
-        as user and assistant turns (few-shot prompting). ``tools_in_system_prompt``: the tool
+        with the roles a live episode has (few-shot prompting). ``tools_in_system_prompt``: the tool
         schemas are written into the system prompt as text (``tools_text``) instead of going
         through the template's ``tools`` argument, for templates that cannot render tools."""
         examples = expert_examples(env, example_turns)
@@ -140,7 +140,7 @@ class EpisodeContext:
 
     def _observe_full(self, content: tuple[int, ...]) -> int:
         if not self._ids:
-            head, tail = self.chat.start(self.spec.system, self.spec.tools, self.spec.examples)
+            head, tail = self.chat.start(self.spec.system, self.spec.tools, self.spec.examples, self.spec.observation_role)
         else:
             head, tail = self.chat.turn(self.spec.observation_role)
         content, cut = self._fit(content, len(self._ids) + len(head) + len(tail))
@@ -154,7 +154,7 @@ class EpisodeContext:
     def _window_prompt(self, turns, content: tuple[int, ...]) -> tuple[int, ...]:
         """The window's first observation goes in the first user message (a tool result as
         first message would be an orphan), later ones in messages of the observation role."""
-        head, tail = self.chat.start(self.spec.system, self.spec.tools, self.spec.examples)
+        head, tail = self.chat.start(self.spec.system, self.spec.tools, self.spec.examples, self.spec.observation_role)
         later_head, later_tail = self.chat.turn(self.spec.observation_role)
         out: list[int] = list(head)
         for i, (obs, act) in enumerate(turns):

@@ -190,7 +190,7 @@ def train(cfg: TrainConfig, out: str | Path, *, resume: bool = False, live: bool
                                          dtype=cfg.model.dtype, kv_cache_gib=cfg.rollout.vllm_kv_cache_gib)
         prompt = PromptSpec.of(env, cfg.rollout.include_instructions, cfg.rollout.example_turns,
                                  cfg.rollout.tools_in_system_prompt)
-        policy.chat.start(prompt.system, prompt.tools, prompt.examples), policy.chat.turn(prompt.observation_role)  # template fits the env
+        policy.chat.start(prompt.system, prompt.tools, prompt.examples, prompt.observation_role), policy.chat.turn(prompt.observation_role)  # template fits the env
         engine = stack.enter_context(closing(make_engine(cfg, policy)))
         too_long = check_action_lengths(engine.env, policy.chat, cfg.rollout.max_new_tokens) if cfg.check_env else []
         if training is not None:
