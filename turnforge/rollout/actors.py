@@ -74,26 +74,24 @@ class PolicyActor:
         return NO_PROBE
 
     def act(self, inputs: Sequence[ActorInput]) -> list[Generation | str]:
+        return self.generate([x.prompt for x in inputs], [x.trajectory_id for x in inputs])
+
+    def generate(self, prompts: Sequence[Sequence[int]], keys: Sequence[str], *, max_new_tokens: int | None = None,
+                 temperature: float | None = None) -> list[Generation]:
+        """Sample one continuation per prompt (``keys``: the episode each belongs to, for the
+        prefix cache); ``max_new_tokens`` and ``temperature`` default to the actor's. The one
+        sampling path of env episodes and of the gateway's requests."""
+        n = self.max_new_tokens if max_new_tokens is None else max_new_tokens
+        t = self.temperature if temperature is None else temperature
         if self.policy.sampler is not None:  # vLLM (its own generator and prefix cache)
-            return self.policy.sampler.sample(
-                self.policy.model, self.policy.version, [x.prompt for x in inputs],
-                max_new_tokens=self.max_new_tokens, stop_ids=self.policy.stop_ids, temperature=self.temperature,
-            )
+            return self.policy.sampler.sample(self.policy.model, self.policy.version, prompts, max_new_tokens=n,
+                                              stop_ids=self.policy.stop_ids, temperature=t)
         if self.cache is not None:
-            return self.cache.sample(
-                self.policy.model, [x.trajectory_id for x in inputs], [x.prompt for x in inputs], self.policy.version,
-                max_new_tokens=self.max_new_tokens, stop_ids=self.policy.stop_ids, pad_id=self.policy.pad_id,
-                temperature=self.temperature, generator=self.generator,
-            )
-        return sample(
-            self.policy.model,
-            [x.prompt for x in inputs],
-            max_new_tokens=self.max_new_tokens,
-            stop_ids=self.policy.stop_ids,
-            pad_id=self.policy.pad_id,
-            temperature=self.temperature,
-            generator=self.generator,
-        )
+            return self.cache.sample(self.policy.model, keys, prompts, self.policy.version, max_new_tokens=n,
+                                     stop_ids=self.policy.stop_ids, pad_id=self.policy.pad_id, temperature=t,
+                                     generator=self.generator)
+        return sample(self.policy.model, prompts, max_new_tokens=n, stop_ids=self.policy.stop_ids,
+                      pad_id=self.policy.pad_id, temperature=t, generator=self.generator)
 
 
 class ExpertActor:

@@ -69,13 +69,19 @@ class PromptSpec:
 
 
 def tools_text(env) -> str:
-    """A tool env's schemas as plain text, with the call syntax of its ``tool_call_format``
-    (Hermes-style, the format of most tool-trained templates, unless the env asks for JSON)."""
-    if getattr(env, "tool_call_format", "hermes") == "json":
+    """A tool env's schemas as plain text (``schemas_text`` with its ``tool_call_format``)."""
+    return schemas_text(env.tools, getattr(env, "tool_call_format", "hermes"))
+
+
+def schemas_text(tools, fmt: str = "hermes") -> str:
+    """Tool schemas (OpenAI ``{"type": "function", "function": ...}`` dicts) as plain text with
+    the call syntax of ``fmt`` (Hermes-style, the format of most tool-trained templates, or
+    JSON), for templates that cannot render tools."""
+    if fmt == "json":
         how = 'call one by answering only {"name": <tool name>, "parameters": {<arguments>}}'
     else:
         how = 'call one with <tool_call>{"name": <tool name>, "arguments": {<arguments>}}</tool_call>'
-    schemas = "\n".join(json.dumps(t, separators=(", ", ": ")) for t in env.tools)
+    schemas = "\n".join(json.dumps(t, separators=(", ", ": ")) for t in tools)
     return f"You may use these tools; {how}.\n{schemas}"
 
 

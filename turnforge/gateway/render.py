@@ -1,0 +1,166 @@
+"""OpenAI chat requests to prompt token ids, and sampled ids back to an assistant message.
+
+Rendering is the model's own chat template (``apply_chat_template``) over the request's
+messages, as any OpenAI-compatible server does, with two adaptations for templates that
+lack a feature (both measured once per tokenizer, by rendering with and without it):
+
+- tools the template cannot render go into the system prompt as text
+  (``turnforge.rollout.context.schemas_text``, as ``rollout.tools_in_system_prompt`` does);
+- assistant ``tool_calls`` the template cannot render are written into the message content
+  as ``<tool_call>{json}</tool_call>`` (the Hermes form the model is asked to emit).
+
+Token-exact history (``splice``): when the rendered prompt's text begins with the text of an
+earlier call of the same rollout (its prompt and sampled completion, decoded), the prompt
+is that call's exact token ids followed by the rest of the text, tokenized. The model then
+sees the tokens it sampled, not a re-tokenization of their text (which can differ: a
+model may sample ``Do`` + ``wn`` where the tokenizer writes ``Down``). Where the text
+differs (a template that drops reasoning, a client that rewrote a message), nothing is
+spliced and the trace compiler counts the split.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from turnforge.envs.tool.base import InvalidAction, parse_tool_calls
+from turnforge.rollout.context import schemas_text
+
+ROLES = ("system", "developer", "user", "assistant", "tool")
+_HERMES_BLOCK = re.compile(r"<tool_call>.*?</tool_call>", re.DOTALL)
+
+
+class RequestError(ValueError):
+    """A request the gateway cannot serve: an OpenAI-style 400 with ``param`` named."""
+
+    def __init__(self, message: str, param: str | None = None, code: str = "invalid_request") -> None:
+        super().__init__(message)
+        self.param, self.code = param, code
+
+
+def _text(content: Any, where: str) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):  # content parts: text only
+        parts = []
+        for i, part in enumerate(content):
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                raise RequestError(f"{where}.content[{i}]: only text parts are supported, got {kind!r}", f"{where}.content")
+            parts.append(part["text"])
+        return "".join(parts)
+    raise RequestError(f"{where}.content must be a string or a list of text parts", f"{where}.content")
+
+
+def hermes_calls(tool_calls: list[dict], where: str) -> str:
+    """OpenAI ``tool_calls`` as Hermes ``<tool_call>`` blocks (arguments as the JSON given)."""
+    out = []
+    for i, call in enumerate(tool_calls):
+        fn = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise RequestError(f"{where}.tool_calls[{i}] needs a function with a name", f"{where}.tool_calls")
+        args = fn.get("arguments", "{}")
+        try:
+            args_obj = json.loads(args) if isinstance(args, str) else args
+        except json.JSONDecodeError:
+            raise RequestError(f"{where}.tool_calls[{i}].function.arguments is not JSON", f"{where}.tool_calls") from None
+        out.append("<tool_call>" + json.dumps({"name": fn["name"], "arguments": args_obj}) + "</tool_call>")
+    return "".join(out)
+
+
+@dataclass
+class Prior:
+    """An earlier call of a rollout, for splicing: its exact ids and their text."""
+
+    ids: tuple[int, ...]
+    text: str
+
+
+def decode(tokenizer, ids) -> str:
+    """Text of ids, special tokens kept, no clean-up (so that a prompt's text renders back)."""
+    return tokenizer.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+
+class Renderer:
+    """Renders requests for one tokenizer (see the module docstring)."""
+
+    def __init__(self, tokenizer) -> None:
+        self.tok = tokenizer
+        probe_tool = [{"type": "function", "function": {"name": "probe_fn", "description": "d",
+                                                         "parameters": {"type": "object", "properties": {}}}}]
+        user = [{"role": "user", "content": "hi"}]
+        self.renders_tools = self._apply(user, probe_tool) != self._apply(user, None)
+        call = {"id": "c", "type": "function", "function": {"name": "probe_fn", "arguments": "{}"}}
+        with_call = user + [{"role": "assistant", "content": "", "tool_calls": [call]}]
+        try:
+            self.renders_tool_calls = "probe_fn" in self._apply(with_call, None, gen=False)
+        except Exception:  # templates that choke on the key
+            self.renders_tool_calls = False
+
+    def _apply(self, messages, tools, gen: bool = True) -> str:
+        return self.tok.apply_chat_template(messages, tools=tools, add_generation_prompt=gen, tokenize=False)
+
+    def messages(self, messages: Any, tools: Any) -> tuple[list[dict], list[dict] | None]:
+        """The request's messages checked and adapted to the template, and the tools to pass it."""
+        if not isinstance(messages, list) or not messages:
+            raise RequestError("messages must be a non-empty list", "messages")
+        if tools is not None and (not isinstance(tools, list) or not all(
+                isinstance(t, dict) and t.get("type") == "function" and isinstance(t.get("function"), dict)
+                and isinstance(t["function"].get("name"), str) for t in tools)):
+            raise RequestError('tools must be a list of {"type": "function", "function": {"name": ...}}', "tools")
+        out = []
+        for i, m in enumerate(messages):
+            where = f"messages[{i}]"
+            if not isinstance(m, dict) or m.get("role") not in ROLES:
+                role = m.get("role") if isinstance(m, dict) else None
+                raise RequestError(f"{where}.role {role!r} is not one of {', '.join(ROLES)}", f"{where}.role")
+            role = "system" if m["role"] == "developer" else m["role"]
+            content = _text(m.get("content"), where)
+            msg = {"role": role, "content": content}
+            if role == "assistant" and m.get("tool_calls"):
+                if self.renders_tool_calls:
+                    msg["tool_calls"] = m["tool_calls"]
+                else:
+                    msg["content"] = content + hermes_calls(m["tool_calls"], where)
+            out.append(msg)
+        if tools and not self.renders_tools:
+            text = schemas_text(tools)
+            if out[0]["role"] == "system":
+                out[0] = {**out[0], "content": f"{out[0]['content']}\n\n{text}" if out[0]["content"] else text}
+            else:
+                out.insert(0, {"role": "system", "content": text})
+            tools = None
+        return out, (tools or None)
+
+    def prompt(self, messages: Any, tools: Any, priors: list[Prior] = ()) -> tuple[tuple[int, ...], bool]:
+        """(prompt ids, spliced?) of a request, spliced onto the longest matching prior."""
+        msgs, tools = self.messages(messages, tools)
+        try:
+            text = self._apply(msgs, tools)
+        except Exception as err:  # jinja raise_exception: roles out of order, unsupported roles
+            raise RequestError(f"the model's chat template cannot render these messages: {err}", "messages") from None
+        best = max((p for p in priors if text.startswith(p.text)), key=lambda p: len(p.text), default=None)
+        if best is not None:
+            return best.ids + tuple(self.tok.encode(text[len(best.text):], add_special_tokens=False)), True
+        return tuple(self.tok.encode(text, add_special_tokens=False)), False
+
+
+def assistant_message(text: str, finish_reason: str) -> tuple[dict, str]:
+    """The OpenAI assistant message of sampled ``text`` (stop token removed) and the finish
+    reason: well-formed Hermes ``<tool_call>`` blocks become ``tool_calls``; anything else
+    stays in the content, as sampled."""
+    try:
+        calls = parse_tool_calls(text, "hermes")
+    except InvalidAction:
+        calls = []
+    if not calls:
+        return {"role": "assistant", "content": text}, finish_reason
+    content = _HERMES_BLOCK.sub("", text).strip() or None
+    tool_calls = [{"id": f"call_{uuid.uuid4().hex[:16]}", "type": "function",
+                   "function": {"name": c.name, "arguments": json.dumps(c.arguments)}} for c in calls]
+    return {"role": "assistant", "content": content, "tool_calls": tool_calls}, "tool_calls"

@@ -1,0 +1,335 @@
+"""The OpenAI-compatible gateway: ``/v1/chat/completions`` and ``/v1/models`` on the policy.
+
+``Gateway`` runs FastAPI on uvicorn in a thread of the trainer's process, on a free local
+port (or the one given). Each rollout gets its own root, ``/rollouts/<id>/v1``, so that any
+client (the ``openai`` package, ``httpx``, an agent framework) can be pointed at it with a
+``base_url``; ``/v1`` itself serves without recording (``turnforge serve``).
+
+Requests are rendered to token ids (``turnforge.gateway.render``), then sampled by one
+batcher thread through ``PolicyActor.generate``, the sampling path of env episodes (HF
+sampler, prefix cache, or vLLM): concurrent requests at the same temperature arriving
+within ``batch_window_s`` of each other are sampled as one batch. Per call the gateway
+records the exact prompt ids, sampled ids, their logprobs and the policy version under the
+rollout's id (``CallRecord``); ``close_rollout`` hands them to the trace compiler.
+
+What it refuses, with an OpenAI-style error body and status 400 (``param`` named): n > 1,
+streaming, top_p < 1 or penalties (they change the sampling distribution, so the recorded
+logprobs would not be the ones the trainer re-scores), a per-request seed (sampling is
+seeded by the run), ``tool_choice`` other than auto/none, non-text content, a prompt over
+the context budget, and, when training, a temperature other than the run's
+(``rollout.temperature``). Unknown rollout ids are 404.
+"""
+
+
+import asyncio
+import concurrent.futures
+import errno
+import queue
+import socket
+import threading
+import time
+import uuid
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+
+from turnforge.errors import UserError
+from turnforge.gateway.render import Prior, Renderer, RequestError, assistant_message, decode
+from turnforge.gateway.trace import CallRecord
+from turnforge.policy.generate import Generation
+from turnforge.policy.model import Policy
+from turnforge.rollout.actors import PolicyActor
+
+
+@dataclass
+class RolloutRecord:
+    """What the gateway recorded for one rollout."""
+
+    rollout_id: str
+    calls: list[CallRecord] = field(default_factory=list)
+    priors: list[Prior] = field(default_factory=list)
+    spliced_calls: int = 0  # calls whose prompt began with an earlier call's exact ids (see render.py)
+    refused_calls: int = 0  # requests answered with an error
+
+
+@dataclass
+class _Job:
+    key: str
+    prompt: tuple[int, ...]
+    temperature: float
+    max_tokens: int
+    future: concurrent.futures.Future
+
+
+class Gateway:
+    """See the module docstring. ``temperature``: the one temperature requests may use (the
+    run's, when training), or None to allow any (serving)."""
+
+    def __init__(self, policy: Policy, *, max_new_tokens: int, max_context_tokens: int, seed: int = 0,
+                 temperature: float | None = None, host: str = "127.0.0.1", port: int = 0,
+                 batch_window_s: float = 0.005, max_batch: int = 64, model_name: str | None = None) -> None:
+        self.policy, self.renderer = policy, Renderer(policy.tokenizer)
+        self.max_new_tokens, self.max_context_tokens, self.temperature = max_new_tokens, max_context_tokens, temperature
+        self.batch_window_s, self.max_batch = batch_window_s, max_batch
+        self.model_name = model_name or "turnforge-policy"
+        self.actor = PolicyActor(policy, max_new_tokens, 1.0 if temperature is None else temperature,
+                                 torch.Generator().manual_seed(seed))
+        self.rollouts: dict[str, RolloutRecord] = {}
+        self.batch_sizes: list[int] = []
+        self.lock = threading.Lock()  # held while sampling; hold it to change the policy's weights
+        self._jobs: queue.Queue[_Job] = queue.Queue()
+        self._stop = threading.Event()
+        self._sock = _bind(host, port)
+        self.host, self.port = host, self._sock.getsockname()[1]
+        self._server = None
+        self._threads: list[threading.Thread] = []
+
+    # ------------------------------------------------------------------ lifecycle
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self) -> "Gateway":
+        import uvicorn
+
+        self._server = uvicorn.Server(uvicorn.Config(self._app(), log_level="warning", lifespan="off"))
+        self._threads = [threading.Thread(target=self._batch_loop, name="gateway-batcher", daemon=True),
+                         threading.Thread(target=self._server.run, kwargs={"sockets": [self._sock]},
+                                          name="gateway-http", daemon=True)]
+        for t in self._threads:
+            t.start()
+        deadline = time.time() + 30
+        while not self._server.started:
+            if time.time() > deadline or not self._threads[1].is_alive():
+                self.close()
+                raise RuntimeError(f"the gateway did not start on {self.url}")
+            time.sleep(0.01)
+        return self
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._server is not None:
+            self._server.should_exit = True
+        for t in self._threads:
+            t.join(timeout=10)
+        self._sock.close()
+
+    def __enter__(self) -> "Gateway":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ rollouts
+    def open_rollout(self, rollout_id: str) -> str:
+        """Start recording ``rollout_id``; returns its OpenAI ``base_url``."""
+        if rollout_id in self.rollouts:
+            raise ValueError(f"rollout {rollout_id!r} is already open")
+        if not rollout_id or "/" in rollout_id:
+            raise ValueError(f"rollout id {rollout_id!r} must be non-empty and have no '/'")
+        self.rollouts[rollout_id] = RolloutRecord(rollout_id)
+        return f"{self.url}/rollouts/{rollout_id}/v1"
+
+    def close_rollout(self, rollout_id: str) -> RolloutRecord:
+        """Stop recording ``rollout_id`` and return what was recorded (later calls get 404)."""
+        return self.rollouts.pop(rollout_id)
+
+    @contextmanager
+    def paused(self):
+        """No sampling while the block runs (the trainer updating the weights)."""
+        with self.lock:
+            yield
+
+    # ------------------------------------------------------------------ sampling
+    def _batch_loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                first = self._jobs.get(timeout=0.05)
+            except queue.Empty:
+                continue
+            time.sleep(self.batch_window_s)
+            jobs = [first]
+            while len(jobs) < self.max_batch:
+                try:
+                    jobs.append(self._jobs.get_nowait())
+                except queue.Empty:
+                    break
+            by_t: dict[float, list[_Job]] = {}
+            for j in jobs:
+                by_t.setdefault(j.temperature, []).append(j)
+            for t, group in by_t.items():
+                try:
+                    with self.lock:
+                        gens = self.actor.generate([j.prompt for j in group], [j.key for j in group],
+                                                   max_new_tokens=max(j.max_tokens for j in group), temperature=t)
+                        version = self.policy.version
+                    self.batch_sizes.append(len(group))
+                    for j, g in zip(group, gens):
+                        j.future.set_result((_truncate(g, j.max_tokens), version))
+                except Exception as err:  # noqa: BLE001 - every waiting request gets the error
+                    for j in group:
+                        if not j.future.done():
+                            j.future.set_exception(err)
+
+    # ------------------------------------------------------------------ HTTP
+    def _app(self):
+        from fastapi import FastAPI, Request
+        from fastapi.exceptions import RequestValidationError
+        from fastapi.responses import JSONResponse
+
+        app = FastAPI(title="turnforge gateway", docs_url=None, redoc_url=None, openapi_url=None)
+
+        def error(status: int, message: str, param: str | None = None, code: str | None = None) -> JSONResponse:
+            kind = "invalid_request_error" if status < 500 else "server_error"
+            return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": code}}, status)
+
+        @app.exception_handler(RequestValidationError)
+        async def _invalid(request, exc):  # noqa: ANN001
+            return error(400, f"invalid request: {exc.errors()[:1]}")
+
+        def models() -> dict:
+            return {"object": "list", "data": [{"id": self.model_name, "object": "model", "created": 0,
+                                                "owned_by": "turnforge"}]}
+
+        async def completions(request: Request, rollout: RolloutRecord | None):
+            try:
+                body = await request.json()
+            except ValueError:
+                return error(400, "the request body is not JSON")
+            if not isinstance(body, dict):
+                return error(400, "the request body must be a JSON object")
+            try:
+                return await self._complete(body, rollout)
+            except RequestError as err:
+                if rollout is not None:
+                    rollout.refused_calls += 1
+                return error(400, str(err), err.param, err.code)
+
+        @app.get("/v1/models")
+        async def _models():
+            return models()
+
+        @app.get("/rollouts/{rollout_id}/v1/models")
+        async def _rollout_models(rollout_id: str):
+            if rollout_id not in self.rollouts:
+                return error(404, f"rollout {rollout_id!r} is not open", code="rollout_not_found")
+            return models()
+
+        @app.post("/v1/chat/completions")
+        async def _chat(request: Request):
+            return await completions(request, None)
+
+        @app.post("/rollouts/{rollout_id}/v1/chat/completions")
+        async def _rollout_chat(rollout_id: str, request: Request):
+            rollout = self.rollouts.get(rollout_id)
+            if rollout is None:
+                return error(404, f"rollout {rollout_id!r} is not open", code="rollout_not_found")
+            return await completions(request, rollout)
+
+        return app
+
+    def _params(self, body: dict) -> tuple[float, int | None, list[str], bool, list | None]:
+        n = body.get("n", 1)
+        if n not in (1, None):
+            raise RequestError(f"n={n!r}: the gateway samples one choice per request (n=1)", "n")
+        if body.get("stream"):
+            raise RequestError("stream=true is not supported; send stream=false", "stream")
+        if body.get("top_p") not in (None, 1, 1.0):
+            raise RequestError(f"top_p={body['top_p']!r}: only top_p=1 (the trainer scores the full distribution)", "top_p")
+        for key in ("presence_penalty", "frequency_penalty"):
+            if body.get(key) not in (None, 0, 0.0):
+                raise RequestError(f"{key}={body[key]!r}: penalties are not supported (they change the sampling "
+                                   "distribution the trainer scores)", key)
+        if body.get("seed") is not None:
+            raise RequestError("seed: per-request seeds are not supported; sampling is seeded by the run", "seed")
+        if body.get("top_logprobs") not in (None, 0):
+            raise RequestError("top_logprobs is not supported (logprobs=true gives each sampled token's)", "top_logprobs")
+        fmt = body.get("response_format")
+        if fmt is not None and (not isinstance(fmt, dict) or fmt.get("type") != "text"):
+            raise RequestError("response_format: only {'type': 'text'} is supported", "response_format")
+        t = body.get("temperature")
+        if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 <= t <= 2):
+            raise RequestError(f"temperature={t!r} must be a number in [0, 2]", "temperature")
+        if self.temperature is not None:
+            if t is not None and float(t) != self.temperature:
+                raise RequestError(f"temperature={t!r}: this gateway is training at temperature {self.temperature} "
+                                   "(rollout.temperature); leave it out or send that value", "temperature")
+            t = self.temperature
+        temperature = 1.0 if t is None else float(t)
+        cap = body.get("max_completion_tokens", body.get("max_tokens"))
+        if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
+            raise RequestError(f"max_tokens={cap!r} must be a positive integer", "max_tokens")
+        stop = body.get("stop")
+        stops = [stop] if isinstance(stop, str) else list(stop or [])
+        if len(stops) > 4 or not all(isinstance(s, str) and s for s in stops):
+            raise RequestError("stop must be a non-empty string or a list of at most 4 of them", "stop")
+        tools = body.get("tools")
+        choice = body.get("tool_choice")
+        if choice not in (None, "auto", "none"):
+            raise RequestError(f"tool_choice={choice!r}: only 'auto' and 'none' are supported", "tool_choice")
+        if choice == "none":
+            tools = None
+        return temperature, cap, stops, bool(body.get("logprobs")), tools
+
+    async def _complete(self, body: dict, rollout: RolloutRecord | None) -> dict:
+        temperature, cap, stops, want_logprobs, tools = self._params(body)
+        tok = self.policy.tokenizer
+        prompt, spliced = self.renderer.prompt(body.get("messages"), tools, rollout.priors if rollout else [])
+        room = self.max_context_tokens - len(prompt)
+        if room < 1:
+            raise RequestError(f"the prompt is {len(prompt)} tokens; the context budget is {self.max_context_tokens} "
+                               "(rollout.max_context_tokens)", "messages", "context_length_exceeded")
+        max_tokens = min(cap or self.max_new_tokens, room)
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        self._jobs.put(_Job(rollout.rollout_id if rollout else "serve", prompt, temperature, max_tokens, fut))
+        gen, version = await asyncio.wrap_future(fut)
+        ids, logprobs = list(gen.ids), list(gen.logprobs)
+        body_ids = ids[:-1] if gen.stopped else ids
+        text, finish = decode(tok, body_ids), ("stop" if gen.stopped else "length")
+        if stops:  # cut at the first stop string: keep the tokens up to the one that completes it
+            for k in range(1, len(body_ids) + 1):
+                partial = decode(tok, body_ids[:k])
+                hits = [partial.find(s) for s in stops if s in partial]
+                if hits:
+                    ids, logprobs, body_ids = ids[:k], logprobs[:k], body_ids[:k]
+                    text, finish = partial[:min(hits)], "stop"
+                    break
+        message, finish = assistant_message(text, finish)
+        if rollout is not None:
+            rollout.calls.append(CallRecord(len(rollout.calls), prompt, tuple(ids), tuple(logprobs), version,
+                                            temperature, finish))
+            rollout.priors.append(Prior(prompt + tuple(ids), decode(tok, prompt + tuple(ids))))
+            rollout.spliced_calls += spliced
+        choice = {"index": 0, "message": message, "finish_reason": finish, "logprobs": None}
+        if want_logprobs:
+            choice["logprobs"] = {"content": [
+                {"token": (s := decode(tok, [i])), "logprob": lp, "bytes": list(s.encode()), "top_logprobs": []}
+                for i, lp in zip(body_ids, logprobs)]}
+        return {
+            "id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
+            "model": self.model_name, "choices": [choice],
+            "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(ids), "total_tokens": len(prompt) + len(ids)},
+        }
+
+
+def _truncate(g: Generation, n: int) -> Generation:
+    """The first ``n`` tokens of ``g``: what sampling with ``max_new_tokens=n`` would have given."""
+    if len(g.ids) <= n:
+        return g
+    return Generation(g.ids[:n], g.logprobs[:n], False)
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    if port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as err:
+        sock.close()
+        if err.errno == errno.EADDRINUSE:
+            raise UserError(f"port {port} on {host} is in use; give another --port, or none for a free one") from None
+        raise UserError(f"cannot listen on {host}:{port}: {err.strerror}") from None
+    sock.listen(128)
+    return sock

@@ -1,0 +1,116 @@
+"""What the gateway recorded for one rollout, and the compiler from those calls to training samples.
+
+A rollout's calls are compiled in order. A call whose prompt tokens begin with everything
+the current sample holds (earlier prompts and sampled completions, exactly) extends it:
+the new prompt tokens join as context (loss mask 0) and the completion as actions (loss
+mask 1, with the sampling logprobs and policy version). Any other call starts a new sample,
+and the split is recorded with its reason:
+
+- ``rerendered``: the prompt agrees with the sample up to some token and then differs, and
+  the difference lies in or right after tokens the model sampled (the agent's re-sent
+  history rendered to other tokens: a template that strips reasoning, a client that
+  reformats a message or a tool call);
+- ``branch``: the prompt is a prefix of the sample (the agent retried a call, or went back
+  to an earlier point of its conversation);
+- ``new_context``: the prompt departs from the sample before its first sampled token (the
+  agent started another conversation: a sub-agent, a summariser, a rewritten system prompt).
+
+Nothing is re-tokenized and nothing is dropped: every sampled token of every call is in
+exactly one sample, with its logprob, and every split is counted (``CompiledTrace.splits``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from turnforge.types import Sample
+
+SPLIT_REASONS = ("rerendered", "branch", "new_context")
+
+
+@dataclass(frozen=True)
+class CallRecord:
+    """One chat-completion call as the gateway served it."""
+
+    index: int  # order of the call within its rollout
+    prompt_ids: tuple[int, ...]  # exactly what the model was conditioned on
+    completion_ids: tuple[int, ...]  # exactly what it sampled (the stop token included when one was sampled)
+    logprobs: tuple[float, ...]  # sampling logprob of each completion id
+    version: int  # policy version that sampled it
+    temperature: float
+    finish_reason: str  # "stop" | "length" | "tool_calls"
+
+
+@dataclass(frozen=True)
+class Split:
+    """A call that could not extend the sample before it."""
+
+    call_index: int
+    reason: str  # one of SPLIT_REASONS
+    position: int  # first prompt token that differs from the previous sample (its length if shorter)
+    expected: tuple[int, ...]  # up to 8 ids the previous sample has from ``position``
+    got: tuple[int, ...]  # up to 8 ids the prompt has from ``position``
+
+
+@dataclass(frozen=True)
+class CompiledTrace:
+    samples: tuple[Sample, ...]
+    splits: tuple[Split, ...]
+
+    def count(self, reason: str) -> int:
+        return sum(s.reason == reason for s in self.splits)
+
+
+class _Builder:
+    def __init__(self) -> None:
+        self.ids: list[int] = []
+        self.mask: list[int] = []
+        self.logprobs: list[float] = []
+        self.versions: list[int] = []
+
+    def add(self, ids, sampled: bool, logprobs=(), version: int = -1) -> None:
+        self.ids += ids
+        self.mask += [int(sampled)] * len(ids)
+        self.logprobs += list(logprobs) if sampled else [float("nan")] * len(ids)
+        self.versions += [version if sampled else -1] * len(ids)
+
+    def sample(self, trajectory_id: str, turn_index: int) -> Sample:
+        return Sample(
+            token_ids=np.asarray(self.ids, dtype=np.int64), loss_mask=np.asarray(self.mask, dtype=np.int8),
+            logprobs=np.asarray(self.logprobs, dtype=np.float32), versions=np.asarray(self.versions, dtype=np.int32),
+            trajectory_id=trajectory_id, turn_index=turn_index,
+        )
+
+
+def compile_trace(calls: list[CallRecord], trajectory_id: str) -> CompiledTrace:
+    """Samples and splits of one rollout's calls (see the module docstring). Samples that
+    span several calls have ``turn_index`` -1; a sample of one call has that call's index."""
+    samples: list[Sample] = []
+    splits: list[Split] = []
+    cur: _Builder | None = None
+    first_call = 0
+    for call in sorted(calls, key=lambda c: c.index):
+        if len(call.completion_ids) != len(call.logprobs):
+            raise ValueError(f"call {call.index}: {len(call.completion_ids)} completion ids but {len(call.logprobs)} logprobs")
+        prompt = list(call.prompt_ids)
+        if cur is not None and prompt[:len(cur.ids)] == cur.ids:
+            cur.add(prompt[len(cur.ids):], False)
+        else:
+            if cur is not None:
+                pos = next((i for i, (a, b) in enumerate(zip(cur.ids, prompt)) if a != b), min(len(cur.ids), len(prompt)))
+                first_sampled = cur.mask.index(1) if 1 in cur.mask else len(cur.ids)
+                if pos < first_sampled:
+                    reason = "new_context"
+                else:
+                    reason = "branch" if pos == len(prompt) else "rerendered"
+                splits.append(Split(call.index, reason, pos, tuple(cur.ids[pos:pos + 8]), tuple(prompt[pos:pos + 8])))
+                samples.append(cur.sample(trajectory_id, first_call if cur_calls == 1 else -1))
+            cur, first_call, cur_calls = _Builder(), call.index, 0
+            cur.add(prompt, False)
+        cur.add(list(call.completion_ids), True, call.logprobs, call.version)
+        cur_calls += 1
+    if cur is not None:
+        samples.append(cur.sample(trajectory_id, first_call if cur_calls == 1 else -1))
+    return CompiledTrace(tuple(samples), tuple(splits))
