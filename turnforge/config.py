@@ -368,6 +368,29 @@ class FlywheelConfig(Section):
         return value
 
 
+class AgentConfig(Section):
+    """Train an agent program through the OpenAI-compatible gateway (``turnforge.gateway``)
+    instead of an env: set ``entrypoint`` and ``tasks``."""
+
+    entrypoint: str | None = Field(
+        None, description="'module:callable': agent(task: dict, base_url: str) -> float | dict (sync or async); "
+        "None trains on env.id")
+    tasks: str | None = Field(None, description="JSONL file of task dicts, each with a 'split' of 'train' or 'heldout' "
+                              "(or set heldout_fraction)")
+    heldout_fraction: float | None = Field(None, ge=0, le=1, description="Share of tasks without a 'split' held out "
+                                           "(by content hash)")
+    reward: Literal["return", "judge"] = Field("return", description="'return': the agent's returned reward; "
+                                               "'judge': a judge model scores the trajectory")
+    concurrency: int = Field(8, ge=1, description="Agent rollouts running at once")
+    timeout_s: float = Field(120.0, gt=0, description="A rollout running longer is an infrastructure failure")
+    port: int = Field(0, ge=0, le=65535, description="Gateway port on 127.0.0.1 (0 = a free one)")
+
+    @field_validator("tasks")
+    @classmethod
+    def _absolute(cls, value: str | None) -> str | None:  # relative to the working directory, as given
+        return None if value is None else str(Path(value).expanduser().resolve())
+
+
 class TrainConfig(Section):
     """A full training run: BC warm start, then GRPO, with held-out evaluation."""
 
@@ -382,6 +405,7 @@ class TrainConfig(Section):
     flywheel: FlywheelConfig = Field(default_factory=FlywheelConfig, description="Data flywheel rounds between BC and RL")
     eval: EvalConfig = Field(default_factory=EvalConfig, description="Held-out evaluation")
     engine: EngineConfig = Field(default_factory=EngineConfig, description="Synchronous or asynchronous rollouts")
+    agent: AgentConfig = Field(default_factory=AgentConfig, description="An agent program trained through the gateway")
     cluster: Literal["local", "ray"] = Field(
         "local", description="'local': one process (plus env worker processes); 'ray': env and rollout workers are Ray actors"
     )
@@ -438,6 +462,20 @@ def incompatible_options(cfg: TrainConfig) -> str | None:
     if cfg.model.lora.r > 0 and critic.enabled:
         return "model.lora.r > 0 with critic.enabled=true: the learned critic copies the full policy trunk; use critic.mc_weight=1 or no critic"
     eng = cfg.engine
+    if cfg.agent.entrypoint is not None or cfg.agent.tasks is not None:
+        a = cfg.agent
+        if a.entrypoint is None or a.tasks is None:
+            missing = "agent.entrypoint=module:callable" if a.entrypoint is None else "agent.tasks=PATH.jsonl"
+            return f"an agent run needs both agent.entrypoint and agent.tasks; set {missing}"
+        if cfg.bc.enabled or cfg.flywheel.rounds > 0:
+            what = "bc.enabled=true" if cfg.bc.enabled else f"flywheel.rounds={cfg.flywheel.rounds}"
+            return f"{what} needs an env's expert; an agent run starts from the model as it is (set bc.enabled=false flywheel.rounds=0)"
+        if rl.advantage not in ("grpo", "rloo", "reinforce_pp", "gigpo"):
+            return f"rl.advantage={rl.advantage} needs env states; an agent run takes grpo, rloo, reinforce_pp or gigpo"
+        if eng.mode != "sync" or cfg.cluster != "local" or eng.env_workers > 0:
+            return "an agent run uses engine.mode=sync, cluster=local and engine.env_workers=0 (the gateway runs in the trainer's process)"
+        if a.reward == "judge":
+            return "agent.reward=judge is not built yet; use agent.reward=return"
     if cfg.rollout.backend == "vllm":
         if cfg.cluster == "ray":
             return "rollout.backend=vllm runs vLLM in the trainer's process; use cluster=local"

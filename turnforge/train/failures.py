@@ -1,8 +1,8 @@
 """Infrastructure failures: when a stage has too many, the run stops.
 
 An episode is an infrastructure failure when the machinery failed, not the policy: env code
-raised in ``reset``/``step``/``restore``, an env worker crashed or hung twice on one request
-(``Trajectory.infra_failure`` holds the error). Every stage counts them, leaves them out of
+raised in ``reset``/``step``/``restore``, an env worker crashed or hung twice on one request,
+an agent program raised or timed out (``Trajectory.infra_failure`` holds the error). Every stage counts them, leaves them out of
 its scores and samples (never a reward of 0) and asks ``check_failures`` whether it may go
 on: a BC demonstration batch, an evaluation, an RL iteration's rollouts, value pretraining, a
 batch of Monte-Carlo estimates. The rule, in one place:
@@ -37,13 +37,15 @@ def check_failures(stage: str, env_id: str, failed: int, total: int, first_error
         raise ValueError(f"failed must be in [0, total={total}]; got {failed}")
     if failed == 0:
         return
-    where = f"{stage}: {failed} of {total} {kind} on env {env_id!r} failed in the env machinery (not the policy)"
+    agent = env_id == "agent"  # turnforge.gateway.agents: the agent program is the machinery
+    machinery = "the agent program or its tools" if agent else "the env machinery"
+    where = f"{stage}: {failed} of {total} {kind} on env {env_id!r} failed in {machinery} (not the policy)"
     first = f"first error: {first_error}"
     if failed == total:
         raise RunStopped(f"{where}, so nothing is left to use (whatever max_failure_share); {first}")
     if failed / total > max_share:
         raise RunStopped(
-            f"{where}, more than max_failure_share={max_share:g} allows (fix the env, or raise max_failure_share "
+            f"{where}, more than max_failure_share={max_share:g} allows (fix the {'agent' if agent else 'env'}, or raise max_failure_share "
             f"to go on without them); {first}"
         )
 

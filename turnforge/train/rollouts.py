@@ -237,7 +237,30 @@ class _IterationGenerator:
         return generator(self.seed, "rl-sample", self.start + b)
 
 
-def make_rollouts(s: Session, keep_snapshots: bool) -> LocalRollouts | RayRollouts:
+class AgentRollouts(_Source):
+    """``agent.entrypoint``: each iteration's groups are agent rollouts through the gateway
+    (``turnforge.gateway.agents.AgentEngine``, the run's engine), G per task, tasks drawn as
+    ``GroupMaker`` draws them; sampled with a generator seeded by the iteration."""
+
+    def __init__(self, s: Session) -> None:
+        self.s, self.clock = s, _TrainerClock()
+
+    def next(self, it: int) -> RolloutBatch:
+        cfg, rl, engine = self.s.cfg, self.s.cfg.rl, self.s.engine
+        indices = rng(cfg.seed, "rl-tasks", it).integers(0, 2**31 - 1, rl.tasks_per_iteration)
+        requests = [EpisodeRequest(engine.env.task("train", int(k)), stable_hash(cfg.seed, "rl", it, j, g), f"{it}-{j}",
+                                   f"rl-{it}-{j}-{g}") for j, k in enumerate(indices) for g in range(rl.group_size)]
+        actor = PolicyActor(self.s.policy, cfg.rollout.max_new_tokens, cfg.rollout.temperature, generator(cfg.seed, "rl-agent", it))
+        trajs, stats = engine.play(requests, actor)
+        sizes = engine.gateway.batch_sizes[-200:]
+        stream = StreamStats(env_steps_executed=stats.turns, trainer_wait_seconds=0.0, trainer_idle_ratio=0.0,
+                             stale_restarts=0, resumed_steps=0, mean_generation_batch=float(np.mean(sizes)) if sizes else 0.0)
+        return RolloutBatch(trajs, stats, stats.turns, stream)
+
+
+def make_rollouts(s: Session, keep_snapshots: bool) -> LocalRollouts | RayRollouts | AgentRollouts:
+    if s.cfg.agent.entrypoint is not None:
+        return AgentRollouts(s)
     if s.cfg.cluster == "ray":
         return RayRollouts(s, keep_snapshots)
     return LocalRollouts(s, keep_snapshots)

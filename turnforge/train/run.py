@@ -120,10 +120,16 @@ def train(cfg: TrainConfig, out: str | Path, *, resume: bool = False, live: bool
 
     # 1. checks before any work (a bad env id, option, capability, model or run directory fails
     #    before anything is written), then the lock, the policy and the rollout engine
-    env = build_env(cfg.env.id, cfg.env.kwargs, cfg.env.tasks, cfg.env.heldout_fraction)
-    check_options(cfg, env)
-    if cfg.check_env:
-        check_env_at_start(cfg)
+    agent = cfg.agent.entrypoint is not None
+    if agent:  # an agent program through the gateway: its tasks file and entrypoint are checked now
+        from turnforge.gateway.agents import AgentEngine, AgentTasks, load_agent
+
+        agent_tasks, agent_fn = AgentTasks(cfg.agent.tasks, cfg.agent.heldout_fraction), load_agent(cfg.agent.entrypoint)
+    else:
+        env = build_env(cfg.env.id, cfg.env.kwargs, cfg.env.tasks, cfg.env.heldout_fraction)
+        check_options(cfg, env)
+        if cfg.check_env:
+            check_env_at_start(cfg)
     if cfg.cluster == "ray":  # an unreachable cluster is a one-line error now, not after the BC stage
         from turnforge.envpool.ray_pool import connect_ray
 
@@ -188,11 +194,15 @@ def train(cfg: TrainConfig, out: str | Path, *, resume: bool = False, live: bool
 
             policy.sampler = VLLMSampler(model_path, seed=cfg.seed, max_model_len=cfg.rollout.max_context_tokens,
                                          dtype=cfg.model.dtype, kv_cache_gib=cfg.rollout.vllm_kv_cache_gib)
-        prompt = PromptSpec.of(env, cfg.rollout.include_instructions, cfg.rollout.example_turns,
-                                 cfg.rollout.tools_in_system_prompt)
-        policy.chat.start(prompt.system, prompt.tools, prompt.examples, prompt.observation_role), policy.chat.turn(prompt.observation_role)  # template fits the env
-        engine = stack.enter_context(closing(make_engine(cfg, policy)))
-        too_long = check_action_lengths(engine.env, policy.chat, cfg.rollout.max_new_tokens) if cfg.check_env else []
+        if agent:  # the gateway starts with the run and stops with it
+            engine = stack.enter_context(closing(AgentEngine(cfg, policy, run_dir, agent_tasks, agent_fn)))
+            too_long = []
+        else:
+            prompt = PromptSpec.of(env, cfg.rollout.include_instructions, cfg.rollout.example_turns,
+                                   cfg.rollout.tools_in_system_prompt)
+            policy.chat.start(prompt.system, prompt.tools, prompt.examples, prompt.observation_role), policy.chat.turn(prompt.observation_role)  # template fits the env
+            engine = stack.enter_context(closing(make_engine(cfg, policy)))
+            too_long = check_action_lengths(engine.env, policy.chat, cfg.rollout.max_new_tokens) if cfg.check_env else []
         if training is not None:
             policy.version = training.version
         metrics = MetricsLog(run_dir, keep_until_env_steps=state.env_steps if found else None)
@@ -278,7 +288,8 @@ def train(cfg: TrainConfig, out: str | Path, *, resume: bool = False, live: bool
             rl_seconds=None if rl_seconds is None else round(rl_seconds, 2), engine_mode=cfg.engine.mode,
             eta=cfg.engine.eta, env_workers=cfg.engine.env_workers, cluster=cfg.cluster, policy_version=policy.version,
             skipped_steps=state.skipped_steps, advantage=cfg.rl.advantage, bc=state.bc, value_pretrain=state.value_pretrain,
-            env_id=cfg.env.id, env_kwargs=dict(cfg.env.kwargs), model=f"gguf:{cfg.model.gguf}" if cfg.model.gguf else cfg.model.path,
+            env_id=engine.env.env_id,
+            env_kwargs={"entrypoint": cfg.agent.entrypoint, "tasks": cfg.agent.tasks} if agent else dict(cfg.env.kwargs), model=f"gguf:{cfg.model.gguf}" if cfg.model.gguf else cfg.model.path,
             num_parameters=sum(p.numel() for p in policy.model.parameters()),
             trainable_parameters=sum(p.numel() for p in trainable_parameters(policy.model)), torch_threads=cfg.threads,
             env_pool=engine.backend.stats() if cfg.engine.env_workers > 0 else None, software=Software.current(),

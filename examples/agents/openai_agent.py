@@ -1,0 +1,36 @@
+"""An agent written with the official ``openai`` package: it offers the model a ``hint`` tool,
+answers its tool calls, and is rewarded when the model's final answer names the task's move.
+
+The tool round trip is what exact token capture must survive: the gateway returns
+``tool_calls``; the agent sends them back in the assistant message with a ``tool`` message;
+the gateway splices the re-sent history onto the tokens the model sampled.
+"""
+
+from __future__ import annotations
+
+import json
+
+from openai import OpenAI
+
+MOVES = ("Up", "Down", "Left", "Right")
+TOOLS = [{"type": "function", "function": {
+    "name": "hint", "description": "Tell which move to make.",
+    "parameters": {"type": "object", "properties": {}, "required": []}}}]
+
+
+def agent(task: dict, base_url: str) -> dict:
+    client = OpenAI(base_url=base_url, api_key="unused", max_retries=0)
+    messages = [{"role": "system", "content": "Answer with one of Up, Down, Left, Right."},
+                {"role": "user", "content": f"Board {task['board']}. Which move?"}]
+    tool_calls = 0
+    for _ in range(3):
+        reply = client.chat.completions.create(model="policy", messages=messages, tools=TOOLS).choices[0].message
+        if not reply.tool_calls:
+            break
+        tool_calls += len(reply.tool_calls)
+        messages.append(reply.model_dump(exclude_none=True))
+        for call in reply.tool_calls:
+            messages.append({"role": "tool", "tool_call_id": call.id, "content": json.dumps({"move": task["move"]})})
+    said = [m for m in MOVES if m.lower() in (reply.content or "").lower()]
+    won = said == [task["move"]]
+    return {"reward": 1.0 if won else 0.0, "success": won, "metrics": {"tool_calls": tool_calls}}

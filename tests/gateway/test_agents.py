@@ -1,0 +1,176 @@
+"""Agent runs through the gateway: the example agents (the openai package, plain httpx) train
+for 2 iterations with the tiny model, the Parquet holds exactly what the gateway sampled, and
+agent failures are infrastructure failures or one-line errors, never reward 0."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from helpers import TINY_TEST_SHAPE
+from turnforge.config import load_config
+from turnforge.errors import RunStopped, UserError
+from turnforge.gateway import server as gateway_server
+from turnforge.train.run import train
+
+REPO = Path(__file__).resolve().parents[2]
+TASKS = REPO / "examples" / "agents" / "moves.jsonl"
+SMALL = [f"model.tiny.{k}={v}" for k, v in TINY_TEST_SHAPE.items()] + [
+    "rl.iterations=2", "rl.tasks_per_iteration=2", "rl.group_size=2", "eval.episodes=4", f"agent.tasks={TASKS}"]
+
+
+@pytest.fixture()
+def recorded(monkeypatch):
+    """Every rollout's records as the gateway closes it."""
+    out = {}
+    close = gateway_server.Gateway.close_rollout
+
+    def keep(self, rollout_id):
+        out[rollout_id] = record = close(self, rollout_id)
+        return record
+
+    monkeypatch.setattr(gateway_server.Gateway, "close_rollout", keep)
+    return out
+
+
+@pytest.fixture()
+def agents_module(tmp_path, monkeypatch):
+    """A module ``test_agents_mod`` of small agents, importable by entrypoint."""
+    (tmp_path / "test_agents_mod.py").write_text(textwrap.dedent('''
+        import asyncio, time
+        import httpx
+
+        def ask(base_url, text="Which move?"):
+            r = httpx.post(base_url + "/chat/completions", json={"messages": [{"role": "user", "content": text}]}, timeout=60)
+            r.raise_for_status()
+            return r.json()["choices"][0]["message"]["content"] or ""
+
+        def flaky(task, base_url):
+            ask(base_url)
+            if task["move"] == "Left":
+                raise RuntimeError("the agent's tool server fell over")
+            return 1.0
+
+        def wrong_type(task, base_url):
+            ask(base_url)
+            return "1.0"
+
+        def slow(task, base_url):
+            ask(base_url)
+            time.sleep(30)
+            return 1.0
+
+        def silent(task, base_url):
+            return 1.0
+
+        async def async_agent(task, base_url):
+            async with httpx.AsyncClient(timeout=60) as c:
+                r = await c.post(base_url + "/chat/completions", json={"messages": [{"role": "user", "content": "go"}]})
+            return {"reward": float(len(r.json()["choices"][0]["message"]["content"] or "") % 2), "metrics": {"chars": 3}}
+    '''))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    sys.modules.pop("test_agents_mod", None)
+    return "test_agents_mod"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("entrypoint", ["examples.agents.openai_agent:agent", "examples.agents.httpx_agent:agent"])
+def test_example_agents_train_and_the_parquet_holds_what_was_sampled(tmp_path, recorded, entrypoint, monkeypatch):
+    monkeypatch.chdir(REPO)
+    summary = train(load_config("agent-tiny", SMALL + [f"agent.entrypoint={entrypoint}"]), tmp_path / "run", live=False)
+    assert summary.rl_iterations == 2 and summary.env_id == "agent" and summary.eval_after_rl.episodes == 4
+    rows = [r for f in sorted((tmp_path / "run" / "trajectories").glob("rl_*.parquet")) for r in pq.read_table(f).to_pylist()]
+    assert len({r["trajectory_id"] for r in rows}) == 8
+    mismatches = 0
+    for r in rows:
+        calls = recorded[r["trajectory_id"]].calls
+        mask = np.asarray(r["loss_mask"], dtype=bool)
+        sampled = [t for c in calls for t in c.completion_ids]
+        mismatches += np.asarray(r["token_ids"])[mask].tolist() != sampled
+        assert np.asarray(r["logprobs"])[mask].tolist() == pytest.approx([x for c in calls for x in c.logprobs], abs=1e-6)
+    assert mismatches == 0
+    metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    events = [m["env_events"] for m in metrics if "env_events" in m]
+    assert len(events) == 2 and all(e["n_calls"] >= 4 for e in events)
+    assert sum(e["n_splits_rerendered"] + e["n_splits_branch"] + e["n_splits_new_context"] for e in events) == 0
+
+
+def test_async_agents_and_their_metrics(tmp_path, agents_module):
+    summary = train(load_config("agent-tiny", SMALL + [f"agent.entrypoint={agents_module}:async_agent", "rl.iterations=1"]),
+                    tmp_path / "run", live=False)
+    assert summary.rl_iterations == 1
+    rows = pq.read_table(tmp_path / "run" / "trajectories" / "rl_00000.parquet").to_pylist()
+    assert len(rows) == 4 and all(r["infra_failure"] is None for r in rows)
+
+
+def test_an_agent_that_raises_is_an_infrastructure_failure_and_too_many_stop_the_run(tmp_path, agents_module):
+    cfg = load_config("agent-tiny", SMALL + [f"agent.entrypoint={agents_module}:flaky", "max_failure_share=0.9"])
+    summary = train(cfg, tmp_path / "ok", live=False)
+    assert summary.eval_after_rl.infra_failures == 1 and summary.eval_after_rl.success_rate == 1.0  # held-out tasks 0-3: Up, Down, Left, Right
+    with pytest.raises(RunStopped, match="failed in the agent program or its tools.*fix the agent"):
+        train(load_config("agent-tiny", SMALL + [f"agent.entrypoint={agents_module}:flaky", "max_failure_share=0.1"]),
+              tmp_path / "stop", live=False)
+
+
+def test_timeouts_and_agents_that_never_call_the_model_are_failures(tmp_path, agents_module):
+    from turnforge.gateway.agents import AgentEngine, AgentTasks, load_agent
+    from turnforge.policy.model import load_policy
+    from turnforge.policy.tiny import TinyModelConfig, build_tiny_model
+    from turnforge.rollout.actors import PolicyActor
+    from turnforge.rollout.engine import EpisodeRequest
+    import torch
+
+    build_tiny_model(tmp_path / "m", TinyModelConfig(**TINY_TEST_SHAPE))
+    policy = load_policy(tmp_path / "m")
+    cfg = load_config("agent-tiny", SMALL + [f"agent.entrypoint={agents_module}:slow", "agent.timeout_s=1"])
+    tasks = AgentTasks(str(TASKS))
+    requests = [EpisodeRequest(tasks.task("train", i), i, "g", f"t{i}") for i in range(2)]
+    actor = PolicyActor(policy, 8, 1.0, torch.Generator().manual_seed(0))
+    for name, reason in [("slow", "ran past agent.timeout_s=1.0"), ("silent", "made no model call")]:
+        engine = AgentEngine(cfg, policy, tmp_path, tasks, load_agent(f"{agents_module}:{name}"))
+        try:
+            trajs, stats = engine.play(requests, actor)
+        finally:
+            engine.close()
+        assert stats.infra_failures == 2 and all(reason in t.infra_failure for t in trajs)
+
+
+def test_an_agent_returning_a_non_number_stops_with_one_line(tmp_path, agents_module):
+    with pytest.raises(UserError, match=r"returned '1.0' \(str\) as the reward; return a finite number"):
+        train(load_config("agent-tiny", SMALL + [f"agent.entrypoint={agents_module}:wrong_type"]), tmp_path / "run", live=False)
+
+
+def _cli(*args, cwd=REPO):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    return subprocess.run([sys.executable, "-m", "turnforge.cli", *args], capture_output=True, text=True, cwd=cwd, env=env,
+                          timeout=120)
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["agent.entrypoint=no_such_module_xyz:agent"], "cannot import module 'no_such_module_xyz' (ModuleNotFoundError"),
+    (["agent.entrypoint=examples.agents.openai_agent:nope"], "module 'examples.agents.openai_agent' has no callable 'nope'"),
+    (["agent.entrypoint=justaname"], "must be 'module:callable'"),
+    (["agent.tasks=/no/such.jsonl"], "task file '/no/such.jsonl' does not exist"),
+    (["agent.tasks=README.md"], "line 1: not JSON"),
+    (["bc.enabled=true"], "bc.enabled=true needs an env's expert"),
+    (["agent.reward=judge"], "agent.reward=judge is not built yet"),
+])
+def test_bad_agent_input_is_one_line_before_training(args, expected):
+    r = _cli("train", "agent-tiny", *args, "--out", "/tmp/never-written-agent-run")
+    assert r.returncode == 2 and expected in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert not Path("/tmp/never-written-agent-run").exists()
+
+
+def test_a_tasks_file_without_heldout_tasks_is_one_line(tmp_path):
+    f = tmp_path / "t.jsonl"
+    f.write_text('{"move": "Up", "split": "train"}\n')
+    r = _cli("train", "agent-tiny", f"agent.tasks={f}", "--out", str(tmp_path / "run"))
+    assert r.returncode == 2 and "has no heldout tasks" in r.stderr and not (tmp_path / "run").exists()
