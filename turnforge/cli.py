@@ -314,6 +314,38 @@ def tiny_model(out: Path = typer.Argument(..., help="Directory to write the mode
     console.print(f"saved a tiny Qwen2 model to {out}")
 
 
+@app.command("serve")
+def serve_cmd(
+    checkpoint: Path = typer.Argument(..., help="HF model directory (e.g. RUN/checkpoints/final)"),
+    port: int = typer.Option(8000, "--port", min=0, max=65535, help="Port on --host (0 = a free one)"),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on"),
+    max_tokens: int = typer.Option(256, "--max-tokens", min=1, help="Completion tokens when a request gives no max_tokens"),
+    context: int = typer.Option(4096, "--context", min=2, help="Prompt plus completion tokens at most (longer prompts get a 400)"),
+    dtype: str = typer.Option("float32", "--dtype", help="'float32' or 'bfloat16'"),
+    seed: int = typer.Option(0, "--seed", help="Seed of sampling"),
+) -> None:
+    """Serve a checkpoint on an OpenAI-compatible endpoint (/v1/chat/completions, /v1/models)
+    until Ctrl-C: the gateway agents train through, for evaluation and demos."""
+    if not checkpoint.exists():
+        raise UserError(f"model path {str(checkpoint)!r} does not exist; give a local directory saved with save_pretrained")
+    if max_tokens >= context:
+        raise UserError(f"--max-tokens ({max_tokens}) must be below --context ({context})")
+    import torch
+
+    from turnforge.gateway.server import Gateway
+    from turnforge.policy.model import load_policy
+    from turnforge.train.run import _quiet_hf
+
+    _quiet_hf()
+    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    gateway = Gateway(load_policy(checkpoint, dtype), max_new_tokens=max_tokens, max_context_tokens=context, seed=seed,
+                      host=host, port=port, model_name=checkpoint.name)  # binds now: a port in use is one line
+    with gateway:
+        console.print(f"serving {checkpoint} on {gateway.url}/v1 (model {gateway.model_name!r}); Ctrl-C stops")
+        while True:
+            time.sleep(3600)
+
+
 model_app = typer.Typer(no_args_is_help=True, help="Models from files and packages (no hub access).")
 app.add_typer(model_app, name="model")
 

@@ -99,7 +99,7 @@ def test_httpx_and_concurrent_requests_are_batched(gateway):
         results[i] = r.status_code
 
     threads = [threading.Thread(target=agent, args=(i,)) for i in range(6)]
-    gateway.batch_window_s = 0.2
+    gateway.batch_window_s, gateway.max_wait_s = 0.2, 0.5
     for t in threads:
         t.start()
     for t in threads:
@@ -167,3 +167,34 @@ def test_serving_allows_any_temperature_and_records_nothing(tiny_policy):
         r = client(f"{gw.url}/v1").chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}],
                                                            temperature=0)
         assert r.choices[0].message.role == "assistant" and gw.rollouts == {}
+
+
+def test_turnforge_serve_answers_the_openai_client(tiny_model_dir, tmp_path):
+    import os
+    import subprocess
+    import sys
+    import time
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "turnforge.cli", "serve", str(tiny_model_dir), "--port", str(port),
+                             "--max-tokens", "6", "--context", "256"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env)
+    try:
+        c = client(f"http://127.0.0.1:{port}/v1")
+        for _ in range(300):  # start-up: model load
+            try:
+                c.models.list()
+                break
+            except openai.APIConnectionError:
+                time.sleep(0.1)
+        r = c.chat.completions.create(model=tiny_model_dir.name, messages=[{"role": "user", "content": "Up?"}], temperature=0.7)
+        assert r.model == tiny_model_dir.name and r.usage.completion_tokens <= 6
+        busy = subprocess.run([sys.executable, "-m", "turnforge.cli", "serve", str(tiny_model_dir), "--port", str(port)],
+                              capture_output=True, text=True, env=env, timeout=120)
+        assert busy.returncode == 2 and f"port {port} on 127.0.0.1 is in use" in busy.stderr and "Traceback" not in busy.stderr
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

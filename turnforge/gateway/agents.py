@@ -106,6 +106,7 @@ class AgentTasks:
 class _Outcome:
     result: Any = None
     error: BaseException | None = None
+    record: RolloutRecord | None = None
 
 
 class AgentEngine:
@@ -126,16 +127,14 @@ class AgentEngine:
         gw = self.gateway
         with gw.lock:
             gw.actor, gw.temperature = actor, actor.temperature
-        urls = {r.trajectory_id: gw.open_rollout(r.trajectory_id) for r in requests}
         with concurrent.futures.ThreadPoolExecutor(self.agent_cfg.concurrency, thread_name_prefix="agent") as pool:
-            outcomes = list(pool.map(lambda r: self._run(r.task, urls[r.trajectory_id], r.trajectory_id), requests))
+            outcomes = list(pool.map(lambda r: self._run(r.task, r.trajectory_id), requests))
         trajs, bad = [], None
         for req, out in zip(requests, outcomes):
-            record = gw.close_rollout(req.trajectory_id)
             if isinstance(out.error, UserError):
                 bad = bad or out.error
                 continue
-            trajs.append(self._trajectory(req, record, out, actor.version))
+            trajs.append(self._trajectory(req, out.record, out, actor.version))
         if bad is not None:
             raise bad
         return trajs, RolloutStats(
@@ -146,8 +145,11 @@ class AgentEngine:
             generated_tokens=sum(x.num_action_tokens for t in trajs for x in t.samples),
         )
 
-    def _run(self, task: Task, url: str, rollout_id: str) -> _Outcome:
+    def _run(self, task: Task, rollout_id: str) -> _Outcome:
+        """One agent rollout; its gateway rollout is open exactly while the agent runs (the
+        gateway's batcher waits for the open rollouts' requests)."""
         out = _Outcome()
+        url = self.gateway.open_rollout(rollout_id)
 
         def target() -> None:
             try:
@@ -161,6 +163,7 @@ class AgentEngine:
         thread = threading.Thread(target=target, name=f"agent-{rollout_id}", daemon=True)
         thread.start()
         thread.join(self.agent_cfg.timeout_s)
+        out.record = self.gateway.close_rollout(rollout_id)
         if thread.is_alive():  # left running as a daemon; its rollout is closed, so its calls now get 404
             out.error = TimeoutError(f"the agent ran past agent.timeout_s={self.agent_cfg.timeout_s}")
         return out

@@ -7,8 +7,11 @@ client (the ``openai`` package, ``httpx``, an agent framework) can be pointed at
 
 Requests are rendered to token ids (``turnforge.gateway.render``), then sampled by one
 batcher thread through ``PolicyActor.generate``, the sampling path of env episodes (HF
-sampler, prefix cache, or vLLM): concurrent requests at the same temperature arriving
-within ``batch_window_s`` of each other are sampled as one batch. Per call the gateway
+sampler, prefix cache, or vLLM). A batch collects requests until every open rollout has
+one in it or is being rendered (the engine's lock-step wave; so open a rollout when its agent
+starts and close it when it ends), or, without rollouts, while requests keep arriving within
+``batch_window_s`` of each other; never longer than ``max_wait_s``. Its requests at the same
+temperature are sampled together. Per call the gateway
 records the exact prompt ids, sampled ids, their logprobs and the policy version under the
 rollout's id (``CallRecord``); ``close_rollout`` hands them to the trace compiler.
 
@@ -68,10 +71,11 @@ class Gateway:
 
     def __init__(self, policy: Policy, *, max_new_tokens: int, max_context_tokens: int, seed: int = 0,
                  temperature: float | None = None, host: str = "127.0.0.1", port: int = 0,
-                 batch_window_s: float = 0.005, max_batch: int = 64, model_name: str | None = None) -> None:
+                 batch_window_s: float = 0.005, max_wait_s: float = 0.05, max_batch: int = 64,
+                 model_name: str | None = None) -> None:
         self.policy, self.renderer = policy, Renderer(policy.tokenizer)
         self.max_new_tokens, self.max_context_tokens, self.temperature = max_new_tokens, max_context_tokens, temperature
-        self.batch_window_s, self.max_batch = batch_window_s, max_batch
+        self.batch_window_s, self.max_wait_s, self.max_batch = batch_window_s, max_wait_s, max_batch
         self.model_name = model_name or "turnforge-policy"
         self.actor = PolicyActor(policy, max_new_tokens, 1.0 if temperature is None else temperature,
                                  torch.Generator().manual_seed(seed))
@@ -79,6 +83,7 @@ class Gateway:
         self.batch_sizes: list[int] = []
         self.lock = threading.Lock()  # held while sampling; hold it to change the policy's weights
         self._jobs: queue.Queue[_Job] = queue.Queue()
+        self._arriving = 0  # requests received and not yet queued (being rendered): the batcher waits for them
         self._stop = threading.Event()
         self._sock = _bind(host, port)
         self.host, self.port = host, self._sock.getsockname()[1]
@@ -148,13 +153,17 @@ class Gateway:
                 first = self._jobs.get(timeout=0.05)
             except queue.Empty:
                 continue
-            time.sleep(self.batch_window_s)
-            jobs = [first]
-            while len(jobs) < self.max_batch:
-                try:
-                    jobs.append(self._jobs.get_nowait())
-                except queue.Empty:
+            jobs, deadline = [first], time.monotonic() + self.max_wait_s
+            while len(jobs) < self.max_batch:  # keep collecting while requests keep coming or are being rendered
+                left = deadline - time.monotonic()
+                if left <= 0:
                     break
+                more = self._arriving > 0 or len({j.key for j in jobs}) < len(self.rollouts)
+                try:
+                    jobs.append(self._jobs.get(timeout=left if more else min(left, self.batch_window_s)))
+                except queue.Empty:
+                    if not more:
+                        break
             by_t: dict[float, list[_Job]] = {}
             for j in jobs:
                 by_t.setdefault(j.temperature, []).append(j)
@@ -193,18 +202,24 @@ class Gateway:
                                                 "owned_by": "turnforge"}]}
 
         async def completions(request: Request, rollout: RolloutRecord | None):
+            self._arriving += 1
+            queued = [False]
             try:
-                body = await request.json()
-            except ValueError:
-                return error(400, "the request body is not JSON")
-            if not isinstance(body, dict):
-                return error(400, "the request body must be a JSON object")
-            try:
-                return await self._complete(body, rollout)
-            except RequestError as err:
-                if rollout is not None:
-                    rollout.refused_calls += 1
-                return error(400, str(err), err.param, err.code)
+                try:
+                    body = await request.json()
+                except ValueError:
+                    return error(400, "the request body is not JSON")
+                if not isinstance(body, dict):
+                    return error(400, "the request body must be a JSON object")
+                try:
+                    return await self._complete(body, rollout, queued)
+                except RequestError as err:
+                    if rollout is not None:
+                        rollout.refused_calls += 1
+                    return error(400, str(err), err.param, err.code)
+            finally:
+                if not queued[0]:
+                    self._arriving -= 1
 
         @app.get("/v1/models")
         async def _models():
@@ -272,7 +287,7 @@ class Gateway:
             tools = None
         return temperature, cap, stops, bool(body.get("logprobs")), tools
 
-    async def _complete(self, body: dict, rollout: RolloutRecord | None) -> dict:
+    async def _complete(self, body: dict, rollout: RolloutRecord | None, queued: list[bool]) -> dict:
         temperature, cap, stops, want_logprobs, tools = self._params(body)
         tok = self.policy.tokenizer
         prompt, spliced = self.renderer.prompt(body.get("messages"), tools, rollout.priors if rollout else [])
@@ -282,6 +297,8 @@ class Gateway:
                                "(rollout.max_context_tokens)", "messages", "context_length_exceeded")
         max_tokens = min(cap or self.max_new_tokens, room)
         fut: concurrent.futures.Future = concurrent.futures.Future()
+        queued[0] = True
+        self._arriving -= 1
         self._jobs.put(_Job(rollout.rollout_id if rollout else "serve", prompt, temperature, max_tokens, fut))
         gen, version = await asyncio.wrap_future(fut)
         ids, logprobs = list(gen.ids), list(gen.logprobs)
