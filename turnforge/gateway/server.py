@@ -56,9 +56,13 @@ class RolloutRecord:
     refused_calls: int = 0  # requests answered with an error
 
 
+class RolloutClosed(Exception):
+    """The request's rollout was closed before it was sampled (404)."""
+
+
 @dataclass
 class _Job:
-    key: str
+    key: str | None  # the rollout id; None for /v1 (serving)
     prompt: tuple[int, ...]
     temperature: float
     max_tokens: int
@@ -166,11 +170,14 @@ class Gateway:
                         break
             by_t: dict[float, list[_Job]] = {}
             for j in jobs:
-                by_t.setdefault(j.temperature, []).append(j)
+                if j.key is not None and j.key not in self.rollouts:  # closed while queued (a timed-out agent):
+                    j.future.set_exception(RolloutClosed(j.key))  # never sampled, so never during a weight update
+                else:
+                    by_t.setdefault(j.temperature, []).append(j)
             for t, group in by_t.items():
                 try:
                     with self.lock:
-                        gens = self.actor.generate([j.prompt for j in group], [j.key for j in group],
+                        gens = self.actor.generate([j.prompt for j in group], [j.key or "serve" for j in group],
                                                    max_new_tokens=max(j.max_tokens for j in group), temperature=t)
                         version = self.policy.version
                     self.batch_sizes.append(len(group))
@@ -213,6 +220,8 @@ class Gateway:
                     return error(400, "the request body must be a JSON object")
                 try:
                     return await self._complete(body, rollout, queued)
+                except RolloutClosed as err:
+                    return error(404, f"rollout {err} was closed", code="rollout_not_found")
                 except RequestError as err:
                     if rollout is not None:
                         rollout.refused_calls += 1
@@ -299,7 +308,7 @@ class Gateway:
         fut: concurrent.futures.Future = concurrent.futures.Future()
         queued[0] = True
         self._arriving -= 1
-        self._jobs.put(_Job(rollout.rollout_id if rollout else "serve", prompt, temperature, max_tokens, fut))
+        self._jobs.put(_Job(rollout.rollout_id if rollout else None, prompt, temperature, max_tokens, fut))
         gen, version = await asyncio.wrap_future(fut)
         ids, logprobs = list(gen.ids), list(gen.logprobs)
         body_ids = ids[:-1] if gen.stopped else ids
