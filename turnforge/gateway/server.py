@@ -32,7 +32,6 @@ import socket
 import threading
 import time
 import uuid
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -85,7 +84,7 @@ class Gateway:
                                  torch.Generator().manual_seed(seed))
         self.rollouts: dict[str, RolloutRecord] = {}
         self.batch_sizes: list[int] = []
-        self.lock = threading.Lock()  # held while sampling; hold it to change the policy's weights
+        self.lock = threading.Lock()  # held while sampling (and while the actor is swapped)
         self._jobs: queue.Queue[_Job] = queue.Queue()
         self._arriving = 0  # requests received and not yet queued (being rendered): the batcher waits for them
         self._stop = threading.Event()
@@ -143,12 +142,6 @@ class Gateway:
     def close_rollout(self, rollout_id: str) -> RolloutRecord:
         """Stop recording ``rollout_id`` and return what was recorded (later calls get 404)."""
         return self.rollouts.pop(rollout_id)
-
-    @contextmanager
-    def paused(self):
-        """No sampling while the block runs (the trainer updating the weights)."""
-        with self.lock:
-            yield
 
     # ------------------------------------------------------------------ sampling
     def _batch_loop(self) -> None:
