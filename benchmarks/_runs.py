@@ -18,6 +18,7 @@ once per seed, then RL once per variant from that checkpoint, and where their ou
 - ``from_bc(checkpoint)``: the overrides that start a run from it (``model.path=...``,
   ``bc.enabled=false``).
 - ``run_all(jobs, workers)``: several ``Job``s in a process pool (results in job order).
+- ``model_dir(spec)``: the model directory of a ``--model`` argument (``tiny``, a directory, a GGUF source).
 
 Run directories are reused by name only: after changing a budget or an option, give the
 benchmark a new work directory (or delete the old runs).
@@ -127,3 +128,21 @@ def bc_starts(work_dir: str | Path, recipe: str, overrides: Sequence[str], seeds
 def from_bc(bc_checkpoint: str | Path) -> list[str]:
     """Overrides that start a run from a BC checkpoint instead of training BC again."""
     return [f"model.path={Path(bc_checkpoint).resolve()}", "bc.enabled=false"]
+
+
+def model_dir(spec: str) -> Path:
+    """The HF model directory a benchmark's ``--model`` names: ``tiny`` (built in a temp dir),
+    an HF directory, or a GGUF file or package (converted once and cached, ``cached_import``)."""
+    if spec == "tiny":
+        import tempfile
+
+        from turnforge.policy.tiny import build_tiny_model
+
+        path = Path(tempfile.mkdtemp(prefix="bench-tiny-")) / "tiny"
+        build_tiny_model(path)
+        return path
+    if Path(spec).is_dir():
+        return Path(spec)
+    from turnforge.policy.gguf import cached_import
+
+    return cached_import(spec)

@@ -27,7 +27,6 @@ import json
 import os
 import platform
 import statistics
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -35,7 +34,7 @@ from pathlib import Path
 import httpx
 import torch
 
-from _runs import RESULTS
+from _runs import RESULTS, model_dir
 from turnforge.config import RolloutConfig
 from turnforge.envpool import InlineEnvs
 from turnforge.envs import make
@@ -153,18 +152,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    if args.model == "tiny":
-        from turnforge.policy.tiny import build_tiny_model
-
-        model_dir = Path(tempfile.mkdtemp()) / "tiny"
-        build_tiny_model(model_dir)
-    elif Path(args.model).is_dir():
-        model_dir = Path(args.model)
-    else:
-        from turnforge.policy.gguf import cached_import
-
-        model_dir = cached_import(args.model)
-    policy = load_policy(model_dir)
+    policy = load_policy(model_dir(args.model))
     policy.model.eval()
     result = bench(policy, args.env, args.episodes, args.turns, args.max_new_tokens, args.repeats)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -37,6 +37,7 @@ from pathlib import Path
 import torch
 
 from _runs import RESULTS
+from _runs import model_dir as resolve_model
 from turnforge.config import RolloutConfig
 from turnforge.envpool import InlineEnvs
 from turnforge.envs import make
@@ -159,19 +160,14 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    if Path(args.model).is_dir() and (Path(args.model) / "config.json").exists():
-        model_dir = Path(args.model)
-    else:
-        from turnforge.policy.gguf import cached_import
-
-        model_dir = cached_import(args.model)
-    policy = load_policy(model_dir)
+    path = resolve_model(args.model)
+    policy = load_policy(path)
     policy.model.eval()
     sampler = None
     if args.vllm:
         from turnforge.policy.vllm_sampler import VLLMSampler
 
-        sampler = VLLMSampler(model_dir, seed=0, max_model_len=4096)
+        sampler = VLLMSampler(path, seed=0, max_model_len=4096)
     result = bench_kv_reuse(policy, args.env, {}, args.episodes, args.turns, args.max_new_tokens, args.repeats, sampler)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "kv_reuse.json").write_text(json.dumps(result, indent=2) + "\n")

@@ -34,6 +34,7 @@ from pathlib import Path
 import torch
 
 from _runs import RESULTS
+from _runs import model_dir as resolve_model
 from turnforge.envs import Env
 from turnforge.envs.base import InvalidAction, parse_choice
 from turnforge.envs.registry import register
@@ -179,16 +180,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=RESULTS)
     a = ap.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    if a.model == "tiny":
-        from turnforge.policy.tiny import build_tiny_model
-
-        model_dir = build_tiny_model(Path(tempfile.mkdtemp(prefix="tiny-side-")) / "tiny")
-    elif Path(a.model).is_dir():
-        model_dir = Path(a.model)
-    else:
-        from turnforge.policy.gguf import cached_import
-
-        model_dir = cached_import(a.model)
+    model_dir = resolve_model(a.model)
     from transformers import AutoConfig, AutoModelForCausalLM
 
     params = sum(p.numel() for p in AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir)).parameters())
