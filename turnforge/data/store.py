@@ -30,6 +30,10 @@ before the column existed lack it: ``read_trajectories`` gives them a null ``sou
 ``turnforge.data.query.TrajectoryStore``, which reads all of a run's files as one dataset with
 views per trajectory and success rates by task, round and source (``turnforge data RUN SQL`` on
 the command line), reads it as ``default_source(stage)`` (``demo`` for stage ``bc``, else ``plain``).
+
+When a judge model gave the reward (``turnforge.rewards.judge``), ``judge_prompt``,
+``judge_output`` and ``judge_score`` hold its verdict and ``verifier_reward`` the return the
+env (or agent) paid before the judge replaced it; they are null otherwise.
 """
 
 from __future__ import annotations
@@ -67,6 +71,11 @@ SCHEMA = pa.schema(
         ("policy_version", pa.int32()),
         ("truncation_reason", pa.string()),
         ("infra_failure", pa.string()),
+        # generative rewards (turnforge.rewards.judge); null when no judge scored the episode
+        ("judge_prompt", pa.string()),
+        ("judge_output", pa.string()),
+        ("judge_score", pa.float32()),
+        ("verifier_reward", pa.float32()),
     ]
 )
 
@@ -127,6 +136,11 @@ def write_trajectories(
             rows["policy_version"].append(traj.policy_version)
             rows["truncation_reason"].append(traj.truncation_reason)
             rows["infra_failure"].append(traj.infra_failure)
+            judge = traj.judge
+            rows["judge_prompt"].append(None if judge is None else judge.prompt)
+            rows["judge_output"].append(None if judge is None else judge.output)
+            rows["judge_score"].append(None if judge is None else judge.score)
+            rows["verifier_reward"].append(None if judge is None else judge.verifier_return)
     table = pa.table(rows, schema=SCHEMA)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

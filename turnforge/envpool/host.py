@@ -208,6 +208,16 @@ class EnvHost:
         finally:
             self._arm_cpu_budget(off=True)
 
+    def close(self) -> None:
+        """Call each env's optional ``close()`` (an MCP env stops its server); errors are ignored."""
+        for env in self.envs.values():
+            close = getattr(env, "close", None)
+            if callable(close):
+                try:
+                    close()
+                except Exception:  # closing must not stop the others from closing
+                    pass
+
     def _after(self, env: Env, result: StepResult, probe: Probe) -> AfterState:
         caps = self.caps
         potential = float(env.potential()) if caps.potential and probe.keys and not result.terminated else 0.0

@@ -76,4 +76,4 @@ class InlineEnvs:
         return PoolStats(self._steps, self._resets, self._steps / wall, self._busy / wall, 0, 0, self._failed)
 
     def close(self) -> None:
-        pass
+        self.host.close()

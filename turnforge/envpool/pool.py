@@ -77,14 +77,18 @@ def _worker_main(conn: Connection, limits: WorkerLimits) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     host, started = open_host(conn.recv, limits)
     conn.send(started)
-    while host is not None:
-        try:
-            msg = conn.recv()
-        except (EOFError, OSError):
-            return
-        if msg is None:
-            return
-        conn.send(host.handle(*msg))
+    try:
+        while host is not None:
+            try:
+                msg = conn.recv()
+            except (EOFError, OSError):
+                return
+            if msg is None:
+                return
+            conn.send(host.handle(*msg))
+    finally:
+        if host is not None:
+            host.close()
 
 
 # ---------------------------------------------------------------------------- transport

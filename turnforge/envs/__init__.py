@@ -15,6 +15,7 @@ register("sokoban-slow", "turnforge.envs.latency:SlowSokobanEnv", dim=6, num_box
 register("2048", "turnforge.envs.game2048:Game2048Env", size=4, target_tile=256)
 register("calculator", "turnforge.envs.tool.calculator:CalculatorEnv", num_numbers=2, max_value=9)
 register("arithmetic", "turnforge.envs.tool.calculator:ArithmeticEnv", num_numbers=2, max_value=999)
+register("mcp-tools", "turnforge.envs.tool.mcp_tools:McpToolEnv")
 register("python-tasks", "turnforge.envs.tool.python_tasks:PythonTasksEnv")
 register("code-repair", "turnforge.envs.code.repair:CodeRepairEnv")
 

@@ -40,7 +40,9 @@ needs a missing one stops the run at start with a one-line error naming the meth
   the env's solver, and guard notes, are counted in ``info["n_expert_queries"]`` (and, for the first
   observation, ``env.reset_expert_queries``, also added to the first step's count);
 - ``derive_tasks(task, n, seed) -> list[Task]``: easier train tasks derived from ``task``
-  (a self-evolving curriculum, as in WebRL); they carry their level in ``task.data``.
+  (a self-evolving curriculum, as in WebRL); they carry their level in ``task.data``;
+- ``close()``: release what the env holds outside Python objects (an MCP env's server
+  process); env backends call it when they close.
 
 ``turnforge.envs.levels.LevelEnv`` implements snapshots, anchor keys and reseeding for
 procedurally generated levels from a handful of hooks, and the plumbing of guidance and

@@ -139,7 +139,8 @@ def _name(env: Env) -> str:
 
 
 def _is_level(env: Env) -> bool:
-    return isinstance(env, LevelEnv)
+    """A LevelEnv that generates its levels (not one that reads them from task data)."""
+    return isinstance(env, LevelEnv) and not getattr(env, "reads_task_data", False)
 
 
 def _keep_state_hint(env: Env) -> str:

@@ -123,7 +123,7 @@ def build_env(env_id: str, env_kwargs: dict[str, Any] | None = None, tasks: str 
     (the recipe's ``env.tasks``), when given."""
     env = make(env_id, **(env_kwargs or {}))
     if tasks is not None:
-        if isinstance(env, LevelEnv):
+        if isinstance(env, LevelEnv) and not getattr(env, "reads_task_data", False):
             raise UserError(f"env {env_id!r} generates its own levels (a LevelEnv); env.tasks applies to envs that read task.data")
         from turnforge.envs.tasks import TaskDataset
 

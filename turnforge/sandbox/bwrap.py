@@ -106,9 +106,35 @@ def _system_view() -> tuple[str, ...]:
     return tuple(argv)
 
 
+def unreadable(path: str) -> str | None:
+    """The first part of ``path`` that the sandbox's user cannot open (None if it can).
+
+    Only a root caller drops to uid 65534 (see ``launcher``); any other caller's sandbox
+    reads what the caller reads. For root, every directory on the way needs the "other"
+    execute bit, and the path itself the "other" read bit (and execute, for a directory)."""
+    if os.geteuid() != 0:
+        return None
+    parts = Path(path).resolve().parts
+    for i in range(1, len(parts) + 1):
+        part = Path(*parts[:i])
+        try:
+            mode = part.stat().st_mode
+        except OSError:
+            return str(part)
+        last = i == len(parts)
+        need = (0o4 | (0o1 if part.is_dir() else 0)) if last else 0o1
+        if mode & need != need:
+            return str(part)
+    return None
+
+
 @contextlib.contextmanager
-def command(launch: tuple[str, ...], limits: Limits, files: dict[PurePosixPath, bytes]) -> Iterator[tuple[list[str], tuple[int, ...]]]:
-    """The bwrap command line up to ``--``, and the memfds bwrap copies files from (closed on exit)."""
+def command(launch: tuple[str, ...], limits: Limits, files: dict[PurePosixPath, bytes], binds: tuple[str, ...] = (),
+            env: dict[str, str] | None = None) -> Iterator[tuple[list[str], tuple[int, ...]]]:
+    """The bwrap command line up to ``--``, and the memfds bwrap copies files from (closed on exit).
+
+    ``binds``: host paths shown read-only at the same place (a Python environment for an MCP
+    server); ``env``: variables added to the program's scrubbed environment."""
     fds: list[int] = []
 
     def data(content: bytes) -> str:
@@ -138,15 +164,18 @@ def command(launch: tuple[str, ...], limits: Limits, files: dict[PurePosixPath, 
             "--proc", "/proc", "--dev", "/dev",
             "--size", str(limits.disk_mb * MB), "--tmpfs", "/dev/shm", "--remount-ro", "/dev",
             "--size", str(limits.disk_mb * MB), "--tmpfs", ROOT,
-            "--dir", WORK_DIR, "--dir", TMP_DIR, "--symlink", TMP_DIR, "/tmp",
+            # /tmp -> sandbox/tmp, relative: a bind under /tmp (a venv in /tmp) resolves inside the new root
+            "--dir", WORK_DIR, "--dir", TMP_DIR, "--symlink", TMP_DIR.lstrip("/"), "/tmp",
         ]
         for parent in sorted({p.parent for p in files} - {PurePosixPath(".")}):
             argv += ["--dir", f"{WORK_DIR}/{parent}"]
         for path, content in files.items():
             argv += ["--file", data(content), f"{WORK_DIR}/{path}"]
+        for path in binds:
+            argv += ["--ro-bind", path, path]
         # Last: the root (bwrap's own tmpfs, holding /etc and the mount points) becomes read-only.
         argv += ["--remount-ro", "/", "--chdir", WORK_DIR, "--clearenv"]
-        for key, value in program_env(WORK_DIR, "/tmp").items():
+        for key, value in {**program_env(WORK_DIR, "/tmp"), **(env or {})}.items():
             argv += ["--setenv", key, value]
         yield [*argv, "--"], tuple(fds)
     finally:

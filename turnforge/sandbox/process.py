@@ -11,13 +11,17 @@ the nonce is written before it starts. The nonce is removed from the ``Result``.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import secrets
 import selectors
 import signal
 import subprocess
+import tempfile
 import time
+import weakref
+from concurrent.futures import ThreadPoolExecutor
 
 from turnforge.sandbox.limits import Limits, Result, SandboxError
 
@@ -173,3 +177,94 @@ def _limit_hit(exit_code: int, stderr: str) -> str | None:
     if exit_code != 0 and lines and _MEMORY_ERROR.match(lines[-1]):
         return "memory"
     return None
+
+
+class SandboxProcess:
+    """A program that keeps running (an MCP server) with its stdin and stdout as pipes.
+
+    Its stderr goes to an unnamed temp file (capped by RLIMIT_FSIZE like any file it writes),
+    read back by ``stderr_tail``. ``kill`` takes the whole sandbox down (the process group:
+    bwrap, whose pid-namespace init takes every process in it along), reaps it and closes
+    every pipe and file; it is idempotent, and a ``weakref.finalize`` calls it when the
+    object is collected or the interpreter exits. bwrap's ``--die-with-parent`` ends the
+    sandbox when the process that started it dies.
+    """
+
+    def __init__(self, proc: subprocess.Popen, stderr_file, nonce: str) -> None:
+        self.proc, self._stderr, self._nonce = proc, stderr_file, nonce
+        assert proc.stdin is not None and proc.stdout is not None
+        self.stdin, self.stdout = proc.stdin, proc.stdout
+        self._finalizer = weakref.finalize(self, _kill_and_close, proc, stderr_file)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def poll(self) -> int | None:
+        """The exit code (128 + N for signal N), or None while it runs."""
+        code = self.proc.poll()
+        return None if code is None else (code if code >= 0 else 128 - code)
+
+    def started(self) -> bool:
+        """Whether the sandbox came up and the program was started (the nonce was written)."""
+        return self._nonce.encode() in self._read_stderr()
+
+    def stderr_tail(self, lines: int = 1) -> str:
+        """The last ``lines`` non-empty lines of its stderr so far (the nonce removed)."""
+        text = self._read_stderr().replace(self._nonce.encode(), b"").decode("utf-8", "replace")
+        kept = [line for line in text.splitlines() if line.strip()]
+        return "\n".join(kept[-lines:])
+
+    def _read_stderr(self) -> bytes:
+        """Its stderr so far: the head (where the nonce is) and, when long, the tail. ``pread``
+        leaves the file offset it shares with the program alone."""
+        if self._stderr.closed:
+            return b""
+        fd, size = self._stderr.fileno(), os.fstat(self._stderr.fileno()).st_size
+        if size <= 2 * CHUNK:
+            return os.pread(fd, size, 0)
+        return os.pread(fd, CHUNK, 0) + b"\n" + os.pread(fd, CHUNK, size - CHUNK)
+
+    def kill(self) -> None:
+        self._finalizer()
+
+    @property
+    def alive(self) -> bool:
+        return self._finalizer.alive and self.proc.poll() is None
+
+
+def _kill_and_close(proc: subprocess.Popen, stderr_file) -> None:
+    _kill_group(proc.pid)
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL was ignored (uninterruptible sleep)
+        pass
+    for stream in (proc.stdin, proc.stdout):
+        if stream is not None:
+            stream.close()
+    stderr_file.close()
+
+
+@functools.cache
+def _spawner() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(1, thread_name_prefix="turnforge-sandbox-spawner")
+
+
+def spawn(prefix: list[str], program: list[str], *, env: dict[str, str], cwd: str = "/",
+          pass_fds: tuple[int, ...] = ()) -> SandboxProcess:
+    """Start ``prefix + start script + program`` in a new session, with pipes to its stdin and
+    stdout; ``SandboxError`` if it cannot be started at all."""
+    nonce = secrets.token_hex(16)
+    argv = [*prefix, "/bin/sh", "-c", START_SCRIPT, nonce, *program]
+    stderr_file = tempfile.TemporaryFile(mode="a+b")  # O_APPEND: reads never move its writes
+    try:
+        # Started from one long-lived thread: bwrap's --die-with-parent (PR_SET_PDEATHSIG) fires
+        # when the *thread* that forked it exits, and a caller's worker thread may end first.
+        proc = _spawner().submit(
+            subprocess.Popen, argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr_file,
+            pass_fds=pass_fds, cwd=cwd, env=env, start_new_session=True, bufsize=0,
+        ).result()
+    except OSError as err:
+        stderr_file.close()
+        raise SandboxError(f"cannot start {argv[0]}: {err}") from err
+    return SandboxProcess(proc, stderr_file, nonce)

@@ -7,12 +7,13 @@ import shutil
 import sys
 import tempfile
 import warnings
+import weakref
 from pathlib import Path, PurePosixPath
 
 from turnforge.errors import UserError, choices
 from turnforge.sandbox import bwrap
 from turnforge.sandbox.limits import MB, Limits, Result, SandboxError, prlimit_argv
-from turnforge.sandbox.process import execute
+from turnforge.sandbox.process import SandboxProcess, execute, spawn
 
 BACKENDS = ("bwrap", "unsafe-none")
 UNSAFE_WARNING = (
@@ -72,6 +73,41 @@ class Sandbox:
                 prefix, [*prlimit_argv(self._prlimit, self.limits, nproc=True), *argv],
                 stdin=stdin.encode(), timeout_s=timeout_s, limits=self.limits, env={}, pass_fds=fds,
             )
+
+    def start(self, argv: list[str], files: dict[str, str] | None = None, env: dict[str, str] | None = None,
+              binds: tuple[str, ...] = ()) -> SandboxProcess:
+        """Start ``argv`` as a long-running program (a server) in a fresh work dir holding
+        ``files``, with pipes to its stdin and stdout, ``env`` added to its scrubbed
+        environment and the host paths ``binds`` shown read-only at the same place. The
+        limits apply but ``timeout_s``: the caller ends it with ``kill()``.
+
+        ``UserError`` names a bind the sandbox's user cannot read; ``SandboxError`` means it
+        could not be started (``SandboxProcess.started`` tells, later, whether the sandbox came up).
+        """
+        if not argv or not all(isinstance(a, str) for a in argv):
+            raise UserError(f"Sandbox.start needs argv as a non-empty list of strings, got {argv!r}")
+        contents = check_files(files or {}, self.limits)
+        if self.backend == "unsafe-none":
+            work = tempfile.mkdtemp(prefix="turnforge-unsafe-")
+            for path, content in contents.items():
+                (Path(work) / path).parent.mkdir(parents=True, exist_ok=True)
+                (Path(work) / path).write_bytes(content)
+            proc = spawn([], [*prlimit_argv(self._prlimit, self.limits, nproc=False), *argv],
+                         env={**bwrap.program_env(work, work), **(env or {})}, cwd=work)
+            weakref.finalize(proc, shutil.rmtree, work, True)
+            return proc
+        for path in binds:
+            if not Path(path).is_absolute() or Path(path).parts[1:2] in (("sandbox",), ("proc",), ("dev",)):
+                raise UserError(f"cannot show {path} in the sandbox: a bind must be an absolute path outside /sandbox, "
+                                "/proc and /dev (the sandbox's own)")
+            blocked = bwrap.unreadable(path)
+            if blocked is not None:
+                raise UserError(
+                    f"the sandbox's user (uid {bwrap.SANDBOX_UID}) cannot read {blocked}, needed to show {path} "
+                    f"in the sandbox; make it world-readable (chmod o+rx) or install the environment elsewhere"
+                )
+        with bwrap.command(self._launch, self.limits, contents, binds=tuple(binds), env=env) as (prefix, fds):
+            return spawn(prefix, [*prlimit_argv(self._prlimit, self.limits, nproc=True), *argv], env={}, pass_fds=fds)
 
     def _run_unsafe(self, argv: list[str], contents: dict[PurePosixPath, bytes], stdin: bytes, timeout_s: float) -> Result:
         """No isolation: a host temp dir as work dir (not size-capped; RLIMIT_FSIZE caps each file),

@@ -16,11 +16,16 @@ asynchronous runs see the same task sequence.
   ``engine.eta``.
 - ``cluster=ray`` (``RayRollouts``): the same stream in a Ray actor
   (``turnforge.rollout.ray_worker``), weights shipped through Ray's object store.
+- ``agent.entrypoint`` (``AgentRollouts``): agent programs through the gateway.
+
+With a judge (``reward.judge.enabled``, ``agent.reward=judge``), ``JudgedRollouts`` wraps the
+source: a judge model replaces each episode's outcome reward before credit assignment.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import time
 from dataclasses import dataclass, field
 
@@ -258,9 +263,34 @@ class AgentRollouts(_Source):
         return RolloutBatch(trajs, stats, stats.turns, stream)
 
 
-def make_rollouts(s: Session, keep_snapshots: bool) -> LocalRollouts | RayRollouts | AgentRollouts:
-    if s.cfg.agent.entrypoint is not None:
-        return AgentRollouts(s)
-    if s.cfg.cluster == "ray":
-        return RayRollouts(s, keep_snapshots)
-    return LocalRollouts(s, keep_snapshots)
+class JudgedRollouts(_Source):
+    """Another source's batches with each episode's reward given by a judge model
+    (``reward.judge.enabled`` or ``agent.reward=judge``; ``turnforge.rewards.judge``)."""
+
+    def __init__(self, inner: _Source, judge) -> None:
+        self.inner, self.judge = inner, judge
+
+    def next(self, it: int) -> RolloutBatch:
+        batch = self.inner.next(it)
+        return dataclasses.replace(batch, trajectories=self.judge.apply(batch.trajectories))
+
+    def after_update(self) -> None:
+        self.inner.after_update()
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def make_rollouts(s: Session, keep_snapshots: bool) -> _Source:
+    cfg = s.cfg
+    if cfg.agent.entrypoint is not None:
+        source: _Source = AgentRollouts(s)
+    elif cfg.cluster == "ray":
+        source = RayRollouts(s, keep_snapshots)
+    else:
+        source = LocalRollouts(s, keep_snapshots)
+    if cfg.reward.judge.enabled or (cfg.agent.entrypoint is not None and cfg.agent.reward == "judge"):
+        from turnforge.rewards.judge import Judge
+
+        source = JudgedRollouts(source, Judge.load(cfg.reward.judge, s.policy))
+    return source

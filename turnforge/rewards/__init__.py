@@ -1,0 +1,1 @@
+"""Rewards beyond the env's own: generative (judge) rewards (``turnforge.rewards.judge``)."""
