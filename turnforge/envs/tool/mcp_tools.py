@@ -258,7 +258,7 @@ class McpToolEnv(ToolEnv):
 
     def __init__(self, *, server: str | Sequence[str], server_files: Sequence[str] = (), instructions: str = "",
                  startup_timeout_s: float = 30.0, call_timeout_s: float = 10.0, memory_mb: int = 1024,
-                 max_processes: int = 64, sandbox: str = "bwrap", success_reward: float = 1.0,
+                 cpu_s: int = 60, max_processes: int = 64, sandbox: str = "bwrap", success_reward: float = 1.0,
                  tool_call_format: str = "hermes", max_tool_calls: int = 4, max_output_chars: int = 2000,
                  invalid_action_penalty: float = -0.1, max_steps: int = 10) -> None:
         super().__init__(tool_call_format=tool_call_format, max_tool_calls=max_tool_calls,
@@ -287,7 +287,8 @@ class McpToolEnv(ToolEnv):
             self.server_env = dict(extra)
         self.argv = argv
         self.label = shlex.join(argv)
-        self.sandbox = Sandbox(Limits(memory_mb=memory_mb, max_processes=max_processes), backend=sandbox)
+        # the server's limits, per process: CPU seconds over its whole episode, address space, processes
+        self.sandbox = Sandbox(Limits(memory_mb=memory_mb, cpu_s=cpu_s, max_processes=max_processes), backend=sandbox)
         self.startup_timeout_s, self.call_timeout_s = float(startup_timeout_s), float(call_timeout_s)
         self.success_reward = float(success_reward)
         self._server: McpConnection | None = None
