@@ -82,26 +82,39 @@ def agents_module(tmp_path, monkeypatch):
     return "test_agents_mod"
 
 
+SMOLAGENTS = "examples.agents.smolagents_agent:agent"
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("entrypoint", ["examples.agents.openai_agent:agent", "examples.agents.httpx_agent:agent"])
+@pytest.mark.parametrize("entrypoint", ["examples.agents.openai_agent:agent", "examples.agents.httpx_agent:agent", SMOLAGENTS])
 def test_example_agents_train_and_the_parquet_holds_what_was_sampled(tmp_path, recorded, entrypoint, monkeypatch):
+    if entrypoint == SMOLAGENTS:
+        pytest.importorskip("smolagents", reason="the smolagents example needs: pip install smolagents")
     monkeypatch.chdir(REPO)
-    summary = train(load_config("agent-tiny", SMALL + [f"agent.entrypoint={entrypoint}"]), tmp_path / "run", live=False)
+    extra = ["rollout.max_context_tokens=4000"] if entrypoint == SMOLAGENTS else []  # its system prompt: ~2,800 tokens
+    summary = train(load_config("agent-tiny", SMALL + [f"agent.entrypoint={entrypoint}", *extra]), tmp_path / "run", live=False)
     assert summary.rl_iterations == 2 and summary.env_id == "agent" and summary.eval_after_rl.episodes == 4
     rows = [r for f in sorted((tmp_path / "run" / "trajectories").glob("rl_*.parquet")) for r in pq.read_table(f).to_pylist()]
     assert len({r["trajectory_id"] for r in rows}) == 8
     mismatches = 0
-    for r in rows:
-        calls = recorded[r["trajectory_id"]].calls
-        mask = np.asarray(r["loss_mask"], dtype=bool)
-        sampled = [t for c in calls for t in c.completion_ids]
-        mismatches += np.asarray(r["token_ids"])[mask].tolist() != sampled
-        assert np.asarray(r["logprobs"])[mask].tolist() == pytest.approx([x for c in calls for x in c.logprobs], abs=1e-6)
+    for tid in {r["trajectory_id"] for r in rows}:  # a split trajectory has several samples, in call order
+        calls = recorded[tid].calls
+        mine = [r for r in rows if r["trajectory_id"] == tid]
+        masks = [np.asarray(r["loss_mask"], dtype=bool) for r in mine]
+        tokens = [t for r, m in zip(mine, masks) for t in np.asarray(r["token_ids"])[m].tolist()]
+        logprobs = [x for r, m in zip(mine, masks) for x in np.asarray(r["logprobs"])[m].tolist()]
+        mismatches += tokens != [t for c in calls for t in c.completion_ids]
+        assert logprobs == pytest.approx([x for c in calls for x in c.logprobs], abs=1e-6)
     assert mismatches == 0
     metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     events = [m["env_events"] for m in metrics if "env_events" in m]
     assert len(events) == 2 and all(e["n_calls"] >= 4 for e in events)
-    assert sum(e["n_splits_rerendered"] + e["n_splits_branch"] + e["n_splits_new_context"] for e in events) == 0
+    splits = sum(e["n_splits_rerendered"] + e["n_splits_branch"] + e["n_splits_new_context"] for e in events)
+    if entrypoint != SMOLAGENTS:
+        assert splits == 0
+    else:  # its last call ("give your final answer") starts a new conversation: one split per rollout, listed
+        listed = (tmp_path / "run" / "gateway_splits.jsonl").read_text().splitlines()
+        assert splits > 0 and sum(json.loads(x)["rollout"].startswith("rl-") for x in listed) == splits
 
 
 def test_async_agents_and_their_metrics(tmp_path, agents_module):
