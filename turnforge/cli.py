@@ -161,6 +161,8 @@ def check_env_cmd(
     model: Optional[Path] = typer.Option(None, "--model", help="HF model directory whose tokenizer measures the actions"),
     max_new_tokens: int = typer.Option(8, "--max-new-tokens", min=1, help="rollout.max_new_tokens to measure against"),
     min_heldout: int = typer.Option(10, "--min-heldout", min=1, help="Fewest distinct held-out tasks accepted"),
+    allow_no_actions: bool = typer.Option(False, "--allow-no-actions", help="Accept an env with no actions to play "
+                                          "(no action_names, random_action or expert_action): the state checks are skipped"),
 ) -> None:
     """Run check_env on a registered env with options; a failure names the fix (exit 1)."""
     from turnforge.config import parse_overrides
@@ -176,7 +178,7 @@ def check_env_cmd(
         chat = load_chat_format(model)
     try:
         report = check_env(env_id, env_kwargs=kwargs, tasks=str(tasks) if tasks else None, min_heldout=min_heldout,
-                           tokenizer=chat, max_new_tokens=max_new_tokens)
+                           tokenizer=chat, max_new_tokens=max_new_tokens, allow_no_actions=allow_no_actions)
     except EnvCheckError as err:
         print(f"FAIL {env_id}: {err}", file=sys.stderr)
         sys.exit(1)

@@ -7,6 +7,7 @@ import random
 import pytest
 
 from turnforge import Env, StepResult, TaskDataset
+from turnforge.envs.tasks import TaskGenerator
 from turnforge.envs import EnvCheckError, InvalidAction, LevelEnv, Outcome, check_env, parse_choice
 
 
@@ -255,7 +256,8 @@ ROWS = [{"target": t, "split": "heldout" if t % 5 == 0 else "train"} for t in ra
 
 
 class Counter(Env):
-    """A light env (reset/step only): count up to task.data['target'] % 4 + 1 with 'inc'."""
+    """A light env (reset/step only): count up to task.data['target'] % 4 + 1 with 'inc' (the
+    task's number is shown, so no two tasks play alike)."""
 
     instructions = "Say inc until you reach the target."
     action_names = ("inc", "dec")
@@ -263,7 +265,7 @@ class Counter(Env):
 
     def reset(self, task, seed):
         self.goal, self.count = task.data["target"] % 4 + 1, 0
-        return f"count 0 of {self.goal}"
+        return f"task {task.data['target']}: count 0 of {self.goal}"
 
     def step(self, action):
         if action.strip() not in self.action_names:
@@ -337,3 +339,114 @@ def test_actions_longer_than_max_new_tokens_are_reported_with_the_number_needed(
     (warning,) = report.warnings
     assert f"needs {need} tokens with the stop token: set rollout.max_new_tokens={need}" in warning
     assert check_env(Coordinates(), tokenizer=tiny_policy.chat, max_new_tokens=need).warnings == []
+
+
+# ---------------------------------------------------------------------- holes an outside env found
+class GuessWithStrikes(Env):
+    """Guess the secret number. The wrapped game counts invalid answers where the observation
+    does not show it, and the second invalid answer in a row ends the game as a loss: one
+    invalid action looks harmless, two do not."""
+
+    instructions = "Guess the secret number from 1 to 1000."
+    tasks = TaskGenerator(lambda rng: {"secret": rng.randint(1, 1000)})
+
+    def reset(self, task, seed):
+        self.secret, self.strikes = task.data["secret"], 0
+        return "Guess a number from 1 to 1000."
+
+    def random_action(self, rng):
+        return str(rng.randint(1, 1000))
+
+    def step(self, action):
+        if not action.strip().isdigit():
+            self.strikes += 1
+            if self.strikes >= 2:
+                return StepResult("Two invalid answers: you lose.", -1.0, True, False, invalid_action=True)
+            return StepResult("Answer with a number.", -0.1, False, False, invalid_action=True)
+        self.strikes = 0
+        guess = int(action)
+        if guess == self.secret:
+            return StepResult("Correct!", 1.0, True, False, success=True)
+        return StepResult("Higher." if guess < self.secret else "Lower.", 0.0, False, False)
+
+
+def test_two_invalid_actions_in_a_row_that_end_the_game_are_caught():
+    with pytest.raises(EnvCheckError, match=r"invalid action 2 of 2 in a row at the start ended the episode"):
+        check_env(GuessWithStrikes())
+
+
+class SeedIgnored(Env):
+    """A seeded library that ignores its seed: every task is the same board."""
+
+    instructions = "Turn all the lights off. Answer with a cell number."
+    action_names = ("0", "1", "2", "3")
+    tasks = TaskGenerator(lambda rng: {"seed": rng.randrange(10**9)})
+
+    def reset(self, task, seed):
+        self.board = [1, 0, 1, 1]  # what the library builds for any seed
+        return self._show()
+
+    def _show(self):
+        return "".join(map(str, self.board))
+
+    def step(self, action):
+        if action.strip() not in self.action_names:
+            return StepResult("say a cell 0-3", -0.1, False, False, invalid_action=True)
+        i = int(action)
+        for j in (i - 1, i, i + 1):
+            if 0 <= j < 4:
+                self.board[j] ^= 1
+        won = not any(self.board)
+        return StepResult(self._show(), 1.0 if won else 0.0, won, False, success=won)
+
+
+def test_tasks_that_all_play_alike_are_caught_and_distinct_ones_pass():
+    with pytest.raises(EnvCheckError, match=r"all 12 tasks drawn play alike .*differ only in a seed the env does not use"):
+        check_env(SeedIgnored())
+
+    class SeedUsed(SeedIgnored):
+        def reset(self, task, seed):
+            self.board = [(task.data["seed"] >> k) & 1 for k in range(4)] or [1, 0, 0, 0]
+            return self._show()
+
+    check_env(SeedUsed(), deterministic=False)
+
+
+class Silent(Env):
+    """Open-text actions and no way for the checker to produce one."""
+
+    instructions = "Say something."
+    tasks = TaskGenerator(lambda rng: {"n": rng.randrange(1000)})
+
+    def reset(self, task, seed):
+        self.n = task.data["n"]
+        return f"task {self.n}"
+
+    def step(self, action):
+        return StepResult("ok", 1.0, True, False, success=True)
+
+
+def test_an_env_with_no_actions_to_play_fails_unless_allowed():
+    with pytest.raises(EnvCheckError, match=r"found no actions to play, so it could not check determinism.*"
+                                            r"allow_no_actions=True"):
+        check_env(Silent(), invalid_action=None)
+    report = check_env(Silent(), invalid_action=None, allow_no_actions=True)
+    assert any("found no actions to play" in w for w in report.warnings)
+
+
+def test_an_env_written_for_the_old_hooks_is_told_the_new_contract():
+    from turnforge.errors import UserError
+
+    class OldStyle(Env):
+        def generate_level(self, level_seed):
+            return level_seed
+
+        def render(self):
+            return "x"
+
+        def apply(self, action):
+            return None
+
+    with pytest.raises(UserError, match=r"OldStyle is written for turnforge's old env hooks \(generate_level, render, "
+                                        r"apply\) and lacks reset\(\) and step\(\): subclass turnforge.envs.LevelEnv"):
+        OldStyle()

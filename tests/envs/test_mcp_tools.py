@@ -131,6 +131,43 @@ def test_a_server_that_does_not_start_is_one_line_at_construction(tmp_path):
         env.reset(None, 0)
 
 
+HOLD_SLOT = """
+import sys, time
+from turnforge.sandbox.gate import StartGate
+with StartGate(1).slot():
+    print("held", flush=True)
+    time.sleep(float(sys.argv[1]))
+"""
+
+
+@pytest.mark.slow
+def test_a_start_queued_behind_other_starts_is_not_timed_out():
+    """The queue before a start is not part of its start timeout: with the one slot held by
+    another process for longer than startup_timeout_s, the start waits and then succeeds."""
+    import subprocess
+    import sys
+    import time
+
+    env = probe_env(max_starting=1)
+    began = time.monotonic()
+    env.reset(task(), 0)  # one start on this machine, now, sizes the timeout below
+    one_start = time.monotonic() - began
+    env.close()
+    timeout = max(10.0, 10 * one_start)  # the load may change between the two starts
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_SLOT, str(timeout + 1)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        env.startup_timeout_s = timeout
+        began = time.monotonic()
+        env.reset(task(start=5), 1)
+        assert time.monotonic() - began > timeout  # it did wait longer than its timeout ...
+        assert env.step(call("bump")).observation == "6"  # ... and the server is up
+        assert holder.poll() is not None or holder.wait(timeout=30) == 0
+    finally:
+        holder.kill()
+        env.close()
+
+
 def _children() -> set[int]:
     return {p.pid for p in psutil.Process().children(recursive=True)}
 

@@ -19,7 +19,7 @@ from turnforge.sandbox import TRUNCATED, Limits, Result, Sandbox, SandboxError, 
 def test_runs_a_program_and_returns_its_result(make_sandbox):
     r = make_sandbox().run(["sh", "-c", "echo out; echo err >&2; exit 3"])
     assert (r.exit_code, r.stdout, r.stderr, r.timed_out, r.killed_reason) == (3, "out\n", "err\n", False, None)
-    assert 0 < r.duration_s < 5 and not r.ok
+    assert r.duration_s > 0 and not r.ok
     with pytest.raises(dataclasses.FrozenInstanceError):
         r.exit_code = 0  # type: ignore[misc]
 
@@ -53,7 +53,7 @@ def test_output_is_truncated_with_a_marker_and_decoded_with_replacement(make_san
 
 def test_run_timeout_overrides_the_limit(make_sandbox):
     r = make_sandbox(timeout_s=30).run(["sleep", "10"], timeout=0.3)
-    assert r.timed_out and r.killed_reason == "timeout" and r.exit_code == 137 and r.duration_s < 1.5
+    assert r.timed_out and r.killed_reason == "timeout" and r.exit_code == 137 and r.duration_s < 10  # not its sleep
 
 
 @pytest.mark.parametrize("name", ["/etc/passwd", "../escape.py", "a/../../escape.py", "", ".", "a\0b"])
@@ -87,7 +87,7 @@ def test_unsafe_backend_warns_loudly_every_time_and_still_applies_limits(capfd):
         with pytest.warns(UnsafeSandboxWarning, match="WITHOUT isolation"):
             sandbox = Sandbox(Limits(max_output_bytes=100), backend="unsafe-none")
         assert "WARNING: turnforge.sandbox backend 'unsafe-none'" in capfd.readouterr().err
-    r = sandbox.run(["sh", "-c", "cat data.txt; cat -; ulimit -c; sleep 5"], files={"data.txt": "hi\n"}, stdin="in\n", timeout=0.5)
+    r = sandbox.run(["sh", "-c", "cat data.txt; cat -; ulimit -c; sleep 60"], files={"data.txt": "hi\n"}, stdin="in\n", timeout=3.0)
     assert r.stdout == "hi\nin\n0\n" and r.killed_reason == "timeout"
 
 

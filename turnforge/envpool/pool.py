@@ -45,7 +45,8 @@ from turnforge.envpool.host import (
 )
 from turnforge.envs.base import EnvSnapshot, capabilities
 from turnforge.envs.registry import EnvSpec, list_envs, make
-from turnforge.errors import UserError
+from turnforge.errors import RunStopped, UserError
+from turnforge.sandbox.gate import usable_cores
 from turnforge.types import Task
 
 @dataclass(frozen=True)
@@ -117,17 +118,23 @@ class Worker(Protocol):
         """Give the worker ``grace`` seconds to exit by itself, then make sure it is gone."""
 
 
+class WorkerStartError(RunStopped, RuntimeError):
+    """An env worker did not start (its envs failed to build, or no answer within
+    ``start_timeout``): the run stops with one line (exit 1), not a traceback."""
+
+
 def _check_started(worker: Worker, started: tuple[str, Any] | None, timeout: float) -> int:
     """Turn a worker's start-up reply (``None`` = none within ``timeout``) into its pid, or kill
-    it and raise ``RuntimeError``."""
+    it and raise ``WorkerStartError``."""
     if started is not None and started[0] == "ready":
         return started[1]
     worker.kill()
     if started is None:
-        raise RuntimeError(f"env worker did not start within {timeout:.0f}s")
+        raise WorkerStartError(f"env worker did not start within {timeout:.0f}s (engine.env_workers workers start "
+                               f"{usable_cores()} at a time; fewer workers, or a lighter env start, help)")
     tag, value = started
     if tag == "error":
-        raise RuntimeError(f"env worker failed to build its envs: {value}")
+        raise WorkerStartError(f"env worker failed to build its envs: {value}")
     raise RuntimeError(f"env worker exited during start-up ({value})")
 
 
@@ -264,9 +271,16 @@ class BasePool:
         self._finalizer = weakref.finalize(self, _shutdown, self._workers)
         t0 = time.perf_counter()
         try:
+            # at most one start per usable core at a time: each worker imports and builds its envs
+            # (an MCP env starts a server to list its tools); started all at once on a small
+            # machine, the last ones would pass start_timeout queued behind the others
+            starting: deque[Worker] = deque()
             for w_idx, w in enumerate(self._workers):
+                if len(starting) >= usable_cores():
+                    starting.popleft().wait_ready(self.start_timeout)
                 w.start(self.spec, self.env_kwargs, self._assignments(w_idx))
-            for w in self._workers:
+                starting.append(w)
+            for w in starting:
                 w.wait_ready(self.start_timeout)
         except BaseException:
             self.close()

@@ -136,6 +136,11 @@ def strip_guidance(observation: str) -> str:
     return "\n".join(lines[:keep])
 
 
+#: Hooks of turnforge's first env contract (now ``LevelEnv``'s): an ``Env`` subclass that
+#: defines them but not ``reset``/``step`` was written for it.
+OLD_HOOKS = ("generate_level", "level_key", "initial_state", "render", "parse_action", "apply", "valid_actions_text")
+
+
 class Env(ABC):
     """Base class of turnforge environments: ``reset(task, seed)`` and ``step(action)``
     (see the module docstring for the optional capabilities)."""
@@ -157,6 +162,18 @@ class Env(ABC):
     #: One line describing each guidance level (level k is ``guidance_levels[k - 1]``);
     #: () = the env gives no hints. Envs with levels take a ``guidance=k`` option (0 = off).
     guidance_levels: tuple[str, ...] = ()
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> "Env":
+        missing = sorted(getattr(cls, "__abstractmethods__", ()))
+        old = [hook for hook in OLD_HOOKS if callable(getattr(cls, hook, None))]
+        if missing and old:
+            raise UserError(
+                f"{cls.__name__} is written for turnforge's old env hooks ({', '.join(old)}) and lacks "
+                f"{' and '.join(m + '()' for m in missing)}: subclass turnforge.envs.LevelEnv, which builds reset(task, "
+                "seed) and step(action) from those hooks, or implement the two methods on turnforge.Env (README, "
+                "'Bring your own env')"
+            )
+        return super().__new__(cls)
 
     @abstractmethod
     def reset(self, task: Task, seed: int) -> str:

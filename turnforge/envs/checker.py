@@ -12,8 +12,13 @@ the actions it can find (``action_names``, ``random_action(rng)``, the expert's,
   fails here);
 - independence: two envs of one batch playing the same task at once do not change each
   other (shared mutable state corrupts the G parallel rollouts of a group);
-- invalid actions: a garbage action is flagged invalid and changes nothing: the episode
-  goes on exactly as if it had not been sent (hidden state included, not only the anchor key);
+- tasks differ: the same actions from the same seed play differently on different tasks
+  (first observation and results); an env whose tasks all play alike (a library keyed by a
+  seed it ignores) fails, and held-out tasks that play like train tasks are warned about;
+- invalid actions: runs of 1, 2 and 3 garbage actions in a row, at the start and in the
+  middle of an episode, are each flagged invalid and change nothing: the episode goes on
+  exactly as if they had not been sent (hidden state included, e.g. a count of errors that
+  ends the game at the second one, not only the anchor key);
 - snapshots (when the env has them): ``restore`` brings back the state, in the same env and
   in another one, again and again, and snapshots pickle (env workers ship them);
 - the expert (when there is one): its actions are valid, and on a deterministic env it wins;
@@ -21,7 +26,9 @@ the actions it can find (``action_names``, ``random_action(rng)``, the expert's,
   tokens than the rollout allows would always be cut; it is reported with the number needed.
 
 Failures raise ``EnvCheckError`` (an ``AssertionError``) whose message says what to change;
-``check_env`` returns a ``CheckReport`` with the checks that ran and the warnings.
+``check_env`` returns a ``CheckReport`` with the checks that ran and the warnings. An env
+with no actions the checker can play (no ``action_names``, ``random_action`` or
+``expert_action``) fails, since the state checks cannot run, unless ``allow_no_actions``.
 """
 
 from __future__ import annotations
@@ -30,7 +37,7 @@ import copy
 import pickle
 import random
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, NoReturn, Sequence
 
 from turnforge.envs.base import Env, EnvSnapshot, InvalidAction, capabilities
@@ -40,6 +47,10 @@ from turnforge.types import StepResult, Task
 
 #: An action text no env should accept.
 GARBAGE_ACTION = "<<turnforge check_env: this is not an action>>"
+#: Lengths of the runs of invalid actions in a row the checker sends (an env may count errors).
+INVALID_RUNS = (1, 2, 3)
+#: Actions played from each task for the "tasks differ" check.
+FINGERPRINT_STEPS = 4
 
 
 class EnvCheckError(AssertionError):
@@ -72,6 +83,8 @@ def check_env(
     tokenizer: Any = None,
     max_new_tokens: int | None = None,
     quick: bool = False,
+    allow_no_actions: bool = False,
+    distinct_sample: int | None = None,
 ) -> CheckReport:
     """Check ``env`` (an instance, or a registered id made with ``env_kwargs`` and the task
     file ``tasks``); raise ``EnvCheckError`` at the first contract violation.
@@ -85,7 +98,9 @@ def check_env(
     with another seed. ``invalid_action`` is a text the env must reject (None skips that check,
     for envs that accept any text). ``tokenizer`` (a ``ChatFormat`` or HF tokenizer) with
     ``max_new_tokens`` adds the action-length check. ``quick``: one task per split and no
-    expert-wins check (what ``turnforge train`` runs at start).
+    expert-wins check (what ``turnforge train`` runs at start). ``allow_no_actions`` turns the
+    failure for an env without playable actions into a warning. ``distinct_sample`` tasks per
+    split (default 6, 2 when ``quick``) are played for the "tasks differ" check.
     """
     if isinstance(env, str):
         from turnforge.envs.registry import build_env, share_levels
@@ -104,11 +119,17 @@ def check_env(
     _reset(env, played[0], 0)  # parse_action may look at the state
     actions = _Actions(env)
     if actions.empty:
-        report.warnings.append(
-            f"{_name(env)}: check_env found no actions to play; give the env action_names, random_action(rng) or "
-            "expert_action() so the state checks can run"
-        )
+        what = (f"{_name(env)}: check_env found no actions to play, so it could not check determinism, invalid "
+                "actions, snapshots or batch independence; give the env action_names, random_action(rng) or "
+                "expert_action()")
+        if not allow_no_actions:
+            _fail(what + " (or accept a check without them: allow_no_actions=True, `turnforge check-env "
+                  "--allow-no-actions`)")
+        report.warnings.append(what)
     caps = capabilities(env)
+    if not actions.empty:
+        report.warnings += _check_tasks_differ(env, tasks, actions, distinct_sample or (2 if quick else 6))
+        report.checks.append("tasks differ")
     for seed, task in enumerate(played):
         _check_reset(env, task, seed, actions, max_steps)
         if invalid_action is not None:
@@ -347,28 +368,97 @@ def _check_reset(env: Env, task: Task, seed: int, actions: _Actions, max_steps: 
 
 
 def _check_invalid_action(env: Env, task: Task, seed: int, actions: _Actions, garbage: str, max_steps: int) -> None:
+    """Runs of ``INVALID_RUNS`` invalid actions in a row (the first at the episode's start, the
+    others at a random point of it) are each flagged invalid, and the episode then goes on
+    exactly as the same actions without them."""
     caps = capabilities(env)
     rng = random.Random(seed + 7)
     played, clean = _draw(env, task, seed, actions, rng, 5)
-    _reset(env, task, seed)
-    key = env.anchor_key() if caps.anchor_key else None
-    result = _step(env, garbage)
-    if not result.invalid_action:
-        _fail(f"{_name(env)}: step({garbage!r}) was not flagged invalid; return invalid_action=True for text the env "
-              "cannot use (a LevelEnv raises InvalidAction in parse_action)")
-    if _is_level(env) and result.reward != env.invalid_action_penalty:
-        _fail(f"{_name(env)}: an invalid action gave reward {result.reward}, not invalid_action_penalty")
-    if key is not None and env.anchor_key() != key:
-        _fail(f"{_name(env)}: an invalid action changed the state (its anchor key); leave the state as it was "
-              "(a LevelEnv raises InvalidAction before mutating self.state)")
-    if result.terminated or result.truncated:
-        return
-    after = _replay(env, played)
-    if after != clean:
+    for n, run in enumerate(INVALID_RUNS):
+        at = 0 if n == 0 or not played else rng.randrange(len(played))
+        _reset(env, task, seed)
+        _replay(env, played[:at])
+        key = env.anchor_key() if caps.anchor_key else None
+        where = "at the start" if at == 0 else f"after {at} action(s)"
+        for k in range(1, run + 1):
+            result = _step(env, garbage)
+            nth = f"invalid action {k} of {run} in a row {where}"
+            if not result.invalid_action:
+                _fail(f"{_name(env)}: step({garbage!r}) ({nth}) was not flagged invalid; return invalid_action=True "
+                      "for text the env cannot use (a LevelEnv raises InvalidAction in parse_action)")
+            if _is_level(env) and result.reward != env.invalid_action_penalty:
+                _fail(f"{_name(env)}: an invalid action gave reward {result.reward}, not invalid_action_penalty")
+            if key is not None and env.anchor_key() != key:
+                _fail(f"{_name(env)}: an invalid action changed the state (its anchor key; {nth}); leave the state as "
+                      "it was (a LevelEnv raises InvalidAction before mutating self.state)")
+            if result.terminated:
+                _fail(f"{_name(env)}: {nth} ended the episode (terminated); an invalid action must leave all state, "
+                      "hidden state too (e.g. a count of errors), as it was: don't end or penalise the game for "
+                      "repeated invalid actions (the rollout caps turns with rollout.max_turns)")
+            if result.truncated:
+                return  # the step budget ran out: nothing left to compare
+        after = _replay(env, played[at:])
+        if not _same_but_budget(clean[at:], after):
+            _fail(
+                f"{_name(env)}: {run} invalid action(s) in a row {where} changed the episode: the same actions after "
+                f"them gave other results ({_first_difference(clean[at:], after)}); an invalid action must leave all "
+                "state, hidden state too, as it was"
+            )
+
+
+def _same_but_budget(clean: Sequence[StepResult], after: Sequence[StepResult]) -> bool:
+    """``after`` plays as ``clean``, except that it may be cut short by the env's step budget:
+    invalid actions may spend steps of an env's own ``max_steps`` (a ``LevelEnv``'s do), the
+    one piece of state they may change."""
+    if list(after) == list(clean):
+        return True
+    if not after or not after[-1].truncated or len(after) > len(clean):
+        return False
+    last = len(after) - 1
+    return list(after[:last]) == list(clean[:last]) and replace(after[last], truncated=False) == replace(clean[last], truncated=False)
+
+
+def _check_tasks_differ(env: Env, tasks: Mapping[str, list[Task]], actions: _Actions, sample: int) -> list[str]:
+    """Different tasks play differently: the first observation and the results of the same
+    actions (drawn with one fixed generator, seed 0) from ``sample`` tasks of each split.
+    Fails when all play alike; held-out tasks that play like a train task are warnings (a small
+    game has few distinct boards, and four steps may not show what differs)."""
+    plays: dict[tuple, Task] = {}
+    leaks: list[tuple[Task, Task]] = []
+    for split in ("train", "heldout"):
+        for task in tasks[split][:sample]:
+            first = _reset(env, task, 0)
+            _, results = _draw(env, task, 0, actions, random.Random(0), FINGERPRINT_STEPS)
+            fingerprint = (first, repr(results))  # info dicts are not hashable
+            same = plays.setdefault(fingerprint, task)
+            if same.split != task.split:
+                leaks.append((task, same))
+    drawn = sum(min(sample, len(tasks[s])) for s in ("train", "heldout"))
+    if len(plays) == 1 and drawn > 1:
         _fail(
-            f"{_name(env)}: an invalid action changed the episode: the same actions after it gave other results "
-            f"({_first_difference(clean, after)}); an invalid action must leave all state, hidden state too, as it was"
+            f"{_name(env)}: all {drawn} tasks drawn play alike (the same first observation {_short(next(iter(plays))[0])} "
+            f"and the same results for the same actions): the tasks differ only in a seed the env does not use; "
+            f"{_content_hint(env)}"
         )
+    if not leaks:
+        return []
+    task, same = leaks[0]
+    return [f"{_name(env)}: {len(leaks)} of {min(sample, len(tasks['heldout']))} held-out tasks drawn play exactly like a "
+            f"train task in their first {FINGERPRINT_STEPS} steps (e.g. {_task_name(task)} and {_task_name(same)}); if "
+            f"they are the same task, held-out success measures memory of train tasks: {_content_hint(env)}"]
+
+
+def _task_name(task: Task) -> str:
+    return f"{task.split}/{task.index}"
+
+
+def _content_hint(env: Env) -> str:
+    if _is_level(env):
+        return ("make generate_level(level_seed) build the level's content from level_seed, and level_key() describe "
+                "that content (the split is a hash of it; see docs/guide.md, 'Tasks from a seeded library')")
+    return ("give each task its content in task.data (the split is a hash of it), or, for a library that generates "
+            "from a seed, a LevelEnv whose level_key() describes the generated content (see docs/guide.md, 'Tasks "
+            "from a seeded library')")
 
 
 def _check_snapshot(env: Env, task: Task, seed: int, actions: _Actions, make_another: Callable[[], Env] | None) -> None:

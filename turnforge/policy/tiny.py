@@ -70,6 +70,7 @@ calculator python result error output true false none
 # The envs whose words the tiny tokenizer learns: a fixed list, so that registering another
 # env (a plugin, a variant such as sokoban-slow) never changes the tiny model or the results.
 CORPUS_ENVS = ("2048", "frozenlake", "frozenlake-slippery", "sokoban")
+CORPUS_MAX_STEPS = 100  # expert steps per corpus episode (an expert that never ends is cut here)
 
 
 class TinyModelConfig(BaseModel):
@@ -132,21 +133,33 @@ def build_tokenizer(corpus: list[str], vocab_size: int = 512):
 
 
 def default_corpus(samples_per_env: int = 20, env_ids: tuple[str, ...] = CORPUS_ENVS) -> list[str]:
-    """Instructions and observations of ``env_ids``, and the expert's actions and the
-    observations they lead to for envs with open-text actions (tool calls), so the
-    tokenizer knows their words."""
+    """Instructions and observations of ``env_ids`` (train tasks 0..``samples_per_env``-1, each
+    played with its index as seed), and, for envs with open-text actions (tool calls) and an
+    expert, the expert's actions and the observations they lead to, so the tokenizer knows
+    their words. Any env of the two-method contract works; one without an expert gives its
+    first observations only."""
     from turnforge.envs import make
+    from turnforge.envs.base import capabilities
 
     texts: list[str] = []
     for env_id in env_ids:
         env = make(env_id)
         texts.append(env.instructions)
         texts.extend(json.dumps(tool) for tool in env.tools)
-        for i in range(samples_per_env):
-            texts.append(env.reset(seed=i))
-            while not env.action_names and not env.done:
-                action = env.expert_action()
-                texts.extend((action, env.step(action).observation))
+        plays = not env.action_names and capabilities(env).expert
+        try:
+            for i in range(samples_per_env):
+                texts.append(env.reset(env.task("train", i), i))
+                for _ in range(CORPUS_MAX_STEPS if plays else 0):
+                    action = env.expert_action()
+                    result = env.step(action)
+                    texts.extend((action, result.observation))
+                    if result.terminated or result.truncated:
+                        break
+        finally:
+            close = getattr(env, "close", None)
+            if callable(close):
+                close()
     return texts
 
 

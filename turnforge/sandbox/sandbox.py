@@ -12,6 +12,7 @@ from pathlib import Path, PurePosixPath
 
 from turnforge.errors import UserError, choices
 from turnforge.sandbox import bwrap
+from turnforge.sandbox.gate import StartGate, check_slots
 from turnforge.sandbox.limits import MB, Limits, Result, SandboxError, prlimit_argv
 from turnforge.sandbox.process import SandboxProcess, execute, spawn
 
@@ -33,13 +34,20 @@ class Sandbox:
 
     Creating a ``bwrap`` sandbox checks once per process that bubblewrap is installed and can
     create its namespaces here, and raises ``UserError`` naming the fix if not.
+
+    ``max_starting`` bounds how many programs of this machine's sandboxes are in their start
+    at once (``gate``, a machine-wide ``StartGate``; None: one per usable core): ``run`` holds
+    a slot for the whole run, so its timeout measures the program, not a queue behind other
+    programs; a long-running program from ``start`` holds none by itself: its caller takes
+    ``with sandbox.gate.slot():`` around the start and whatever handshake makes it ready.
     """
 
-    def __init__(self, limits: Limits | None = None, backend: str = "bwrap") -> None:
+    def __init__(self, limits: Limits | None = None, backend: str = "bwrap", max_starting: int | None = None) -> None:
         if backend not in BACKENDS:
             raise UserError(f"unknown sandbox backend {backend!r}; choose one of {choices(BACKENDS)}")
         self.limits = limits or Limits()
         self.backend = backend
+        self.gate = StartGate(check_slots(max_starting, "max_starting"))
         if backend == "unsafe-none":
             warnings.warn(UNSAFE_WARNING, UnsafeSandboxWarning, stacklevel=2)
             print(f"WARNING: {UNSAFE_WARNING}", file=sys.stderr, flush=True)
@@ -66,6 +74,10 @@ class Sandbox:
             raise UserError(f"Sandbox.run timeout must be > 0 seconds, got {timeout!r}")
         contents = check_files(files or {}, self.limits)
         timeout_s = timeout if timeout is not None else self.limits.timeout_s
+        with self.gate.slot():
+            return self._run(argv, contents, stdin, timeout_s)
+
+    def _run(self, argv: list[str], contents: dict[PurePosixPath, bytes], stdin: str, timeout_s: float) -> Result:
         if self.backend == "unsafe-none":
             return self._run_unsafe(argv, contents, stdin.encode(), timeout_s)
         with bwrap.command(self._launch, self.limits, contents) as (prefix, fds):

@@ -71,6 +71,6 @@ def check_env_at_start(cfg: TrainConfig) -> None:
     """``check_env(quick=True)`` on the run's env; a violation is a one-line ``UserError``."""
     try:
         check_env(cfg.env.id, env_kwargs=cfg.env.kwargs, tasks=cfg.env.tasks, heldout_fraction=cfg.env.heldout_fraction, quick=True,
-                  min_heldout=cfg.eval.min_heldout_tasks)
+                  min_heldout=cfg.eval.min_heldout_tasks, allow_no_actions=True)  # RL needs no scripted actions
     except EnvCheckError as err:
         raise UserError(f"env {cfg.env.id!r} fails check_env: {err}") from None

@@ -66,7 +66,7 @@ class CodeRepairEnv(ToolEnv):
 
     def __init__(self, *, kinds: tuple[str, ...] | list[str] = KINDS, partial_credit: bool = False,
                  success_reward: float = 1.0, timeout_s: float = 5.0, sandbox_backend: str = "bwrap",
-                 max_tool_calls: int = 12, **kwargs) -> None:
+                 max_starting: int | None = None, max_tool_calls: int = 12, **kwargs) -> None:
         from turnforge.sandbox import Limits, Sandbox
 
         unknown = sorted(set(kinds) - set(KINDS))
@@ -76,7 +76,8 @@ class CodeRepairEnv(ToolEnv):
         kwargs.setdefault("max_output_chars", 3000)
         super().__init__(max_tool_calls=max_tool_calls, **kwargs)
         self.kinds, self.partial_credit, self.success_reward = tuple(sorted(kinds)), bool(partial_credit), float(success_reward)
-        self.sandbox = Sandbox(Limits(timeout_s=timeout_s, cpu_s=max(1, int(timeout_s))), backend=sandbox_backend)
+        self.sandbox = Sandbox(Limits(timeout_s=timeout_s, cpu_s=max(1, int(timeout_s))), backend=sandbox_backend,
+                               max_starting=max_starting)
 
     @property
     def instructions(self) -> str:

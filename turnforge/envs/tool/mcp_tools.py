@@ -19,8 +19,13 @@ installed packages (the interpreter and site-packages are bound read-only; when 
 runs as root and its interpreter lives where the sandbox's user cannot read, e.g. under
 ``/root``, the system's ``/usr/bin/python3`` of the same version runs with them instead).
 
-Failures: a server that does not start, exits, hangs past ``call_timeout_s`` or breaks the
-protocol raises ``McpServerError`` (a ``SandboxError``): the rollout records the episode as
+Starts under load: a server's start (the sandbox, the interpreter, the ``initialize``
+handshake) waits for a slot of the machine-wide ``StartGate`` (``max_starting`` at once, by
+default one per usable core) and must answer within ``startup_timeout_s`` of getting it; the
+time queued behind other starts is not counted. Each later request has ``call_timeout_s``.
+
+Failures: a server that does not start within ``startup_timeout_s``, exits, hangs past
+``call_timeout_s`` or breaks the protocol raises ``McpServerError`` (a ``SandboxError``): the rollout records the episode as
 an infrastructure failure, never as reward 0. A tool that reports an error (``isError``) is a
 normal observation, counted in ``n_tool_errors``; arguments that do not match the tool's
 input schema are an invalid action, as for built-in tools. At construction one server is
@@ -258,7 +263,8 @@ class McpToolEnv(ToolEnv):
 
     def __init__(self, *, server: str | Sequence[str], server_files: Sequence[str] = (), instructions: str = "",
                  startup_timeout_s: float = 30.0, call_timeout_s: float = 10.0, memory_mb: int = 1024,
-                 cpu_s: int = 60, max_processes: int = 64, sandbox: str = "bwrap", success_reward: float = 1.0,
+                 cpu_s: int = 60, max_processes: int = 64, sandbox: str = "bwrap", max_starting: int | None = None,
+                 success_reward: float = 1.0,
                  tool_call_format: str = "hermes", max_tool_calls: int = 4, max_output_chars: int = 2000,
                  invalid_action_penalty: float = -0.1, max_steps: int = 10) -> None:
         super().__init__(tool_call_format=tool_call_format, max_tool_calls=max_tool_calls,
@@ -288,7 +294,8 @@ class McpToolEnv(ToolEnv):
         self.argv = argv
         self.label = shlex.join(argv)
         # the server's limits, per process: CPU seconds over its whole episode, address space, processes
-        self.sandbox = Sandbox(Limits(memory_mb=memory_mb, cpu_s=cpu_s, max_processes=max_processes), backend=sandbox)
+        self.sandbox = Sandbox(Limits(memory_mb=memory_mb, cpu_s=cpu_s, max_processes=max_processes), backend=sandbox,
+                               max_starting=max_starting)
         self.startup_timeout_s, self.call_timeout_s = float(startup_timeout_s), float(call_timeout_s)
         self.success_reward = float(success_reward)
         self._server: McpConnection | None = None
@@ -299,10 +306,12 @@ class McpToolEnv(ToolEnv):
 
     # ------------------------------------------------------------------ the server
     def _open(self, task_data: Mapping[str, Any]) -> McpConnection:
-        return McpConnection.open(
-            self.sandbox, self.argv, files=self.files, binds=self.binds, timeout_s=self.startup_timeout_s,
-            env={**self.server_env, "TURNFORGE_TASK": json.dumps(dict(task_data), sort_keys=True)},
-        )
+        # queued behind the machine's other starts; startup_timeout_s counts from the slot on
+        with self.sandbox.gate.slot():
+            return McpConnection.open(
+                self.sandbox, self.argv, files=self.files, binds=self.binds, timeout_s=self.startup_timeout_s,
+                env={**self.server_env, "TURNFORGE_TASK": json.dumps(dict(task_data), sort_keys=True)},
+            )
 
     def _probe(self) -> tuple[dict[str, Tool], str]:
         """The server's tools and instructions, listed by one server started with an empty

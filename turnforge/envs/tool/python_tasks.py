@@ -91,7 +91,8 @@ class PythonTasksEnv(ToolEnv):
     """Integer-answer computation tasks solved with a sandboxed ``run_python`` tool."""
 
     def __init__(self, *, families: tuple[str, ...] | list[str] = FAMILIES, timeout_s: float = 10.0,
-                 memory_mb: int = 512, sandbox_backend: str = "bwrap", max_tool_calls: int = 3,
+                 memory_mb: int = 512, sandbox_backend: str = "bwrap", max_starting: int | None = None,
+                 max_tool_calls: int = 3,
                  success_reward: float = 1.0, **kwargs) -> None:
         from turnforge.sandbox import Limits, Sandbox
 
@@ -102,7 +103,7 @@ class PythonTasksEnv(ToolEnv):
         super().__init__(max_tool_calls=max_tool_calls, **kwargs)
         self.families, self.success_reward = tuple(sorted(families)), float(success_reward)
         self.sandbox = Sandbox(Limits(timeout_s=timeout_s, cpu_s=max(1, int(timeout_s)), memory_mb=memory_mb),
-                               backend=sandbox_backend)
+                               backend=sandbox_backend, max_starting=max_starting)
 
     @property
     def instructions(self) -> str:
