@@ -115,3 +115,11 @@ def any_policy(request):
 
     name = "tiny_model_dir" if request.param == "tiny" else "smollm2_tiny_dir"
     return load_policy(request.getfixturevalue(name))
+
+
+def pytest_collection_modifyitems(config, items):
+    """Modules with slow tests first: pytest-xdist hands tests out in collection order, so a
+    long end-to-end run collected last would run alone at the end while the other worker
+    idles. Whole modules move (stable sort), so a module-scoped fixture is built once."""
+    slow_modules = {item.module.__name__ for item in items if item.get_closest_marker("slow") is not None}
+    items.sort(key=lambda item: item.module.__name__ not in slow_modules)
