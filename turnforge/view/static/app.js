@@ -284,8 +284,10 @@ async function route() {
   } catch (err) {
     app().replaceChildren(el("div", { class: "error", "data-testid": "error" }, String(err && err.message ? err.message : err)));
   }
-  document.body.dataset.ready = name;
+  // for tests and benchmarks: which view is drawn, how long it took, when (ms from navigation start)
   document.body.dataset.renderMs = String(Math.round(performance.now() - t0));
+  document.body.dataset.readyAt = String(Math.round(performance.now()));
+  document.body.dataset.ready = name;
 }
 
 function renderLegend() {
