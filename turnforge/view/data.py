@@ -222,8 +222,8 @@ class Totals:
 
 @dataclass(frozen=True)
 class StageStats:
-    """One stage: outcomes, failures (first line of each error text, most frequent first) and
-    truncations by reason."""
+    """One stage: outcomes, failures (the first line of each error text with its numbers as N,
+    most frequent first) and truncations by reason."""
 
     stage: str
     episodes: int
@@ -274,6 +274,7 @@ class BrowseQuery:
     source: str | None = None
     env: str | None = None
     task: str | None = None  # a substring of the task id
+    task_id: str | None = None  # one task exactly
     outcome: str | None = None  # one of OUTCOMES
     reward_min: float | None = None
     reward_max: float | None = None
@@ -308,7 +309,7 @@ class BrowseQuery:
     def where(self) -> tuple[str, list[Any]]:
         """The SQL condition on ``episodes`` and its parameters."""
         clauses, params = ["TRUE"], []
-        for name in ("stage", "iteration", "source", "env"):
+        for name in ("stage", "iteration", "source", "env", "task_id"):
             if getattr(self, name) is not None:
                 clauses.append(f"{name} = ?")
                 params.append(getattr(self, name))
@@ -493,7 +494,9 @@ class RunView:
                 FROM episodes GROUP BY stage ORDER BY {_STAGE_RANK}, stage""").to_pylist():
             reasons = self.sql("SELECT truncation_reason, count(*) AS n FROM episodes WHERE stage = ? AND truncation_reason IS NOT NULL "
                                "GROUP BY ALL ORDER BY n DESC, truncation_reason", [r["stage"]]).to_pylist()
-            failures = self.sql("SELECT split_part(infra_failure, chr(10), 1) AS why, count(*) AS n FROM episodes "
+            # the first line of each error with its numbers (task indices, seeds) as N: one row per kind of failure
+            failures = self.sql("SELECT regexp_replace(split_part(infra_failure, chr(10), 1), '[0-9]+', 'N', 'g') AS why, "
+                                "count(*) AS n FROM episodes "
                                 "WHERE stage = ? AND infra_failure IS NOT NULL GROUP BY ALL ORDER BY n DESC, why LIMIT 10",
                                 [r["stage"]]).to_pylist()
             out.append(StageStats(

@@ -154,6 +154,7 @@ class FileSource {
     if (q.source && E.source[i] !== q.source) return false;
     if (q.env && E.env[i] !== q.env) return false;
     if (q.task && !E.task_id[i].includes(q.task)) return false;
+    if (q.task_id && E.task_id[i] !== q.task_id) return false;
     if (q.outcome === "success" && E.success[i] !== true) return false;
     if (q.outcome === "failure" && !(E.infra_failure[i] === null && E.success[i] === false)) return false;
     if (q.outcome === "infra" && E.infra_failure[i] === null) return false;
@@ -541,6 +542,8 @@ async function viewBrowse(params) {
     sel("source", o.facets.sources, "source"), sel("env", o.facets.envs, "env"), input("task", "task id contains"),
     sel("outcome", ["success", "failure", "infra", "truncated"], "outcome"),
     input("reward_min", "reward ≥", "number"), input("reward_max", "reward ≤", "number"),
+    params.task_id ? el("label", {}, "task", el("span", {}, params.task_id, " ", el("a", { href: "#", title: "any task",
+      onclick: (e) => { e.preventDefault(); go({ task_id: "" }); } }, "×"))) : null,
     el("label", {}, "order", el("select", { onchange: (e) => go({ sort: e.target.value }) },
       [["run", "run order"], ["spread", "widest reward spread"], ["best", "best reward"], ["worst", "worst reward"]].map(([v, t]) =>
         el("option", { value: v, selected: (params.sort || "run") === v }, t)))),
@@ -573,7 +576,7 @@ async function viewBrowse(params) {
   const rows = table([
     { label: "stage", get: (g) => g.stage }, { label: "it.", n: 1, get: (g) => g.iteration },
     { label: "group", get: (g) => el("a", { href: hashOf("group", { run, stage: g.stage, iteration: g.iteration, group: g.group_id }) }, g.group_id) },
-    { label: "task", get: (g) => g.task_id },
+    { label: "task", get: (g) => el("a", { href: hashOf("browse", { run, task_id: g.task_id }), title: "every group of this task" }, g.task_id) },
     { label: "attempts (reward; green = success)", get: (g) => el("div", { class: "chips" }, g.members.map((m) => chipFor(run, g.stage, g.iteration, m))) },
     { label: "success", n: 1, get: (g) => `${g.successes}/${g.n}` }, { label: "mean", n: 1, get: (g) => num(g.mean_reward) },
     { label: "best", n: 1, get: (g) => num(g.best) }, { label: "worst", n: 1, get: (g) => num(g.worst) },
@@ -631,7 +634,8 @@ async function viewGroup(params) {
   const lines = new Map(ts.map((t) => [t.episode.trajectory_id, attemptLines(t, vocab)]));
   const cols = el("div", { class: "attempts" }, ts.map((t) => {
     const e = t.episode;
-    const cls = "attempt" + (t === best && ts.length > 1 ? " best" : t === worst && ts.length > 1 ? " worst" : "");
+    const spread = best && worst && best.episode.reward !== worst.episode.reward;
+    const cls = "attempt" + (spread && t === best ? " best" : spread && t === worst ? " worst" : "");
     return el("div", { class: cls, "data-trajectory": e.trajectory_id },
       el("div", { class: "ah" }, el("a", { href: hashOf("traj", { run, stage: e.stage, iteration: e.iteration, id: e.trajectory_id }) }, e.trajectory_id),
         el("b", {}, `reward ${num(e.reward)}`)),
@@ -643,8 +647,10 @@ async function viewGroup(params) {
   root.append(cols);
   if (best && worst && best !== worst) {
     const d = diffLines(lines.get(best.episode.trajectory_id).map((l) => l.text), lines.get(worst.episode.trajectory_id).map((l) => l.text));
-    root.append(el("h2", {}, `Best (${best.episode.trajectory_id}, ${num(best.episode.reward)}) against worst (${worst.episode.trajectory_id}, ${num(worst.episode.reward)})`),
-      el("p", { class: "muted small" }, "Action by action: − only in the best attempt, + only in the worst."),
+    const same = best.episode.reward === worst.episode.reward;
+    root.append(el("h2", {}, same ? `${best.episode.trajectory_id} against ${worst.episode.trajectory_id} (the same reward, ${num(best.episode.reward)})`
+      : `Best (${best.episode.trajectory_id}, ${num(best.episode.reward)}) against worst (${worst.episode.trajectory_id}, ${num(worst.episode.reward)})`),
+      el("p", { class: "muted small" }, `Action by action: − only in ${best.episode.trajectory_id}, + only in ${worst.episode.trajectory_id}.`),
       el("div", { class: "diff", "data-testid": "diff" }, d.map((x) => el("div", { class: { same: "same", del: "del", add: "add" }[x.op] }, x.text))));
   }
   return root;
