@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))  # view_bench: synthesize_run
 
 from view_bench import CHROMIUM, CHROMIUM_ARGS, synthesize_run  # noqa: E402
 
@@ -111,17 +111,3 @@ def page(browser):
     yield pg
     pg.close()
     assert not errors, errors
-
-
-def wait_ready(page, view: str) -> None:
-    """Wait until the page has drawn ``view`` (``body[data-ready]``) and shows no error."""
-    page.wait_for_function(f"document.body.dataset.ready === {view!r}", timeout=60_000)
-    error = page.query_selector("[data-testid=error]")
-    assert error is None, error.inner_text()
-
-
-def goto(page, url: str, view: str) -> None:
-    """Load ``url`` (a page address with its ``#view?...``) and wait for ``view``."""
-    page.evaluate("delete document.body.dataset.ready") if page.url != "about:blank" else None
-    page.goto(url)
-    wait_ready(page, view)

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import goto
-from test_page import build, check_trajectory
+from view_helpers import build, check_trajectory, goto
 from turnforge.view.data import BrowseQuery
 from turnforge.errors import UserError
 from turnforge.view.tokens import TokenPieces, find_tokenizer_dir

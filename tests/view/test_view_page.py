@@ -10,17 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import goto, wait_ready
-from turnforge.data.query import TrajectoryStore
-from turnforge.view.tokens import TokenPieces
-
-
-def build(run_dirs, out: Path) -> Path:
-    proc = subprocess.run([sys.executable, "-m", "turnforge.cli", "view", *map(str, run_dirs), "-o", str(out)],
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.startswith(f"wrote {out} (")
-    return out
+from view_helpers import build, check_trajectory, duck, goto, wait_ready
 
 
 @pytest.fixture(scope="module")
@@ -28,43 +18,10 @@ def page_file(view_run, tmp_path_factory) -> Path:
     return build([view_run], tmp_path_factory.mktemp("page") / "run.html")
 
 
-def duck(run: Path, query: str, params=None) -> list[dict]:
-    with TrajectoryStore(run) as store:
-        return store.sql(query, params).to_pylist()
-
-
 def cards(page, run: int = 0) -> dict[str, int]:
     panel = page.locator(f".panel[data-run='{run}']")
     return {name: int(panel.locator(f"[data-testid=total-{name}]").inner_text().split()[0].replace(",", ""))
             for name in ("episodes", "samples", "failures", "truncated")}
-
-
-def tokens_on_page(page) -> list[list[int]]:
-    return page.evaluate("""[...document.querySelectorAll('.turn')].map(t =>
-        [...t.querySelectorAll('.tok')].map(s => +s.dataset.id))""")
-
-
-def visible(text: str) -> str:
-    """``text`` as the page shows it: line breaks and tabs marked, other control characters as
-    their Unicode control pictures (app.js, ``visible``)."""
-    text = text.replace("\n", "↵\n").replace("\t", "→\t").replace("\x7f", "␡")
-    return "".join(chr(0x2400 + ord(c)) if ord(c) < 32 and c not in "\n\t" else c for c in text)
-
-
-def check_trajectory(page, run: Path, stage: str, iteration: int, trajectory_id: str) -> None:
-    """The trajectory view shows each sample's recorded ids, in order, and their text as the
-    run's tokenizer decodes them (special tokens included)."""
-    rows = duck(run, "SELECT token_ids, loss_mask FROM samples WHERE stage = ? AND iteration = ? AND trajectory_id = ? "
-                     "AND token_ids IS NOT NULL ORDER BY turn_index", [stage, iteration, trajectory_id])
-    assert rows, trajectory_id
-    assert tokens_on_page(page) == [r["token_ids"] for r in rows]
-    tokenizer = TokenPieces(run / "checkpoints" / "final" if (run / "checkpoints" / "final").is_dir() else run / "base_model").tok
-    texts = page.evaluate("""[...document.querySelectorAll('.turn')].map(t =>
-        [...t.querySelectorAll('.tok')].map(s => s.classList.contains('partial') ? '' : s.textContent).join(''))""")
-    for shown, row in zip(texts, rows):
-        assert shown == visible(tokenizer.decode(row["token_ids"], skip_special_tokens=False))
-    trained = page.evaluate("[...document.querySelectorAll('.turn')].map(t => t.querySelectorAll('.tok.act').length)")
-    assert trained == [sum(r["loss_mask"]) for r in rows]
 
 
 def test_overview_counts_match_duckdb(page, page_file, view_run, tmp_path):
@@ -104,7 +61,7 @@ def test_click_through_overview_group_trajectory(page, page_file, view_run, tmp_
     row = page.locator("tr.group").first
     group_id = row.get_attribute("data-group")
     page.evaluate("delete document.body.dataset.ready")
-    row.locator("td").nth(3).click()
+    row.locator("td").first.click()  # a cell without a link: the row opens its group
     wait_ready(page, "group")
     members = duck(view_run, "SELECT trajectory_id, reward FROM trajectories WHERE stage = 'rl' AND iteration = 1 AND group_id = ? "
                              "ORDER BY reward DESC NULLS LAST", [group_id])
