@@ -99,10 +99,8 @@ class TrajectoryStore:
         if not self.files:
             raise ValueError("TrajectoryStore(files=...) needs at least one file")
         self._con: duckdb.DuckDBPyConnection | None = duckdb.connect(":memory:")
-        scan = "read_parquet([{}], union_by_name = true)".format(", ".join(_literal(str(f)) for f in self.files))
         try:
-            present = [row[0] for row in self._con.sql(f"DESCRIBE SELECT * FROM {scan}").fetchall()]
-            self._con.sql(f"CREATE VIEW samples AS SELECT {_sample_columns(present)} FROM {scan}")
+            self._con.sql(f"CREATE VIEW samples AS {self.samples_of(self.files)}")
             self._con.sql(_TRAJECTORIES)
             for name, keys in (("success_by_task", "task_id"), ("success_by_round", "stage, iteration"),
                                ("success_by_source", "source")):
@@ -121,6 +119,13 @@ class TrajectoryStore:
             return pa.table({}) if rel is None else rel.to_arrow_table()
         except duckdb.Error as err:
             raise UserError(f"query failed: {_first_line(err)} (views: {', '.join(self.views())})") from None
+
+    def samples_of(self, files: Sequence[Path]) -> str:
+        """A query with the rows and columns of ``samples`` over ``files`` only (some of the
+        store's files): a query about one stage's iteration need not open every file."""
+        scan = "read_parquet([{}], union_by_name = true)".format(", ".join(_literal(str(f)) for f in files))
+        present = [row[0] for row in self._open().sql(f"DESCRIBE SELECT * FROM {scan}").fetchall()]
+        return f"SELECT {_sample_columns(present)} FROM {scan}"
 
     def views(self) -> list[str]:
         """The views this store's queries can read, in the order they were made (the ones a

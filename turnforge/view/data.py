@@ -95,13 +95,13 @@ _ORDER = {"run": "ord", "spread": "best - worst DESC NULLS LAST, ord", "best": "
 
 _SAMPLES = """
 SELECT trajectory_id, turn_index, action_text, turn_reward, advantage, token_ids, logprobs, loss_mask, versions
-FROM samples WHERE token_ids IS NOT NULL AND stage = ? AND iteration = ? AND trajectory_id IN ({ids})
+FROM ({src}) WHERE token_ids IS NOT NULL AND stage = ? AND iteration = ? AND trajectory_id IN ({ids})
 ORDER BY trajectory_id, turn_index
 """
 _EXTRA = """
 SELECT trajectory_id, any_value(judge_prompt) AS judge_prompt, any_value(judge_output) AS judge_output,
        any_value(turn_advantages) AS turn_advantages, any_value(env_seed) AS env_seed
-FROM samples WHERE stage = ? AND iteration = ? AND trajectory_id IN ({ids})
+FROM ({src}) WHERE stage = ? AND iteration = ? AND trajectory_id IN ({ids})
 GROUP BY trajectory_id
 """
 
@@ -148,6 +148,26 @@ def _unreadable(path: Path) -> str | None:
         return str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
     missing = [c for c in REQUIRED_COLUMNS if c not in names]
     return f"not a trajectory file (no column {missing[0]!r})" if missing else None
+
+
+def _stage_iterations(path: Path) -> set[tuple[str, int]] | None:
+    """The (stage, iteration) pairs of a trajectory file from its footer's statistics (the
+    store writes one pair per file); None when a row group has no statistics or spans several."""
+    meta = pq.read_metadata(path)
+    names = [meta.schema.column(i).path for i in range(meta.num_columns)]
+    if "stage" not in names or "iteration" not in names:
+        return None
+    keys = set()
+    for g in range(meta.num_row_groups):
+        group = meta.row_group(g)
+        if group.num_rows == 0:
+            continue
+        stats = [group.column(names.index(c)).statistics for c in ("stage", "iteration")]
+        if any(st is None or not st.has_min_max or st.min != st.max for st in stats):
+            return None
+        stage = stats[0].min.decode() if isinstance(stats[0].min, bytes) else stats[0].min
+        keys.add((stage, int(stats[1].min)))
+    return keys
 
 
 def locate_run(path: str | Path) -> RunFiles:
@@ -416,7 +436,13 @@ class RunView:
             self._store.close()
         self._store = TrajectoryStore(self.path, files=self.files.parquet)
         self._store.sql(EPISODES)
+        self._keys = {f: _stage_iterations(f) for f in self.files.parquet}
         self._overview = None
+
+    def _files_of(self, stage: str, iteration: int) -> list[Path]:
+        """The files that can hold rows of ``stage`` ``iteration``: by the footers' column
+        statistics (a file without them is always included)."""
+        return [f for f, keys in self._keys.items() if keys is None or (stage, iteration) in keys]
 
     def refresh(self) -> bool:
         """Read the run directory again (a live run writes new files); True when the files
@@ -551,8 +577,11 @@ class RunView:
     def _detail(self, stage: str, iteration: int, eps: list[dict[str, Any]]) -> Detail:
         ids = [e["trajectory_id"] for e in eps]
         marks = ", ".join("?" * len(ids))
-        samples = self.sql(_SAMPLES.format(ids=marks), [stage, iteration, *ids]).to_pylist()
-        extra = {r["trajectory_id"]: r for r in self.sql(_EXTRA.format(ids=marks), [stage, iteration, *ids]).to_pylist()}
+        with self._lock:  # one iteration's files only: a run of many files answers as fast as a run of one
+            assert self._store is not None, "closed"
+            src = self._store.samples_of(self._files_of(stage, iteration))
+        samples = self.sql(_SAMPLES.format(src=src, ids=marks), [stage, iteration, *ids]).to_pylist()
+        extra = {r["trajectory_id"]: r for r in self.sql(_EXTRA.format(src=src, ids=marks), [stage, iteration, *ids]).to_pylist()}
         splits = self.splits()
         used: set[int] = set()
         out = []
