@@ -6,8 +6,6 @@ from __future__ import annotations
 import pytest
 
 from view_helpers import build, check_trajectory, goto
-from turnforge.view.data import BrowseQuery
-from turnforge.errors import UserError
 from turnforge.view.tokens import TokenPieces, find_tokenizer_dir
 from view_bench import synthesize_run
 
@@ -48,13 +46,3 @@ def test_the_page_shows_split_characters_once(page, smollm2_tiny_dir, tmp_path):
     goto(page, out.as_uri() + "#traj?run=0&stage=rl&iteration=0&id=rl-0-0-0", "traj")
     check_trajectory(page, run, "rl", 0, "rl-0-0-0")
     assert "🦀" in page.locator(".turn").first.inner_text()
-
-
-def test_browse_query_names_a_bad_filter():
-    assert BrowseQuery.from_params({"stage": "rl", "iteration": "2", "reward_min": "-1.5", "run": "0", "task": ""}) == \
-        BrowseQuery(stage="rl", iteration=2, reward_min=-1.5)
-    for params, message in [({"stag": "rl"}, "unknown filter 'stag'"), ({"iteration": "x"}, "filter iteration='x' is not a number"),
-                            ({"outcome": "won"}, "unknown outcome 'won'"), ({"sort": "up"}, "unknown sort 'up'"),
-                            ({"limit": "0"}, "limit from 1 to 1000")]:
-        with pytest.raises(UserError, match=message.replace("(", r"\(")):
-            BrowseQuery.from_params(params)

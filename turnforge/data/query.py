@@ -120,10 +120,13 @@ class TrajectoryStore:
         except duckdb.Error as err:
             raise UserError(f"query failed: {_first_line(err)} (views: {', '.join(self.views())})") from None
 
-    def samples_of(self, files: Sequence[Path]) -> str:
+    def samples_of(self, files: Sequence[Path], row_order: bool = False) -> str:
         """A query with the rows and columns of ``samples`` over ``files`` only (some of the
-        store's files): a query about one stage's iteration need not open every file."""
-        scan = "read_parquet([{}], union_by_name = true)".format(", ".join(_literal(str(f)) for f in files))
+        store's files): a query about one stage's iteration need not open every file. With
+        ``row_order``, two more columns, ``filename`` and ``file_row_number``, give the order the
+        rows were written in (samples of one turn, e.g. an agent's calls, in call order)."""
+        more = ", filename = true, file_row_number = true" if row_order else ""
+        scan = "read_parquet([{}], union_by_name = true{})".format(", ".join(_literal(str(f)) for f in files), more)
         present = [row[0] for row in self._open().sql(f"DESCRIBE SELECT * FROM {scan}").fetchall()]
         return f"SELECT {_sample_columns(present)} FROM {scan}"
 

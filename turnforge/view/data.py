@@ -96,7 +96,7 @@ _ORDER = {"run": "ord", "spread": "best - worst DESC NULLS LAST, ord", "best": "
 _SAMPLES = """
 SELECT trajectory_id, turn_index, action_text, turn_reward, advantage, token_ids, logprobs, loss_mask, versions
 FROM ({src}) WHERE token_ids IS NOT NULL AND stage = ? AND iteration = ? AND trajectory_id IN ({ids})
-ORDER BY trajectory_id, turn_index
+ORDER BY trajectory_id, turn_index, filename, file_row_number
 """
 _EXTRA = """
 SELECT trajectory_id, any_value(judge_prompt) AS judge_prompt, any_value(judge_output) AS judge_output,
@@ -579,7 +579,7 @@ class RunView:
         marks = ", ".join("?" * len(ids))
         with self._lock:  # one iteration's files only: a run of many files answers as fast as a run of one
             assert self._store is not None, "closed"
-            src = self._store.samples_of(self._files_of(stage, iteration))
+            src = self._store.samples_of(self._files_of(stage, iteration), row_order=True)
         samples = self.sql(_SAMPLES.format(src=src, ids=marks), [stage, iteration, *ids]).to_pylist()
         extra = {r["trajectory_id"]: r for r in self.sql(_EXTRA.format(src=src, ids=marks), [stage, iteration, *ids]).to_pylist()}
         splits = self.splits()
@@ -624,11 +624,14 @@ class RunView:
         return out
 
     def token_arrays(self) -> TokenArrays:
-        """Every sample's tokens, in episode order then turn order."""
-        t = self.sql("""
+        """Every sample's tokens, in episode order, then turn order, then the order written."""
+        with self._lock:
+            assert self._store is not None, "closed"
+            src = self._store.samples_of(self.files.parquet, row_order=True)
+        t = self.sql(f"""
             SELECT e.ord, s.turn_index, s.action_text, s.turn_reward, s.advantage, s.token_ids, s.logprobs, s.loss_mask, s.versions
-            FROM samples s JOIN episodes e USING (stage, iteration, source, trajectory_id, task_id, group_id)
-            WHERE s.token_ids IS NOT NULL ORDER BY e.ord, s.turn_index""")
+            FROM ({src}) s JOIN episodes e USING (stage, iteration, source, trajectory_id, task_id, group_id)
+            WHERE s.token_ids IS NOT NULL ORDER BY e.ord, s.turn_index, s.filename, s.file_row_number""")
         tokens = t.column("token_ids").combine_chunks()
         offsets = tokens.offsets.to_numpy().astype(np.int64)
         flat = lambda name, dtype, fill: t.column(name).combine_chunks().flatten().fill_null(fill).to_numpy(zero_copy_only=False).astype(dtype)  # noqa: E731
