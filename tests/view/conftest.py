@@ -8,6 +8,7 @@ Without Chromium or Playwright the browser tests skip, naming ``make setup``; un
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import shutil
 import sys
@@ -72,12 +73,28 @@ def view_run_b(tmp_path_factory, view_run) -> Path:
     return _once(tmp_path_factory, "view_run_b", lambda path: shutil.copytree(view_run, path))
 
 
+#: What a run that measures what its policy can solve (issue 31) may add to summary.json and
+#: metrics.jsonl: the page shows any such field, whatever its exact name.
+DIAGNOSTICS = {"pass_at_k": {"1": 0.25, "8": 0.5}, "never_solved_share": 0.125}
+
+
 @pytest.fixture(scope="session")
 def judged_run(tmp_path_factory, tiny_model_dir) -> Path:
     """A synthetic run (the store writer, the tiny tokenizer) whose episodes carry judge
-    verdicts, with two gateway splits for its first episode."""
-    return synthesize_run(tmp_path_factory.mktemp("judged") / "run", tiny_model_dir, samples=60, group_size=3, max_turns=3,
-                          groups_per_iteration=3, judge=True, splits=True).path
+    verdicts, with two gateway splits for its first episode, and pass@k figures in its
+    summary and evaluation records."""
+    run = synthesize_run(tmp_path_factory.mktemp("judged") / "run", tiny_model_dir, samples=60, group_size=3, max_turns=3,
+                         groups_per_iteration=3, judge=True, splits=True).path
+    result = {"env_id": "frozenlake", "split": "heldout", "episodes": 8, "success_rate": 0.25, "mean_return": 0.25,
+              "invalid_action_rate": 0.0, "mean_turns": 3.0, "infra_failures": 0}
+    summary = {"recipe": "synthetic", "wall_seconds": 60.0, "env_steps": 60, "eval_before_rl": result,
+               "eval_after_rl": {**result, "success_rate": 0.5}, "success_gain_points": 25.0, "diagnostics": DIAGNOSTICS}
+    (run / "summary.json").write_text(json.dumps(summary))
+    with (run / "metrics.jsonl").open("a") as f:
+        for it, p8 in ((1, 0.4), (2, 0.6)):
+            f.write(json.dumps({"event": "eval", "tag": f"pass-{it}", "iteration": it, "env_steps": 100 * it, "time": 0.0,
+                                "result": {**result, "pass_at_8": p8}}) + "\n")
+    return run
 
 
 @pytest.fixture(scope="session")

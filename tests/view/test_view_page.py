@@ -116,6 +116,17 @@ def test_judge_verdict_and_gateway_splits(page, judged_run, tmp_path):
     check_trajectory(page, judged_run, "rl", 0, "rl-0-0-0")
 
 
+def test_pass_at_k_and_diagnostics_are_shown(page, judged_run, tmp_path):
+    out = build([judged_run], tmp_path / "diag.html")
+    goto(page, out.as_uri(), "overview")
+    note = page.locator(".panel[data-run='0'] .note").first.inner_text()
+    for key, value in (("pass_at_k.1", "0.25"), ("pass_at_k.8", "0.5"), ("never_solved_share", "0.125")):
+        assert f"diagnostics.{key} = {value}" in note
+    chart = page.locator(".chart[data-kind=eval]", has_text="pass@k: result.pass_at_8")
+    assert chart.locator("circle.pt").count() == 2
+    assert page.locator("[data-testid=summary-after]").inner_text().startswith("50.0%")
+
+
 def test_filters_agree_with_duckdb(page, page_file, view_run):
     cases = [
         ("stage=flywheel", "stage = 'flywheel'"),

@@ -317,13 +317,14 @@ function table(columns, rows, opts = {}) {
   t.append(body);
   return t;
 }
-function findDiagnostics(obj, prefix = "", out = []) {
-  // summary.json entries about what the policy can solve (pass@k, never-solved share, ...)
+function findDiagnostics(obj, prefix = "", out = [], within = false) {
+  // summary.json numbers about what the policy can solve (pass@k, never-solved share, ...),
+  // whatever their exact names: a matching key, or any number under one
   if (!obj || typeof obj !== "object") return out;
   for (const [k, v] of Object.entries(obj)) {
-    const key = prefix + k;
-    if (v && typeof v === "object" && !Array.isArray(v)) findDiagnostics(v, key + ".", out);
-    else if (/pass|never_solved|distinct_succ/i.test(k)) out.push([key, v]);
+    const key = prefix + k, match = within || /pass|never_solved|distinct_succ/i.test(k);
+    if (v && typeof v === "object" && !Array.isArray(v)) findDiagnostics(v, key + ".", out, match);
+    else if (match && typeof v === "number") out.push([key, v]);
   }
   return out;
 }
