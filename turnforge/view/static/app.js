@@ -588,15 +588,43 @@ async function viewBrowse(params) {
 }
 
 // ---------------------------------------------------------------- group
+const ROLE_LINE = /^\s*(system|user|assistant|tool|ipython|observation|environment)\s*(\n|$)/;
 function attemptLines(t, vocab) {
-  // one line per action (a run of trained tokens), decoded from the recorded ids
+  // one line per action (a run of trained tokens), decoded from the recorded ids, with what the
+  // policy saw before it that the previous turn's context did not hold (its new observation).
+  // For that display only, the context is cut at special tokens and a segment's leading chat
+  // role line is dropped; the trajectory view shows every token.
   const lines = [];
+  let previous = [], previousFrom = 0;
   for (const s of t.samples) {
     const texts = tokenTexts(s.ids, vocab);
-    for (const r of actionRuns(s, texts)) lines.push({ text: oneLine(r.text), reward: s.turn_index >= 0 ? s.turn_reward : null });
+    const firstAction = s.mask.indexOf(1);
+    let from = 0;
+    if (s.turn_index >= 0 && firstAction >= 0) {  // one turn per sample: from the last special token the previous context shares
+      let same = 0;
+      while (same < previous.length && same < firstAction && previous[same] === s.ids[same]) same++;
+      if (same === firstAction && same === previous.length) from = previousFrom;  // the same context again: the same observation
+      else for (let k = 0; k < same; k++) if (texts[k].special) from = k;
+      previous = Array.from(s.ids).slice(0, firstAction);
+      previousFrom = from;
+    }
+    let segments = [""];
+    for (let k = from; k < s.ids.length; k++) {
+      if (s.mask[k]) {
+        let action = "";
+        while (k < s.ids.length && s.mask[k]) action += texts[k++].text;
+        k--;
+        const observation = segments.map((x) => x.replace(ROLE_LINE, "")).filter((x) => x.trim()).join("\n").trim();
+        lines.push({ text: oneLine(action), observation, reward: s.turn_index >= 0 ? s.turn_reward : null });
+        segments = [""];
+      } else if (texts[k].special) segments.push("");
+      else segments[segments.length - 1] += texts[k].text;
+    }
   }
   return lines;
 }
+
+const clip = (text, n = 600) => (text.length > n ? "…" + text.slice(text.length - n) : text);
 
 function diffLines(a, b) {
   // longest common subsequence of two line lists -> [{op: "same"|"del"|"add", text}]
@@ -633,6 +661,10 @@ async function viewGroup(params) {
     el("h1", {}, `Group ${params.group} · ${ts[0].episode.task_id}`),
     el("p", { class: "muted" }, `${ts.length} attempts at one task, best reward first. Actions are decoded from the recorded tokens.`));
   const lines = new Map(ts.map((t) => [t.episode.trajectory_id, attemptLines(t, vocab)]));
+  const showObs = params.obs !== "0";
+  root.append(el("div", { class: "toolbar" }, el("label", {}, el("input", { type: "checkbox", checked: showObs,
+    onchange: (ev) => { location.hash = hashOf("group", { ...params, obs: ev.target.checked ? undefined : "0" }); } }),
+  " show what each action saw (the new part of its context)")));
   const cols = el("div", { class: "attempts" }, ts.map((t) => {
     const e = t.episode;
     const spread = best && worst && best.episode.reward !== worst.episode.reward;
@@ -643,7 +675,9 @@ async function viewGroup(params) {
       el("div", { class: "small muted" }, outcomeBadge(e), ` ${e.num_turns} turns`, e.truncation_reason ? ` · truncated: ${e.truncation_reason}` : "",
         e.judge_score !== null ? ` · judge ${num(e.judge_score)} (verifier ${num(e.verifier_reward)})` : ""),
       e.infra_failure !== null ? el("pre", { class: "error" }, e.infra_failure.split("\n").slice(0, 4).join("\n")) : null,
-      el("ol", {}, lines.get(e.trajectory_id).map((l) => el("li", {}, l.text, l.reward !== null ? el("span", { class: "r" }, `  (${num(l.reward)})`) : ""))));
+      el("ol", {}, lines.get(e.trajectory_id).map((l) => el("li", {},
+        showObs && l.observation ? el("div", { class: "obs" }, clip(l.observation)) : null,
+        el("span", { class: "act" }, l.text), l.reward !== null ? el("span", { class: "r" }, `  (${num(l.reward)})`) : ""))));
   }));
   root.append(cols);
   if (best && worst && best !== worst) {
