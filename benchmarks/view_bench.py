@@ -62,6 +62,7 @@ class SyntheticRun:
 
     path: Path
     samples: int
+    tokens: int
     episodes: int
     iterations: int
     infra_failures: int
@@ -95,7 +96,7 @@ def synthesize_run(out: Path, tokenizer_dir: Path, samples: int = 10_000, group_
     for name in ("tokenizer.json", "tokenizer_config.json"):
         if (tokenizer_dir / name).is_file():
             shutil.copy(tokenizer_dir / name, out / "base_model" / name)
-    written = episodes = failures = it = 0
+    written = tokens = episodes = failures = it = 0
     first = None
     metrics = []
     while written < samples:
@@ -120,6 +121,7 @@ def synthesize_run(out: Path, tokenizer_dir: Path, samples: int = 10_000, group_
                     logprobs[len(prompt):] = -np.array([rng.expovariate(2.0) for _ in action_ids[action]], dtype=np.float32)
                     versions = np.where(mask == 1, it, -1).astype(np.int32)
                     smp.append(Sample(ids, mask, logprobs, versions, tid, t))
+                    tokens += len(ids)
                     last = t == n_turns - 1
                     turns.append(Turn(obs, action, 1.0 if (last and success) else 0.0, False, ""))
                 reward = 1.0 if success else 0.0
@@ -160,7 +162,7 @@ def synthesize_run(out: Path, tokenizer_dir: Path, samples: int = 10_000, group_
                 f.write(json.dumps({"rollout": first[2], "call": call, "reason": reason, "position": 7,
                                     "expected": "<|im_start|>assistant\nUp<|im_end|>", "got": "<|im_start|>assistant\nDown"}) + "\n")
     assert first is not None
-    return SyntheticRun(out, written, episodes, it, failures, first)
+    return SyntheticRun(out, written, tokens, episodes, it, failures, first)
 
 
 # ---------------------------------------------------------------------- timing
@@ -231,7 +233,7 @@ def bench(work: Path, samples: int, loads: int) -> dict:
         proc.wait(timeout=30)
     med = lambda xs: round(statistics.median(xs) / 1000, 3)  # noqa: E731
     return {
-        "run": {"samples": run.samples, "episodes": run.episodes, "iterations": run.iterations,
+        "run": {"samples": run.samples, "tokens": run.tokens, "episodes": run.episodes, "iterations": run.iterations,
                 "infra_failures": run.infra_failures, "synthesize_seconds": round(synth_s, 2)},
         "page": {"bytes": page_path.stat().st_size, "build_seconds": round(build_s, 2)},
         "loads": loads,
@@ -253,7 +255,7 @@ def to_markdown(record: dict) -> str:
         f"{m['chromium']}, 1-min load average {m['load_avg_1min_before_after'][0]} before and "
         f"{m['load_avg_1min_before_after'][1]} after (other work on the machine shows there).",
         "",
-        f"A synthetic run of {r['run']['samples']:,} samples ({r['run']['episodes']:,} episodes in {r['run']['iterations']} RL "
+        f"A synthetic run of {r['run']['samples']:,} samples, {r['run']['tokens']:,} tokens ({r['run']['episodes']:,} episodes in {r['run']['iterations']} RL "
         f"iterations, {r['run']['infra_failures']} infrastructure failures) written by the store writer. The page: "
         f"{r['page']['bytes'] / 2**20:.1f} MB, built by `turnforge view RUN -o page.html` in {r['page']['build_seconds']} s. "
         f"Times from navigation start to the view drawn, medians of {r['loads']} fresh page loads in Chromium after a warm-up.",

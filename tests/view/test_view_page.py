@@ -70,6 +70,11 @@ def test_click_through_overview_group_trajectory(page, page_file, view_run, tmp_
     rewards = {m["trajectory_id"]: m["reward"] for m in members}
     ordered = [rewards[t] for t in shown if rewards[t] is not None]
     assert ordered == sorted(ordered, reverse=True)
+    # each attempt lists one action per sample with action tokens (window context), the best against the worst below
+    actions = {r["trajectory_id"]: r["n"] for r in duck(view_run, "SELECT trajectory_id, count(*) FILTER (WHERE list_sum(loss_mask) > 0) AS n "
+                                                                   "FROM samples WHERE stage = 'rl' AND iteration = 1 AND group_id = ? GROUP BY ALL", [group_id])}
+    assert {t: page.locator(f".attempt[data-trajectory='{t}'] ol > li").count() for t in shown} == actions
+    assert page.locator("[data-testid=diff] > div").count() >= max(actions.values())
     page.screenshot(path=str(tmp_path / "group.png"), full_page=True)
 
     # its first attempt, token by token
