@@ -6,8 +6,8 @@ trajectory page served by ``--serve``, each timed in Debian's Chromium.
 
 The run is synthetic but written by the real store writer (``write_trajectories``): RL
 iterations of GRPO groups of 8 on FrozenLake-like tasks, one sample per turn (window context),
-each a ChatML prompt with a 4x4 grid and a one-word action tokenized by the tiny model's
-tokenizer, sampling logprobs on the action tokens, 1% infrastructure failures, truncations at
+each a ChatML prompt with a 4x4 grid and ``--obs-words`` random words (default 60: about 210
+tokens a sample with that tokenizer) and a one-word action tokenized by the tiny model's tokenizer, sampling logprobs on the action tokens, 1% infrastructure failures, truncations at
 ``max_turns``; plus ``metrics.jsonl`` (one ``rl_iter`` and one ``eval`` record per iteration),
 ``config.yaml`` and the tokenizer in ``base_model/``. ``synthesize_run`` is also the tests'
 source of runs with judge verdicts and gateway splits (``tests/view``).
@@ -51,6 +51,8 @@ from turnforge.types import JudgeRecord, Sample, Task, Trajectory, Turn
 TARGET_OVERVIEW_S = 3.0
 TARGET_TRAJECTORY_S = 1.0
 ACTIONS = ("Up", "Down", "Left", "Right")
+WORDS = ("the", "agent", "sees", "a", "hole", "at", "row", "two", "and", "the", "goal", "in", "corner", "moves", "left",
+         "wall", "box", "target", "observation", "reward", "tool", "call", "returned", "error", "value", "42", "3.14")
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
                  "--disable-sync", "--no-first-run"]
@@ -80,10 +82,11 @@ def _grid(rng: random.Random) -> str:
 
 def synthesize_run(out: Path, tokenizer_dir: Path, samples: int = 10_000, group_size: int = 8, max_turns: int = 8,
                    groups_per_iteration: int = 16, judge: bool = False, splits: bool = False, text: str = "",
-                   seed: int = 0) -> SyntheticRun:
+                   obs_words: int = 0, seed: int = 0) -> SyntheticRun:
     """Write a run directory at ``out`` with at least ``samples`` training samples (see the
     module docstring); ``judge`` gives every episode a judge verdict, ``splits`` writes two
-    gateway splits for the first episode, ``text`` is added to every observation."""
+    gateway splits for the first episode, ``text`` and ``obs_words`` random words are added
+    to every observation."""
     from tokenizers import Tokenizer
 
     rng = random.Random(seed)
@@ -111,7 +114,7 @@ def synthesize_run(out: Path, tokenizer_dir: Path, samples: int = 10_000, group_
                 failed = rng.random() < 0.01
                 turns, smp = [], []
                 for t in range(n_turns):
-                    obs = _grid(rng) + text
+                    obs = _grid(rng) + text + "".join(" " + rng.choice(WORDS) for _ in range(obs_words))
                     prompt = encode(f"<|im_start|>user\n{obs}<|im_end|>\n<|im_start|>assistant\n")
                     action = rng.choice(ACTIONS)
                     ids = np.array(prompt + action_ids[action], dtype=np.int64)
@@ -199,7 +202,7 @@ def serve(run: Path) -> tuple[subprocess.Popen, str]:
     return proc, found.group(0)
 
 
-def bench(work: Path, samples: int, loads: int) -> dict:
+def bench(work: Path, samples: int, loads: int, obs_words: int) -> dict:
     """Synthesize the run under ``work`` and time both pages (see the module docstring)."""
     from playwright.sync_api import sync_playwright
 
@@ -210,7 +213,7 @@ def bench(work: Path, samples: int, loads: int) -> dict:
     work.mkdir(parents=True)
     build_tiny_model(work / "tiny")
     t0 = time.perf_counter()
-    run = synthesize_run(work / "run", work / "tiny", samples=samples)
+    run = synthesize_run(work / "run", work / "tiny", samples=samples, obs_words=obs_words)
     synth_s = time.perf_counter() - t0
 
     page_path = work / "page.html"
@@ -275,18 +278,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--samples", type=int, default=10_000)
     parser.add_argument("--loads", type=int, default=5)
+    parser.add_argument("--obs-words", type=int, default=60, help="random words added to each observation (sample length)")
     parser.add_argument("--work", type=Path, default=RESULTS / "view_bench_work", help="the synthetic run and page (replaced)")
     parser.add_argument("--out", type=Path, default=RESULTS, help="output directory (default %(default)s)")
     args = parser.parse_args()
 
     load_before = os.getloadavg()[0]
-    result = bench(args.work, args.samples, args.loads)
+    result = bench(args.work, args.samples, args.loads, args.obs_words)
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                 if line.startswith("model name")), platform.processor())
     chromium = subprocess.run([CHROMIUM, "--version"], capture_output=True, text=True).stdout.strip()
     record = {
         "command": "python benchmarks/view_bench.py" + (f" --samples {args.samples}" if args.samples != 10_000 else "")
-                   + (f" --loads {args.loads}" if args.loads != 5 else ""),
+                   + (f" --loads {args.loads}" if args.loads != 5 else "")
+                   + (f" --obs-words {args.obs_words}" if args.obs_words != 60 else ""),
         "date_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "cpu_model": cpu, "python": platform.python_version(),
                     "chromium": chromium, "load_avg_1min_before_after": [round(load_before, 2), round(os.getloadavg()[0], 2)]},
