@@ -6,9 +6,9 @@ trajectory page served by ``--serve``, each timed in Debian's Chromium.
 
 The run is synthetic but written by the real store writer (``write_trajectories``): RL
 iterations of GRPO groups of 8 on FrozenLake-like tasks, one sample per turn (window context),
-each a ChatML prompt with a 4x4 grid and ``--obs-words`` random words (default 60: about 210
-tokens a sample with that tokenizer) and a one-word action tokenized by the tiny model's tokenizer, sampling logprobs on the action tokens, 1% infrastructure failures, truncations at
-``max_turns``; plus ``metrics.jsonl`` (one ``rl_iter`` and one ``eval`` record per iteration),
+each a ChatML prompt (a 4x4 grid and ``--obs-words`` random words) and a one-word action,
+tokenized by the tiny model's tokenizer (about 210 tokens a sample at the default 60 words),
+sampling logprobs on the action tokens, 1% infrastructure failures, truncations at ``max_turns``; plus ``metrics.jsonl`` (one ``rl_iter`` and one ``eval`` record per iteration),
 ``config.yaml`` and the tokenizer in ``base_model/``. ``synthesize_run`` is also the tests'
 source of runs with judge verdicts and gateway splits (``tests/view``).
 

@@ -9,14 +9,14 @@ import socket
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
 from test_bad_input import run_cli, run_main, snapshot
-from turnforge.view.data import RunView, locate_run, run_is_live
+from turnforge.view.data import RunView
+from turnforge.view.rundir import locate_run, run_is_live
 
 
 @pytest.fixture()

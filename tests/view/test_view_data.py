@@ -10,7 +10,8 @@ import yaml
 from turnforge.data.store import write_trajectories
 from turnforge.errors import UserError
 from turnforge.types import Sample, Task, Trajectory, Turn
-from turnforge.view.data import BrowseQuery, RunView
+from turnforge.view.data import RunView
+from turnforge.view.records import BrowseQuery
 
 
 def _agent_like(tid: str, lengths: list[int]) -> Trajectory:

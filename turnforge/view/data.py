@@ -15,42 +15,31 @@ adds one table, ``episodes`` (``EPISODES``: one row per episode, light columns o
 - ``same_task(task_id)``: the episodes of one task (two runs side by side);
 - ``episode_columns()`` and ``token_arrays()``: everything at once, for the self-contained page.
 
-A live run (a process holds ``RUN/.lock``, ``turnforge.train.rundir``) is read as it is: a
-Parquet file whose footer does not read yet is skipped and listed; ``refresh()`` picks up files
-written since. The same unreadable file in a run that is not running is a corrupt file: a
-``UserError``.
+A live run is read as it is (``turnforge.view.rundir``): a trajectory file still being written
+is skipped and listed; ``refresh()`` picks up files written since. The records it returns are
+``turnforge.view.records``.
 """
 
 from __future__ import annotations
 
-import decimal
-import fcntl
 import json
-import math
-import os
-import struct
 import threading
-from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-import yaml
 
 from turnforge.data.query import TrajectoryStore
-from turnforge.errors import UserError, choices
+from turnforge.errors import UserError
+from turnforge.view.records import (BrowseQuery, Detail, GroupPage, Overview, SampleTokens, StageStats, Table,
+                                    TokenArrays, Totals, TrajectoryDetail, json_value)
+from turnforge.view.rundir import locate_run, read_config, read_json, read_series, stage_iterations
 from turnforge.view.tokens import TokenPieces, find_tokenizer_dir
 
 #: Stages in the order a run plays them (others follow, by name).
 STAGE_ORDER: tuple[str, ...] = ("bc", "flywheel", "rl")
-#: Values of the outcome filter.
-OUTCOMES: tuple[str, ...] = ("success", "failure", "infra", "truncated")
-#: Orders of the group list: run order, widest reward spread, best reward first, worst reward first.
-SORTS: tuple[str, ...] = ("run", "spread", "best", "worst")
-#: Columns a file must have to be read as a trajectory file.
-REQUIRED_COLUMNS: tuple[str, ...] = ("stage", "iteration", "trajectory_id", "task_id", "group_id", "token_ids")
 
 _STAGE_RANK = "CASE stage " + " ".join(f"WHEN '{s}' THEN {i}" for i, s in enumerate(STAGE_ORDER)) + f" ELSE {len(STAGE_ORDER)} END"
 
@@ -106,313 +95,6 @@ GROUP BY trajectory_id
 """
 
 
-# ---------------------------------------------------------------------- the run directory
-@dataclass(frozen=True)
-class SkippedFile:
-    """A trajectory file of a live run left out: it is still being written."""
-
-    name: str
-    why: str
-
-
-@dataclass(frozen=True)
-class RunFiles:
-    """What of a run directory the viewer reads."""
-
-    path: Path
-    live: bool  # a process holds RUN/.lock: the run is being written
-    parquet: tuple[Path, ...]  # the complete trajectory files, by name
-    skipped: tuple[SkippedFile, ...] = ()
-
-
-def run_is_live(run_dir: Path) -> bool:
-    """True while another process holds the run's lock (``RUN/.lock``, a POSIX record lock
-    held for the whole life of a run). Asks the kernel with ``F_GETLK``, which takes no lock,
-    so a run starting meanwhile is never refused because of the viewer."""
-    try:
-        fd = os.open(run_dir / ".lock", os.O_RDONLY)
-    except OSError:
-        return False
-    try:
-        flock = struct.pack("hhllhh", fcntl.F_WRLCK, 0, 0, 0, 0, 0)  # l_type, l_whence, l_start, l_len (0: all), l_pid
-        return struct.unpack("hhllhh", fcntl.fcntl(fd, fcntl.F_GETLK, flock))[0] != fcntl.F_UNLCK
-    finally:
-        os.close(fd)
-
-
-def _unreadable(path: Path) -> str | None:
-    """Why ``path`` cannot be read as a trajectory file (its footer and columns), or None."""
-    try:
-        names = set(pq.read_schema(path).names)
-    except (OSError, pa.ArrowException) as err:
-        return str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-    missing = [c for c in REQUIRED_COLUMNS if c not in names]
-    return f"not a trajectory file (no column {missing[0]!r})" if missing else None
-
-
-def _stage_iterations(path: Path) -> set[tuple[str, int]] | None:
-    """The (stage, iteration) pairs of a trajectory file from its footer's statistics (the
-    store writes one pair per file); None when a row group has no statistics or spans several."""
-    meta = pq.read_metadata(path)
-    names = [meta.schema.column(i).path for i in range(meta.num_columns)]
-    if "stage" not in names or "iteration" not in names:
-        return None
-    keys = set()
-    for g in range(meta.num_row_groups):
-        group = meta.row_group(g)
-        if group.num_rows == 0:
-            continue
-        stats = [group.column(names.index(c)).statistics for c in ("stage", "iteration")]
-        if any(st is None or not st.has_min_max or st.min != st.max for st in stats):
-            return None
-        stage = stats[0].min.decode() if isinstance(stats[0].min, bytes) else stats[0].min
-        keys.add((stage, int(stats[1].min)))
-    return keys
-
-
-def locate_run(path: str | Path) -> RunFiles:
-    """Check that ``path`` is a run directory with trajectories and pick its readable files.
-    ``UserError`` (one line) for a missing path, a file, a directory that is no run, a run
-    with no trajectory file yet, and a corrupt file in a run that is not running."""
-    path = Path(path)
-    hint = "give the directory `turnforge train --out` wrote"
-    if not path.exists():
-        raise UserError(f"run directory {str(path)!r} does not exist; {hint}")
-    if not path.is_dir():
-        raise UserError(f"{str(path)!r} is a file, not a run directory; {hint}")
-    if not (path / "config.yaml").is_file() and not (path / "trajectories").is_dir():
-        raise UserError(f"{str(path)!r} is not a run directory (no config.yaml, no trajectories/); {hint}")
-    live = run_is_live(path)
-    good: list[Path] = []
-    skipped: list[SkippedFile] = []
-    folder = path / "trajectories"
-    for f in sorted(folder.glob("*.parquet")) if folder.is_dir() else []:
-        why = _unreadable(f)
-        if why is None:
-            good.append(f)
-        elif live:
-            skipped.append(SkippedFile(f.name, f"being written ({why})"))
-        else:
-            raise UserError(f"corrupt trajectory file {str(f)!r}: {why}; move it out of trajectories/ to view the rest")
-    if not good:
-        when = "; the run is in progress: view it once its first stage has written one" if live else ""
-        raise UserError(f"run directory {str(path)!r} has no trajectories yet (no complete trajectories/*.parquet){when}")
-    return RunFiles(path, live, tuple(good), tuple(skipped))
-
-
-# ---------------------------------------------------------------------- typed records
-@dataclass(frozen=True)
-class Series:
-    """The records of one kind of ``metrics.jsonl`` event as a table: nested fields flattened
-    to dotted names (``update.entropy``, ``result.success_rate``), a pair as ``.0``/``.1``;
-    null where a record lacks a column."""
-
-    columns: list[str]
-    rows: list[list[Any]]
-
-
-@dataclass(frozen=True)
-class Table:
-    """Rows of a query, by column."""
-
-    columns: list[str]
-    rows: list[list[Any]]
-
-    @classmethod
-    def of(cls, table: pa.Table) -> "Table":
-        cols = [[_clean(v) for v in c.to_pylist()] for c in table.columns]
-        return cls(list(table.column_names), [list(r) for r in zip(*cols)])
-
-
-@dataclass(frozen=True)
-class Totals:
-    """Counts over the whole run (the files read)."""
-
-    episodes: int
-    scored: int  # episodes less infrastructure failures
-    successes: int
-    infra_failures: int
-    truncated: int
-    samples: int  # training samples (rows with tokens)
-    rows: int  # samples plus the episode rows of episodes without samples
-    tokens: int
-    groups: int
-    tasks: int
-
-
-@dataclass(frozen=True)
-class StageStats:
-    """One stage: outcomes, failures (the first line of each error text with its numbers as N,
-    most frequent first) and truncations by reason."""
-
-    stage: str
-    episodes: int
-    samples: int
-    scored: int
-    successes: int
-    success_rate: float | None
-    mean_reward: float | None
-    infra_failures: int
-    truncated: int
-    truncations: dict[str, int]
-    failures: list[tuple[str, int]]
-    iterations: list[int]
-
-
-@dataclass(frozen=True)
-class Overview:
-    """Everything the overview shows for one run."""
-
-    index: int  # the run's place on the command line (0 = RUN, 1 = RUN2)
-    name: str
-    path: str
-    status: str  # 'finished' (summary.json), 'running' (lock held), 'stopped' (neither)
-    config: dict[str, Any]
-    config_text: str
-    summary: dict[str, Any] | None
-    tokenizer: str | None  # the directory the token pieces come from; None: ids only
-    files: list[str]
-    skipped: list[SkippedFile]
-    totals: Totals
-    stages: list[StageStats]
-    rounds: Table  # the store's success_by_round
-    sources: Table  # the store's success_by_source
-    series: dict[str, Series]  # metrics.jsonl by event kind
-    metrics_notes: list[str]  # metrics.jsonl lines left out (a line being written)
-    warnings: list[str]
-    bc_temperatures: list[dict[str, Any]]  # summary.json: the BC policy at each temperature
-    gateway_splits: int
-    facets: dict[str, list[Any]]  # filter values: stages, sources, envs, iterations per stage
-
-
-@dataclass(frozen=True)
-class BrowseQuery:
-    """Filters, order and page of the group list; ``from_params`` reads them from a URL query."""
-
-    stage: str | None = None
-    iteration: int | None = None
-    source: str | None = None
-    env: str | None = None
-    task: str | None = None  # a substring of the task id
-    task_id: str | None = None  # one task exactly
-    outcome: str | None = None  # one of OUTCOMES
-    reward_min: float | None = None
-    reward_max: float | None = None
-    sort: str = "run"  # one of SORTS
-    offset: int = 0
-    limit: int = 50
-
-    @classmethod
-    def from_params(cls, params: Mapping[str, str]) -> "BrowseQuery":
-        """Read the filters from URL parameters (empty = unset); ``UserError`` naming a bad one."""
-        kinds = {f.name: f.type for f in fields(cls)}
-        values: dict[str, Any] = {}
-        for key, text in params.items():
-            if key == "run" or text == "":
-                continue
-            if key not in kinds:
-                raise UserError(f"unknown filter {key!r}; valid filters: {choices(kinds)}")
-            kind = str(kinds[key])
-            try:
-                values[key] = int(text) if "int" in kind else float(text) if "float" in kind else text
-            except ValueError:
-                raise UserError(f"filter {key}={text!r} is not a number") from None
-        q = cls(**values)
-        if q.outcome is not None and q.outcome not in OUTCOMES:
-            raise UserError(f"unknown outcome {q.outcome!r}; valid outcomes: {choices(OUTCOMES)}")
-        if q.sort not in SORTS:
-            raise UserError(f"unknown sort {q.sort!r}; valid sorts: {choices(SORTS)}")
-        if q.offset < 0 or not 1 <= q.limit <= 1000:
-            raise UserError("offset must be >= 0 and limit from 1 to 1000")
-        return q
-
-    def where(self) -> tuple[str, list[Any]]:
-        """The SQL condition on ``episodes`` and its parameters."""
-        clauses, params = ["TRUE"], []
-        for name in ("stage", "iteration", "source", "env", "task_id"):
-            if getattr(self, name) is not None:
-                clauses.append(f"{name} = ?")
-                params.append(getattr(self, name))
-        if self.task:
-            clauses.append("contains(task_id, ?)")
-            params.append(self.task)
-        if self.outcome is not None:
-            clauses.append({"success": "success", "failure": "infra_failure IS NULL AND NOT success",
-                            "infra": "infra_failure IS NOT NULL", "truncated": "truncation_reason IS NOT NULL"}[self.outcome])
-        if self.reward_min is not None:
-            clauses.append("reward >= ?")
-            params.append(self.reward_min)
-        if self.reward_max is not None:
-            clauses.append("reward <= ?")
-            params.append(self.reward_max)
-        return " AND ".join(clauses), params
-
-
-@dataclass(frozen=True)
-class GroupPage:
-    """A page of the group list: ``total_groups`` groups hold the ``total_episodes`` episodes
-    that pass the filters; ``rows`` are groups ``offset`` to ``offset + limit``."""
-
-    total_groups: int
-    total_episodes: int
-    offset: int
-    rows: Table
-
-
-@dataclass(frozen=True)
-class SampleTokens:
-    """One training sample, token-exact: what the trainer saw."""
-
-    turn_index: int  # -1: the sample spans the whole episode (full-history context)
-    action_text: str | None
-    turn_reward: float | None
-    advantage: float | None
-    ids: list[int]
-    logprobs: list[float | None]  # null where no policy sampled the token
-    mask: list[int]  # 1 = trained on (action token)
-    versions: list[int]  # policy version that sampled the token, -1 where none did
-
-
-@dataclass(frozen=True)
-class TrajectoryDetail:
-    """One episode with its samples, judge verdict and the gateway's splits."""
-
-    episode: dict[str, Any]  # its row of ``episodes`` (EPISODE_COLUMNS)
-    judge_prompt: str | None
-    judge_output: str | None
-    turn_advantages: list[float] | None
-    env_seed: int | None
-    samples: list[SampleTokens]
-    splits: list[dict[str, Any]]  # RUN/gateway_splits.jsonl lines of this rollout
-
-
-@dataclass(frozen=True)
-class Detail:
-    """Trajectories with the bytes of every token id they use (``TokenPieces.table``)."""
-
-    trajectories: list[TrajectoryDetail]
-    pieces: dict[str, str]
-    special: list[int]
-
-
-@dataclass(frozen=True)
-class TokenArrays:
-    """Every sample of a run in episode order, their per-token arrays concatenated
-    (sample ``i`` is ``ids[start[i]:start[i] + length[i]]``)."""
-
-    episode: np.ndarray  # [S] int32, the sample's episode (its ``ord``)
-    turn_index: np.ndarray  # [S] int32
-    action_text: list[str | None]  # [S]
-    turn_reward: list[float | None]  # [S]
-    advantage: list[float | None]  # [S]
-    start: np.ndarray  # [S] int64
-    length: np.ndarray  # [S] int32
-    ids: np.ndarray  # [N] int32
-    logprobs: np.ndarray  # [N] float32, NaN where no policy sampled the token
-    mask: np.ndarray  # [N] int8
-    versions: np.ndarray  # [N] int32
-
-
 # ---------------------------------------------------------------------- the run
 class RunView:
     """One run directory opened for viewing (see the module docstring). Thread-safe: queries
@@ -422,7 +104,7 @@ class RunView:
         self.path = Path(path)
         self.index = index
         self.files = locate_run(self.path)
-        self.config_text, self.config = _read_config(self.path)
+        self.config_text, self.config = read_config(self.path)
         model_path = (self.config.get("model") or {}).get("path") if isinstance(self.config.get("model"), dict) else None
         tok_dir = find_tokenizer_dir(self.path, model_path)
         self.pieces = TokenPieces(tok_dir) if tok_dir is not None else None
@@ -436,7 +118,7 @@ class RunView:
             self._store.close()
         self._store = TrajectoryStore(self.path, files=self.files.parquet)
         self._store.sql(EPISODES)
-        self._keys = {f: _stage_iterations(f) for f in self.files.parquet}
+        self._keys = {f: stage_iterations(f) for f in self.files.parquet}
         self._overview = None
 
     def _files_of(self, stage: str, iteration: int) -> list[Path]:
@@ -475,7 +157,7 @@ class RunView:
             return self._overview
 
     def _make_overview(self) -> Overview:
-        summary = _read_json(self.path / "summary.json")
+        summary = read_json(self.path / "summary.json")
         status = "finished" if summary is not None else "running" if self.files.live else "stopped"
         series, notes = read_series(self.path / "metrics.jsonl", self.files.live)
         t = self.sql("""
@@ -528,7 +210,7 @@ class RunView:
             out.append(StageStats(
                 stage=r["stage"], episodes=r["episodes"], samples=r["samples"], scored=r["scored"],
                 successes=r["successes"], success_rate=r["successes"] / r["scored"] if r["scored"] else None,
-                mean_reward=_clean(r["mean_reward"]), infra_failures=r["infra_failures"], truncated=r["truncated"],
+                mean_reward=json_value(r["mean_reward"]), infra_failures=r["infra_failures"], truncated=r["truncated"],
                 truncations={x["truncation_reason"]: x["n"] for x in reasons},
                 failures=[(x["why"][:300], x["n"]) for x in failures], iterations=r["iterations"]))
         return out
@@ -554,7 +236,7 @@ class RunView:
 
     def episodes_where(self, where: str, params: list[Any], limit: int = 1000) -> list[dict[str, Any]]:
         rows = self.sql(f"SELECT * FROM episodes WHERE {where} ORDER BY reward DESC NULLS LAST, ord LIMIT {int(limit)}", params)
-        return [{k: _clean(v) for k, v in r.items()} for r in rows.to_pylist()]
+        return [{k: json_value(v) for k, v in r.items()} for r in rows.to_pylist()]
 
     def same_task(self, task_id: str, limit: int = 200) -> list[dict[str, Any]]:
         """Episodes of ``task_id`` (best reward first)."""
@@ -593,10 +275,10 @@ class RunView:
             x = extra.get(tid, {})
             out.append(TrajectoryDetail(
                 episode=e, judge_prompt=x.get("judge_prompt"), judge_output=x.get("judge_output"),
-                turn_advantages=[_clean(a) for a in x["turn_advantages"]] if x.get("turn_advantages") else None,
+                turn_advantages=[json_value(a) for a in x["turn_advantages"]] if x.get("turn_advantages") else None,
                 env_seed=x.get("env_seed"),
-                samples=[SampleTokens(s["turn_index"], s["action_text"], _clean(s["turn_reward"]), _clean(s["advantage"]),
-                                      s["token_ids"], [_clean(v, 5) for v in s["logprobs"]], s["loss_mask"], s["versions"])
+                samples=[SampleTokens(s["turn_index"], s["action_text"], json_value(s["turn_reward"]), json_value(s["advantage"]),
+                                      s["token_ids"], [json_value(v, 5) for v in s["logprobs"]], s["loss_mask"], s["versions"])
                          for s in mine],
                 splits=splits.get(tid, [])))
         return self._with_pieces(out, used)
@@ -620,7 +302,7 @@ class RunView:
         out = {}
         for name, col in zip(table.column_names, table.columns):
             values = col.to_pylist()
-            out[name] = [[_clean(a) for a in v] if isinstance(v, list) else _clean(v) for v in values]
+            out[name] = [[json_value(a) for a in v] if isinstance(v, list) else json_value(v) for v in values]
         return out
 
     def token_arrays(self) -> TokenArrays:
@@ -638,8 +320,8 @@ class RunView:
         return TokenArrays(
             episode=t.column("ord").to_numpy().astype(np.int32), turn_index=t.column("turn_index").to_numpy().astype(np.int32),
             action_text=t.column("action_text").to_pylist(),
-            turn_reward=[_clean(v) for v in t.column("turn_reward").to_pylist()],
-            advantage=[_clean(v) for v in t.column("advantage").to_pylist()],
+            turn_reward=[json_value(v) for v in t.column("turn_reward").to_pylist()],
+            advantage=[json_value(v) for v in t.column("advantage").to_pylist()],
             start=offsets[:-1] - offsets[0], length=np.diff(offsets).astype(np.int32),
             ids=tokens.flatten().to_numpy().astype(np.int32), logprobs=flat("logprobs", np.float32, float("nan")),
             mask=flat("loss_mask", np.int8, 0), versions=flat("versions", np.int32, -1))
@@ -659,100 +341,3 @@ class RunView:
             if isinstance(row, dict) and "rollout" in row:
                 out.setdefault(str(row["rollout"]), []).append(row)
         return out
-
-
-# ---------------------------------------------------------------------- files
-def _read_config(run_dir: Path) -> tuple[str, dict[str, Any]]:
-    path = run_dir / "config.yaml"
-    if not path.is_file():
-        return "", {}
-    text = path.read_text(errors="replace")
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError:
-        data = None
-    return text, data if isinstance(data, dict) else {}
-
-
-def _read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
-def read_series(path: Path, live: bool = False) -> tuple[dict[str, Series], list[str]]:
-    """``metrics.jsonl`` as one ``Series`` per event kind, with notes on the lines left out.
-
-    Read as JSON, not through ``turnforge.train.metrics.read_metrics``: the page plots every
-    numeric field a record has, including those of runs written by another turnforge version
-    (``read_metrics`` refuses a field its classes lack), and a live run's last line may be
-    half written."""
-    records: dict[str, list[dict[str, Any]]] = {}
-    notes: list[str] = []
-    if not path.is_file():
-        return {}, notes
-    lines = path.read_text(errors="replace").splitlines()
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            data = json.loads(line)
-            kind = data.pop("event")
-        except (ValueError, KeyError, AttributeError):
-            notes.append(f"metrics.jsonl line {n} left out: " + ("being written" if live and n == len(lines) else "not a JSON event"))
-            continue
-        flat: dict[str, Any] = {}
-        _flatten(data, "", flat)
-        records.setdefault(str(kind), []).append(flat)
-    series = {}
-    for kind, recs in records.items():
-        columns = list(dict.fromkeys(k for r in recs for k in r))
-        series[kind] = Series(columns, [[r.get(c) for c in columns] for r in recs])
-    return series, notes
-
-
-def _flatten(value: Any, prefix: str, out: dict[str, Any]) -> None:
-    """Scalars of nested JSON under dotted names; a list of scalars as name.0, name.1, ...;
-    lists of objects are left out."""
-    if isinstance(value, dict):
-        for k, v in value.items():
-            _flatten(v, f"{prefix}{k}.", out)
-    elif isinstance(value, list):
-        if all(not isinstance(v, (dict, list)) for v in value):
-            for i, v in enumerate(value):
-                out[f"{prefix}{i}"] = _clean(v)
-    else:
-        out[prefix[:-1]] = _clean(value)
-
-
-def _clean(value: Any, digits: int = 7) -> Any:
-    """A value for JSON: floats to ``digits`` significant digits (float32 columns read back
-    as the decimal they were written from), NaN and infinities as null."""
-    if isinstance(value, decimal.Decimal):  # DuckDB's sums of integers
-        value = int(value) if value == value.to_integral_value() else float(value)
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            return None
-        return float(f"{value:.{digits}g}") if digits >= 1 else value
-    return value
-
-
-def to_jsonable(record: Any) -> Any:
-    """A record of this module (nested dataclasses, tuples) as plain JSON data."""
-    if hasattr(record, "__dataclass_fields__"):
-        return {f.name: to_jsonable(getattr(record, f.name)) for f in fields(record)}
-    if isinstance(record, dict):
-        return {str(k): to_jsonable(v) for k, v in record.items()}
-    if isinstance(record, (list, tuple)):
-        return [to_jsonable(v) for v in record]
-    if isinstance(record, Path):
-        return str(record)
-    if isinstance(record, np.generic):
-        return _clean(record.item())
-    return _clean(record)
-
-
-__all__ = ["BrowseQuery", "Detail", "GroupPage", "Overview", "RunView", "SORTS", "OUTCOMES", "STAGE_ORDER",
-           "TokenArrays", "locate_run", "read_series", "run_is_live", "to_jsonable"]

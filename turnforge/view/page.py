@@ -20,7 +20,8 @@ from typing import Sequence
 
 import numpy as np
 
-from turnforge.view.data import RunView, to_jsonable
+from turnforge.view.data import RunView
+from turnforge.view.records import to_jsonable
 
 _MARKERS = ("__TF_TITLE__", "__TF_STYLE__", "__TF_SCRIPT__", "__TF_BOOT__", "__TF_DATA__")
 

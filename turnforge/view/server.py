@@ -24,7 +24,8 @@ from typing import Any, Callable, Sequence
 from urllib.parse import parse_qsl, urlsplit
 
 from turnforge.errors import UserError
-from turnforge.view.data import BrowseQuery, RunView, to_jsonable
+from turnforge.view.data import RunView
+from turnforge.view.records import BrowseQuery, to_jsonable
 from turnforge.view.page import serve_page
 
 
