@@ -3,6 +3,8 @@ decodes, for the tiny tokenizer and SmolLM2's real one, characters split across 
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 
 from view_helpers import build, check_trajectory, goto
@@ -46,3 +48,15 @@ def test_the_page_shows_split_characters_once(page, smollm2_tiny_dir, tmp_path):
     goto(page, out.as_uri() + "#traj?run=0&stage=rl&iteration=0&id=rl-0-0-0", "traj")
     check_trajectory(page, run, "rl", 0, "rl-0-0-0")
     assert "🦀" in page.locator(".turn").first.inner_text()
+
+
+def test_without_a_tokenizer_tokens_show_as_ids(page, tiny_model_dir, tmp_path):
+    run = synthesize_run(tmp_path / "run", tiny_model_dir, samples=4, group_size=2, max_turns=2, groups_per_iteration=1).path
+    shutil.rmtree(run / "base_model")
+    assert find_tokenizer_dir(run, None) is None
+    out = build([run], tmp_path / "page.html")
+    goto(page, out.as_uri() + "#traj?run=0&stage=rl&iteration=0&id=rl-0-0-0", "traj")
+    shown = page.evaluate("[...document.querySelector('.turn').querySelectorAll('.tok')].map(s => s.textContent)")
+    ids = page.evaluate("[...document.querySelector('.turn').querySelectorAll('.tok')].map(s => +s.dataset.id)")
+    assert shown == [f"⟨{i}⟩" for i in ids] and ids
+    assert page.locator(".note", has_text="No tokenizer in the run directory").count() == 1
