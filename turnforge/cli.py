@@ -1,4 +1,4 @@
-"""The ``turnforge`` command line: train, eval, recipes, envs, check-env, tiny-model, data.
+"""The ``turnforge`` command line: train, eval, recipes, envs, check-env, tiny-model, data, view.
 
 How a command ends (``main``):
 
@@ -420,6 +420,28 @@ def _cell(value: object, width: int = 60) -> str:
         return "NULL"
     text = f"{value:.6g}" if isinstance(value, float) else str(value).replace("\n", "\\n")
     return text if len(text) <= width else text[: width - 1] + "…"
+
+
+VIEW_HELP = (
+    "See what the agent did: a run (or two side by side) as one self-contained HTML page, or served locally.\n\n"
+    "Overview (config, summary, learning curves, failures and truncations by stage), browser (rounds -> groups -> "
+    "trajectories, with filters), group view (the G attempts side by side, best against worst) and trajectory view "
+    "(the recorded tokens decoded with the run's tokenizer, coloured by loss mask, logprob or advantage). "
+    "--serve pages large or live runs through DuckDB on 127.0.0.1 (read-only)."
+)
+
+
+@app.command("view", help=VIEW_HELP)
+def view_cmd(
+    runs: List[Path] = typer.Argument(..., metavar="RUN [RUN2]", help="Run directory; a second one is shown beside it"),
+    out: Optional[Path] = typer.Option(None, "-o", "--out", help="HTML file to write (default: RUN/view.html, replaced)"),
+    serve: bool = typer.Option(False, "--serve", help="Serve the page on 127.0.0.1 instead of writing a file"),
+    port: Optional[int] = typer.Option(None, "--port", min=0, max=65535, help="Port of --serve (default 8765; 0 = a free one)"),
+) -> None:
+    """``turnforge view``: see ``VIEW_HELP`` and ``turnforge.view.command``."""
+    from turnforge.view.command import view
+
+    view(runs, out, serve, port)
 
 
 # ---------------------------------------------------------------------- entry point

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Sequence
 
 import duckdb
 import pyarrow as pa
@@ -88,17 +89,18 @@ def trajectory_files(path: str | Path) -> list[Path]:
 class TrajectoryStore:
     """All the trajectory files of a run (or of a directory of Parquet files) as DuckDB views
     (see the module docstring); ``sql(query)`` runs a query over them. The files are those there
-    when the store opens (``files``); a file written later needs a new store. Use as a context
-    manager or call ``close()``."""
+    when the store opens (``files``), or the non-empty list ``files`` given (``turnforge view``
+    leaves out files still being written); a file written later needs a new store. Use as a
+    context manager or call ``close()``."""
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, files: Sequence[Path] | None = None) -> None:
         self.path = Path(path)
-        self.files = trajectory_files(self.path)
+        self.files = trajectory_files(self.path) if files is None else list(files)
+        if not self.files:
+            raise ValueError("TrajectoryStore(files=...) needs at least one file")
         self._con: duckdb.DuckDBPyConnection | None = duckdb.connect(":memory:")
-        scan = "read_parquet([{}], union_by_name = true)".format(", ".join(_literal(str(f)) for f in self.files))
         try:
-            present = [row[0] for row in self._con.sql(f"DESCRIBE SELECT * FROM {scan}").fetchall()]
-            self._con.sql(f"CREATE VIEW samples AS SELECT {_sample_columns(present)} FROM {scan}")
+            self._con.sql(f"CREATE VIEW samples AS {self.samples_of(self.files)}")
             self._con.sql(_TRAJECTORIES)
             for name, keys in (("success_by_task", "task_id"), ("success_by_round", "stage, iteration"),
                                ("success_by_source", "source")):
@@ -107,16 +109,26 @@ class TrajectoryStore:
             self.close()
             raise UserError(f"cannot read the trajectory files under {str(self.path)!r}: {_first_line(err)}") from None
 
-    def sql(self, query: str) -> pa.Table:
-        """Run ``query`` (DuckDB SQL over the views) and return its rows (a statement such as
-        ``CREATE VIEW`` gives DuckDB's empty result). A DuckDB error is a ``UserError`` with its
-        first line and the view names."""
+    def sql(self, query: str, params: Sequence[object] | None = None) -> pa.Table:
+        """Run ``query`` (DuckDB SQL over the views, ``?`` placeholders bound to ``params``) and
+        return its rows (a statement such as ``CREATE VIEW`` gives DuckDB's empty result). A
+        DuckDB error is a ``UserError`` with its first line and the view names."""
         con = self._open()
         try:
-            rel = con.sql(query)
+            rel = con.sql(query, params=list(params)) if params else con.sql(query)
             return pa.table({}) if rel is None else rel.to_arrow_table()
         except duckdb.Error as err:
             raise UserError(f"query failed: {_first_line(err)} (views: {', '.join(self.views())})") from None
+
+    def samples_of(self, files: Sequence[Path], row_order: bool = False) -> str:
+        """A query with the rows and columns of ``samples`` over ``files`` only (some of the
+        store's files): a query about one stage's iteration need not open every file. With
+        ``row_order``, two more columns, ``filename`` and ``file_row_number``, give the order the
+        rows were written in (samples of one turn, e.g. an agent's calls, in call order)."""
+        more = ", filename = true, file_row_number = true" if row_order else ""
+        scan = "read_parquet([{}], union_by_name = true{})".format(", ".join(_literal(str(f)) for f in files), more)
+        present = [row[0] for row in self._open().sql(f"DESCRIBE SELECT * FROM {scan}").fetchall()]
+        return f"SELECT {_sample_columns(present)} FROM {scan}"
 
     def views(self) -> list[str]:
         """The views this store's queries can read, in the order they were made (the ones a

@@ -38,6 +38,7 @@ env (or agent) paid before the judge replaced it; they are null otherwise.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -97,8 +98,9 @@ def write_trajectories(
     advantages: dict[str, Sequence[float]] | None = None,
     sources: Mapping[str, str] | str | None = None,
 ) -> int:
-    """Write the samples of ``trajectories`` to ``path`` (Parquet), one episode row for each
-    trajectory without samples; returns the row count.
+    """Write the samples of ``trajectories`` to ``path`` (Parquet, whole or not at all: through a
+    temporary file and a rename), one episode row for each trajectory without samples; returns
+    the row count.
 
     ``advantages`` maps a trajectory id to the advantage of each of its turns: the row's
     ``advantage`` is its turn's value (null for a whole-episode sample whose turns differ),
@@ -144,7 +146,14 @@ def write_trajectories(
     table = pa.table(rows, schema=SCHEMA)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(table, path)
+    # through a hidden temporary file and a rename: a reader of a live run (``turnforge view``,
+    # ``turnforge data``) never sees half a file under the *.parquet name
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        pq.write_table(table, tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
     return table.num_rows
 
 
