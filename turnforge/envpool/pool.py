@@ -43,10 +43,10 @@ from typing import Any, Callable, Protocol, Sequence
 from turnforge.envpool.host import (
     NO_PROBE, Assignments, EnvResult, Message, Probe, Reply, Status, WorkerLimits, open_host,
 )
-from turnforge.envs.base import EnvSnapshot, capabilities
+from turnforge.envs.base import capabilities
 from turnforge.envs.registry import EnvSpec, list_envs, make
 from turnforge.errors import UserError
-from turnforge.types import Task
+from turnforge.types import EnvSnapshot, Task
 
 @dataclass(frozen=True)
 class PoolStats:
