@@ -14,9 +14,8 @@ import torch
 
 from _runs import RESULTS
 from turnforge.config import TrainConfig, load_config
-from turnforge.policy.model import Policy, load_policy
+from turnforge.policy.model import Policy, load_policy, quiet_hf
 from turnforge.rollout.engine import RolloutEngine, make_engine
-from turnforge.train.run import _quiet_hf
 
 
 def parser(doc: str, name: str) -> argparse.ArgumentParser:
@@ -44,7 +43,7 @@ def engine(cfg: TrainConfig, policy: Policy, num_envs: int) -> RolloutEngine:
 def score(args: argparse.Namespace, row_of: Callable[[Path, str], dict]) -> list[dict]:
     """``row_of(run, checkpoint)`` for every run and checkpoint on the command line, each row
     printed as JSON as it comes (torch limited to ``--threads``; Hugging Face offline and quiet)."""
-    _quiet_hf()
+    quiet_hf()
     torch.set_num_threads(args.threads)
     rows = []
     for run in args.runs:

@@ -22,7 +22,7 @@ import numpy as np
 from _checkpoints import engine, load, parser, save, score
 from turnforge.rollout.actors import PolicyActor
 from turnforge.rollout.engine import EpisodeRequest
-from turnforge.train.common import generator
+from turnforge.seeding import generator
 
 BINS = (0.0, 0.01, 0.26, 0.51, 0.76, 0.99, 1.01)
 LABELS = ("0", "(0, 0.25]", "(0.25, 0.5]", "(0.5, 0.75]", "(0.75, 1)", "1")

@@ -5,7 +5,7 @@
 
 For each RL iteration named, the run's own samples and the advantages it trained on are read
 back from ``RUN_DIR/trajectories/rl_*.parquet`` (groups whose advantages are all 0 left out,
-as the run does), and turnforge's PPO update (``turnforge.train.rl.ppo_update``, the run's
+as the run does), and turnforge's PPO update (``turnforge.train.update.ppo_update``, the run's
 config) is timed on them from the run's BC checkpoint, merging off and on alternately,
 ``reps`` times each. Reported per iteration: samples, merged rows, median seconds of each
 and their ratio. (The logged mean losses differ: minibatches hold other samples once copies
@@ -19,7 +19,6 @@ import argparse
 import statistics
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import torch
@@ -28,11 +27,11 @@ from _checkpoints import save
 from _runs import RESULTS
 from turnforge.config import load_config
 from turnforge.data.store import read_trajectories
-from turnforge.policy.model import load_policy
+from turnforge.policy.model import load_policy, quiet_hf
+from turnforge.seeding import rng
 from turnforge.train.common import GuardedStep
 from turnforge.train.metrics import UpdateStats
-from turnforge.train.rl import ppo_update
-from turnforge.train.run import _quiet_hf
+from turnforge.train.update import ppo_update
 from turnforge.types import Sample
 
 
@@ -58,7 +57,8 @@ def timed_update(run: Path, merge: bool, samples: list[tuple[Sample, float]], it
     optimizer = torch.optim.AdamW(policy.model.parameters(), lr=cfg.rl.lr)
     step = GuardedStep(policy.model, optimizer, cfg.rl.max_grad_norm, cfg.rl.max_bad_steps)
     t0 = time.perf_counter()
-    stats = ppo_update(SimpleNamespace(cfg=cfg, policy=policy), samples, optimizer, step, None, iteration)
+    stats = ppo_update(policy, samples, step, cfg.rl, temperature=cfg.rollout.temperature,
+                       shuffle=rng(cfg.seed, "rl-shuffle", iteration))
     return time.perf_counter() - t0, stats
 
 
@@ -71,7 +71,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=RESULTS / "merge_duplicates.json",
                     help="JSON result file, Markdown table next to it (default %(default)s)")
     args = ap.parse_args()
-    _quiet_hf()
+    quiet_hf()
     torch.set_num_threads(args.threads)
     rows = []
     for it in args.iterations:

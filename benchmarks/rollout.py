@@ -207,9 +207,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     for name in ("slow_env_steps", "env_steps", "eval_episodes", "seeds"):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be >= 1")
-    from turnforge.train.run import _quiet_hf
+    from turnforge.policy.model import quiet_hf
 
-    _quiet_hf()
+    quiet_hf()
     t0 = time.time()
     result = bench_rollout(args.runs_dir, {"sokoban-slow": args.slow_env_steps, "sokoban": args.env_steps},
                            args.eval_episodes, args.env, args.seeds, args.extra)

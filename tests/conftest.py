@@ -77,7 +77,8 @@ register("test-echo", EchoEnv, overwrite=True)
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
-    from turnforge.policy.tiny import TinyModelConfig, build_tiny_model
+    from turnforge.config import TinyModelConfig
+    from turnforge.policy.tiny import build_tiny_model
 
     path = tmp_path_factory.mktemp("tiny_model")
     build_tiny_model(path, TinyModelConfig(**TINY_TEST_SHAPE))

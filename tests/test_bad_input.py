@@ -221,7 +221,7 @@ def test_how_a_run_ends(tmp_path, monkeypatch, capsys, exc, code, last_line, tra
 CONFIG_CASES = [
     (["rl.iterations=true"], "bad value for 'rl.iterations' (True): a boolean where a number is expected"),
     (["rl.clip_low=false"], "bad value for 'rl.clip_low' (False): a boolean where a number is expected"),
-    (["model.tiny.hidden_size=true"], "bad value for 'model.tiny' ({'hidden_size': True}): hidden_size is a boolean where a number is expected"),
+    (["model.tiny.hidden_size=true"], "bad value for 'model.tiny.hidden_size' (True): a boolean where a number is expected"),
     (["seed=false"], "bad value for 'seed' (False): a boolean where a number is expected"),
     (["rl.max_env_steps=true"], "bad value for 'rl.max_env_steps' (True)"),
     (["rl.max_seconds=true"], "bad value for 'rl.max_seconds' (True)"),

@@ -79,7 +79,8 @@ def train(
             raise UserError("--resume continues a run with its saved config; drop the recipe and overrides")
         if out is not None:
             raise UserError("--resume continues the run in its own directory; drop --out")
-        from turnforge.train.run import load_run_config, train as run_train
+        from turnforge.train.run import train as run_train
+        from turnforge.train.setup import load_run_config
 
         cfg = load_run_config(resume)
         run_train(cfg, resume, resume=True)
@@ -172,9 +173,9 @@ def check_env_cmd(
     chat = None
     if model is not None:
         from turnforge.policy.model import load_chat_format
-        from turnforge.train.run import _quiet_hf
+        from turnforge.policy.model import quiet_hf
 
-        _quiet_hf()
+        quiet_hf()
         chat = load_chat_format(model)
     try:
         report = check_env(env_id, env_kwargs=kwargs, tasks=str(tasks) if tasks else None, min_heldout=min_heldout,
@@ -275,10 +276,10 @@ def eval_cmd(
     from turnforge.policy.model import load_policy
     from turnforge.rollout.engine import make_engine
     from turnforge.train.evaluate import evaluate
-    from turnforge.train.run import _quiet_hf
+    from turnforge.policy.model import quiet_hf
 
     build_env(cfg.env.id, cfg.env.kwargs, cfg.env.tasks, cfg.env.heldout_fraction)
-    _quiet_hf()
+    quiet_hf()
     torch.set_num_threads(cfg.threads)
     policy = load_policy(checkpoint, cfg.model.dtype)
     r = cfg.rollout
@@ -309,9 +310,9 @@ def tiny_model(out: Path = typer.Argument(..., help="Directory to write the mode
     """Build the tiny Qwen2 model + tokenizer locally and save it in HF format."""
     check_out_dir(out, "OUT")
     from turnforge.policy.tiny import build_tiny_model
-    from turnforge.train.run import _quiet_hf
+    from turnforge.policy.model import quiet_hf
 
-    _quiet_hf()
+    quiet_hf()
     build_tiny_model(out)
     console.print(f"saved a tiny Qwen2 model to {out}")
 
@@ -336,9 +337,9 @@ def serve_cmd(
 
     from turnforge.gateway.server import Gateway
     from turnforge.policy.model import load_policy
-    from turnforge.train.run import _quiet_hf
+    from turnforge.policy.model import quiet_hf
 
-    _quiet_hf()
+    quiet_hf()
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     gateway = Gateway(load_policy(checkpoint, dtype), max_new_tokens=max_tokens, max_context_tokens=context, seed=seed,
                       host=host, port=port, model_name=checkpoint.name)  # binds now: a port in use is one line
@@ -360,11 +361,11 @@ def import_gguf_cmd(
     """Convert a GGUF model into an HF directory that `model.path=OUT` loads; checks that the
     saved directory reproduces the GGUF model's logits exactly."""
     from turnforge.policy.gguf import find_gguf, import_gguf
-    from turnforge.train.run import _quiet_hf
+    from turnforge.policy.model import quiet_hf
 
     gguf_file = find_gguf(source)
     check_out_dir(out, "OUT")
-    _quiet_hf()
+    quiet_hf()
     import_gguf(gguf_file, out)
     console.print(f"saved {gguf_file.name} as an HF model directory: {out}  (use model.path={out})")
 

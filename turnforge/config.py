@@ -17,7 +17,6 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 from pydantic_core import PydanticCustomError
 
 from turnforge.errors import UserError, choices
-from turnforge.policy.tiny import TinyModelConfig
 
 
 def _is_number(annotation: Any) -> bool:
@@ -49,13 +48,37 @@ class Section(BaseModel):
         annotation = cls.model_fields[info.field_name].annotation
         if isinstance(value, bool) and _is_number(annotation):
             raise PydanticCustomError("bool_number", "a boolean where a number is expected")
-        if isinstance(value, dict) and isinstance(annotation, type) and issubclass(annotation, BaseModel) \
-                and not issubclass(annotation, Section):  # a section defined elsewhere: model.tiny
-            for key, item in value.items():
-                field = annotation.model_fields.get(key)
-                if isinstance(item, bool) and field is not None and _is_number(field.annotation):
-                    raise PydanticCustomError("bool_number", "{key} is a boolean where a number is expected", {"key": key})
         return value
+
+
+# The envs whose words the tiny tokenizer learns: a fixed list, so that registering another
+# env (a plugin, a variant such as sokoban-slow) never changes the tiny model or the results.
+CORPUS_ENVS = ("2048", "frozenlake", "frozenlake-slippery", "sokoban")
+
+
+class TinyModelConfig(Section):
+    """Shape of the tiny Qwen2 model and its tokenizer (``turnforge.policy.tiny`` builds it)."""
+
+    architecture: Literal["qwen2", "gpt2"] = Field(
+        "qwen2",
+        description="'qwen2' (rotary positions, as Qwen/Llama) or 'gpt2' (learned absolute positions)",
+    )
+    vocab_size: int = Field(512, description="BPE vocabulary size (including special tokens)")
+    hidden_size: int = Field(128, description="Width of the residual stream")
+    intermediate_size: int = Field(384, description="Width of the MLP")
+    num_hidden_layers: int = Field(2, description="Transformer blocks")
+    num_attention_heads: int = Field(4, description="Query heads")
+    num_key_value_heads: int = Field(2, description="Key/value heads (grouped-query attention)")
+    max_position_embeddings: int = Field(4096, description="Longest context the model accepts")
+    tie_word_embeddings: bool = Field(True, description="Share input and output embeddings")
+    seed: int = Field(0, description="Seed of the random initialisation")
+    corpus_envs: tuple[str, ...] = Field(
+        CORPUS_ENVS,
+        description="Envs whose instructions and observations the tokenizer's BPE merges are learned from "
+        "(any text still encodes, byte by byte); a recipe for another env adds its id",
+    )
+    corpus_episodes: int = Field(20, description="Episodes per corpus env whose observations (and, for open-text "
+                                 "envs, expert actions) the tokenizer is trained on")
 
 
 class LoraConfig(Section):

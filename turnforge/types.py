@@ -8,12 +8,9 @@ and token-exact ``Sample`` objects -> ``Trajectory`` -> trainer. Nothing here is
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, Mapping
+from typing import Any, Literal, Mapping
 
 import numpy as np
-
-if TYPE_CHECKING:
-    from turnforge.envs.base import EnvSnapshot
 
 Split = Literal["train", "heldout"]
 SPLITS: tuple[str, ...] = ("train", "heldout")
@@ -57,6 +54,18 @@ class StepResult:
     invalid_action: bool = False
     success: bool = False
     info: Mapping[str, Scalar] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class EnvSnapshot:
+    """Opaque full copy of an env's episode state; pass it to ``Env.restore``.
+
+    ``observation`` is the observation the env showed in that state, when known (the env
+    hosts fill it in), so an episode started from the snapshot can show it again."""
+
+    env_id: str
+    payload: Any
+    observation: str = ""
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,8 @@ import pytest
 from helpers import NO_FLYWHEEL, TINY_TEST_SHAPE
 from turnforge.config import load_config
 from turnforge.envs import make, register
-from turnforge.envs.base import stable_hash
 from turnforge.errors import RunStopped
+from turnforge.seeding import stable_hash
 from turnforge.train.metrics import read_metrics
 from turnforge.train.run import train
 

@@ -12,12 +12,12 @@ from turnforge.data.query import TrajectoryStore
 from turnforge.envs.base import HINT_PREFIX, strip_guidance
 from turnforge.policy.model import load_policy
 from turnforge.rollout.actors import PolicyActor
+from turnforge.rollout.context import rerender
 from turnforge.rollout.engine import EpisodeRequest, make_engine
-from turnforge.train.common import generator
+from turnforge.seeding import generator
 from turnforge.train.flywheel import guided_config
 from turnforge.train.metrics import read_metrics
 from turnforge.train.run import train
-from turnforge.rollout.context import rerender
 
 FLY = [
     *[f"model.tiny.{k}={v}" for k, v in TINY_TEST_SHAPE.items()],

@@ -13,7 +13,8 @@ from safetensors.torch import load_file
 from test_train_tiny import FAST
 from turnforge.config import load_config
 from turnforge.train.metrics import read_metrics
-from turnforge.train.run import load_run_config, train
+from turnforge.train.run import train
+from turnforge.train.setup import load_run_config
 
 pytestmark = pytest.mark.slow
 

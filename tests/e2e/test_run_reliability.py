@@ -20,11 +20,12 @@ import pytest
 from helpers import NO_FLYWHEEL, TINY_TEST_SHAPE
 from turnforge.config import load_config
 from turnforge.errors import UserError
-from turnforge.train import checkpoint
-from turnforge.train.checkpoint import find_resumable
 from turnforge.train.metrics import read_summary
-from turnforge.train.rundir import RunLock
-from turnforge.train.run import load_run_config, train
+from turnforge.train.run import train
+from turnforge.train.run_dir import checkpoint
+from turnforge.train.run_dir.checkpoint import find_resumable
+from turnforge.train.run_dir.lock import RunLock
+from turnforge.train.setup import load_run_config
 
 pytestmark = pytest.mark.slow
 
@@ -67,7 +68,7 @@ def test_second_writer_and_resume_next_to_a_live_run_are_refused(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
     holder = subprocess.Popen([sys.executable, "-c", (
-        "import sys, time; from pathlib import Path; from turnforge.train.rundir import RunLock\n"
+        "import sys, time; from pathlib import Path; from turnforge.train.run_dir.lock import RunLock\n"
         f"RunLock(Path({str(run)!r})).acquire(); print('locked', flush=True); time.sleep(60)")],
         stdout=subprocess.PIPE, text=True)
     try:

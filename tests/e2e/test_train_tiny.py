@@ -12,7 +12,8 @@ from safetensors.torch import load_file
 from helpers import NO_FLYWHEEL, TINY_TEST_SHAPE
 from turnforge.config import load_config
 from turnforge.train.metrics import read_metrics, read_summary
-from turnforge.train.run import load_run_config, train
+from turnforge.train.run import train
+from turnforge.train.setup import load_run_config
 
 pytestmark = pytest.mark.slow
 
@@ -120,7 +121,7 @@ def test_env_crash_is_excluded_and_run_goes_on(tmp_path):
 
 
 def test_nan_loss_steps_are_skipped_then_the_run_stops(tmp_path, monkeypatch):
-    import turnforge.train.rl as grpo_mod
+    import turnforge.train.update as grpo_mod
     from turnforge.train.common import NonFiniteLoss
 
     real = grpo_mod.ppo_clip_loss
@@ -138,7 +139,8 @@ def test_nan_loss_steps_are_skipped_then_the_run_stops(tmp_path, monkeypatch):
 
 def test_any_local_hf_model_trains_through_the_hf_recipe(tmp_path):
     """A GPT-2-architecture model saved on disk goes through the same command path."""
-    from turnforge.policy.tiny import TinyModelConfig, build_tiny_model
+    from turnforge.config import TinyModelConfig
+    from turnforge.policy.tiny import build_tiny_model
 
     model_dir = build_tiny_model(tmp_path / "gpt2", TinyModelConfig(architecture="gpt2", **TINY_TEST_SHAPE))
     overrides = [f"model.path={model_dir}", "bc.num_demos=4", "bc.epochs=1", "rl.iterations=1",

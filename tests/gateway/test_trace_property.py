@@ -20,7 +20,8 @@ MOVES = st.lists(st.sampled_from(["continue", "tool", "reformat", "retry", "new"
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory):
     from turnforge.policy.model import load_policy
-    from turnforge.policy.tiny import TinyModelConfig, build_tiny_model
+    from turnforge.config import TinyModelConfig
+    from turnforge.policy.tiny import build_tiny_model
 
     path = tmp_path_factory.mktemp("tiny_gw")
     build_tiny_model(path, TinyModelConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1))

@@ -32,9 +32,9 @@ from golden_format import SCENARIOS, TRAIN_OVERRIDES, record_run, record_traject
 from turnforge.config import RolloutConfig, load_config  # noqa: E402
 from turnforge.envpool import InlineEnvs, make_backend  # noqa: E402
 from turnforge.envs import make  # noqa: E402
-from turnforge.envs.base import stable_hash  # noqa: E402
 from turnforge.rollout.actors import ExpertActor, PolicyActor  # noqa: E402
 from turnforge.rollout.engine import EpisodeRequest, RolloutEngine  # noqa: E402
+from turnforge.seeding import stable_hash  # noqa: E402
 from turnforge.train.evaluate import evaluate  # noqa: E402
 
 

@@ -15,8 +15,9 @@ from turnforge.envs.registry import register
 from turnforge.errors import UserError
 from turnforge.policy.lora import ADAPTER_DIR, FrozenBase, add_lora, trainable_parameters
 from turnforge.policy.model import load_policy
-from turnforge.train.checkpoint import save_model
-from turnforge.train.run import load_run_config, train
+from turnforge.train.run import train
+from turnforge.train.run_dir.checkpoint import save_model
+from turnforge.train.setup import load_run_config
 
 IDS = torch.tensor([[5, 9, 13, 7, 3, 11, 2, 4]])
 

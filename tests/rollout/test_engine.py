@@ -17,7 +17,8 @@ from turnforge.config import RolloutConfig
 from turnforge.envpool import EnvResult, InlineEnvs
 from turnforge.envs import make, make_batch
 from turnforge.rollout.actors import PolicyActor
-from turnforge.rollout.engine import EpisodeRequest, GroupStream, RolloutEngine
+from turnforge.rollout.engine import EpisodeRequest, RolloutEngine
+from turnforge.rollout.groups import GroupStream
 
 CFG = RolloutConfig(max_turns=4, max_new_tokens=3, max_context_tokens=256)
 G = 2

@@ -114,7 +114,7 @@ def test_kl_reward_penalty_is_summed_per_turn_and_subtracted(tiny_policy):
     from turnforge.algos import kl_estimate
     from turnforge.policy.generate import token_logprobs
     from turnforge.rollout.actors import PolicyActor
-    from turnforge.train.rl import kl_penalties
+    from turnforge.train.credit import kl_penalties
 
     cfg = RolloutConfig(context="full_history", max_turns=3, max_new_tokens=3, max_context_tokens=512)
     envs = make_batch("test-echo", 2, episode_len=3, max_obs_words=5)

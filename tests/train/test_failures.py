@@ -12,7 +12,7 @@ from turnforge.config import RolloutConfig, TrainConfig
 from turnforge.data.store import write_trajectories
 from turnforge.errors import RunStopped
 from turnforge.train.evaluate import evaluate, summarize
-from turnforge.train.failures import DEFAULT_MAX_FAILURE_SHARE, check_failures, count_failures
+from turnforge.train.run_dir.failures import DEFAULT_MAX_FAILURE_SHARE, check_failures, count_failures
 from turnforge.types import Sample, Task, Trajectory, Turn
 
 ERR = "env reset() raised on t:train:3 (seed 3): RuntimeError: boom"

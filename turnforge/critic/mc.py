@@ -36,10 +36,10 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from turnforge.envs.base import EnvSnapshot, stable_hash
 from turnforge.rollout.actors import Actor
 from turnforge.rollout.engine import EpisodeRequest, RolloutEngine
-from turnforge.types import Task
+from turnforge.seeding import stable_hash
+from turnforge.types import EnvSnapshot, Task
 
 
 @dataclass(frozen=True, eq=False)

@@ -29,8 +29,8 @@ import torch
 from torch import nn
 
 from turnforge.algos import explained_variance, value_loss
-from turnforge.envs.base import stable_hash
 from turnforge.policy.generate import pad_right
+from turnforge.seeding import stable_hash
 from turnforge.types import Sample, Trajectory
 
 

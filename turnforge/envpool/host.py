@@ -28,9 +28,9 @@ import traceback
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Literal, Mapping
 
-from turnforge.envs.base import Env, EnvSnapshot, capabilities
+from turnforge.envs.base import Env, capabilities
 from turnforge.envs.registry import EnvSpec, make_batch, register
-from turnforge.types import Scalar, StepResult
+from turnforge.types import EnvSnapshot, Scalar, StepResult
 
 Kind = Literal["reset", "restore", "step"]
 Status = Literal["ok", "resumed", "restarted", "failed"]

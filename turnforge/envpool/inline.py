@@ -8,9 +8,9 @@ from typing import Sequence
 
 from turnforge.envpool.host import NO_PROBE, EnvHost, EnvResult, Probe
 from turnforge.envpool.pool import PoolStats, _each
-from turnforge.envs.base import Env, EnvSnapshot
+from turnforge.envs.base import Env
 from turnforge.envs.registry import make_batch
-from turnforge.types import Task
+from turnforge.types import EnvSnapshot, Task
 
 
 class InlineEnvs:

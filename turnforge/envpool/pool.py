@@ -43,11 +43,16 @@ from typing import Any, Callable, Protocol, Sequence
 from turnforge.envpool.host import (
     NO_PROBE, Assignments, EnvResult, Message, Probe, Reply, Status, WorkerLimits, open_host,
 )
-from turnforge.envs.base import EnvSnapshot, capabilities
+from turnforge.envs.base import capabilities
 from turnforge.envs.registry import EnvSpec, list_envs, make
+<<<<<<< HEAD
 from turnforge.errors import RunStopped, UserError
 from turnforge.sandbox.gate import usable_cores
 from turnforge.types import Task
+=======
+from turnforge.errors import UserError
+from turnforge.types import EnvSnapshot, Task
+>>>>>>> fdd06d3
 
 @dataclass(frozen=True)
 class PoolStats:

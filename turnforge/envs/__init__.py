@@ -1,11 +1,13 @@
 """Multi-turn text environments: the Env contract, task sources, the registry, check_env, built-in games."""
 
-from turnforge.envs.base import Capabilities, Env, EnvSnapshot, InvalidAction, capabilities, parse_choice, stable_hash
+from turnforge.envs.base import Capabilities, Env, InvalidAction, capabilities, parse_choice
 from turnforge.envs.checker import EnvCheckError, check_env
 from turnforge.envs.gym_adapter import from_gymnasium, to_gymnasium
 from turnforge.envs.levels import LevelEnv, Outcome
 from turnforge.envs.registry import list_envs, make, make_batch, register
 from turnforge.envs.tasks import TaskDataset, TaskGenerator, TaskSource
+from turnforge.seeding import stable_hash  # env authors seed their own draws with it
+from turnforge.types import EnvSnapshot  # what snapshot() returns
 
 # Built-ins are registered by "module:Class" strings, so a game's module is imported on first make().
 register("sokoban", "turnforge.envs.sokoban:SokobanEnv", dim=6, num_boxes=1)

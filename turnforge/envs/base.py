@@ -26,7 +26,7 @@ needs no step limit of its own.
 Everything else is an optional capability, found by ``capabilities(env)``; an option that
 needs a missing one stops the run at start with a one-line error naming the method:
 
-- ``snapshot() -> EnvSnapshot`` and ``restore(snapshot)``: Monte-Carlo values (MC-critic,
+- ``snapshot() -> EnvSnapshot`` (``turnforge.types``) and ``restore(snapshot)``: Monte-Carlo values (MC-critic,
   MC-GRPO) and resuming an episode in a restarted env worker;
 - ``anchor_key() -> str``: a key of the current state (GiGPO's step-level groups);
 - ``potential() -> float``: potential-based reward shaping;
@@ -51,7 +51,6 @@ derived tasks (the game writes the hints and the derivations); the built-in game
 
 from __future__ import annotations
 
-import hashlib
 import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, fields, replace
@@ -66,18 +65,6 @@ if TYPE_CHECKING:
 
 class InvalidAction(Exception):
     """Raised by a ``LevelEnv``'s ``parse_action``/``apply`` hooks; ``step`` turns it into an observation."""
-
-
-@dataclass(frozen=True)
-class EnvSnapshot:
-    """Opaque full copy of an env's episode state; pass it to ``Env.restore``.
-
-    ``observation`` is the observation the env showed in that state, when known (the env
-    hosts fill it in), so an episode started from the snapshot can show it again."""
-
-    env_id: str
-    payload: Any
-    observation: str = ""
 
 
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.IGNORECASE | re.DOTALL)
@@ -103,12 +90,6 @@ def parse_choice(text: str, names: Sequence[str], first_word: bool = False) -> i
 
 
 _FIRST_WORD = re.compile(r"[a-z0-9]+")
-
-
-def stable_hash(*parts: object) -> int:
-    """A 63-bit hash of ``parts`` that is stable across processes (unlike ``hash``)."""
-    digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") >> 1
 
 
 #: Start of each hint line that guidance appends to an observation.

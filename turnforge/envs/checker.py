@@ -40,10 +40,10 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, NoReturn, Sequence
 
-from turnforge.envs.base import Env, EnvSnapshot, InvalidAction, capabilities
+from turnforge.envs.base import Env, InvalidAction, capabilities
 from turnforge.envs.levels import LevelEnv
 from turnforge.errors import UserError
-from turnforge.types import StepResult, Task
+from turnforge.types import EnvSnapshot, StepResult, Task
 
 #: An action text no env should accept.
 GARBAGE_ACTION = "<<turnforge check_env: this is not an action>>"

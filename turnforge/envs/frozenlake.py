@@ -22,9 +22,10 @@ from typing import Any, Iterator, Mapping
 
 import numpy as np
 
-from turnforge.envs.base import parse_choice, stable_hash
+from turnforge.envs.base import parse_choice
 from turnforge.envs.levels import LevelEnv, Outcome
 from turnforge.errors import UserError
+from turnforge.seeding import stable_hash
 from turnforge.types import Task
 
 ACTIONS = ("Up", "Down", "Left", "Right")

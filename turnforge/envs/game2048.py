@@ -14,9 +14,10 @@ import random
 from dataclasses import dataclass
 from functools import lru_cache
 
-from turnforge.envs.base import parse_choice, stable_hash
+from turnforge.envs.base import parse_choice
 from turnforge.envs.levels import LevelEnv, Outcome
 from turnforge.errors import UserError
+from turnforge.seeding import stable_hash
 
 ACTIONS = ("Up", "Down", "Left", "Right")
 

@@ -18,8 +18,8 @@ import math
 import random
 import time
 
-from turnforge.envs.base import stable_hash
 from turnforge.envs.sokoban import SokobanEnv
+from turnforge.seeding import stable_hash
 from turnforge.types import StepResult
 
 

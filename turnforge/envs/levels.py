@@ -48,10 +48,11 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Generic, Iterable, Mapping, TypeVar
 
-from turnforge.envs.base import Env, EnvSnapshot, InvalidAction, add_guidance, stable_hash
+from turnforge.envs.base import Env, InvalidAction, add_guidance
 from turnforge.envs.tasks import TaskSource
 from turnforge.errors import UserError
-from turnforge.types import Scalar, StepResult, Task
+from turnforge.seeding import stable_hash
+from turnforge.types import EnvSnapshot, Scalar, StepResult, Task
 
 LevelT = TypeVar("LevelT")
 

@@ -19,9 +19,10 @@ from collections import deque
 from dataclasses import dataclass, replace
 from typing import Any, Iterable, Iterator, Mapping
 
-from turnforge.envs.base import parse_choice, stable_hash
+from turnforge.envs.base import parse_choice
 from turnforge.envs.levels import LevelEnv, Outcome
 from turnforge.errors import UserError
+from turnforge.seeding import stable_hash
 from turnforge.types import Task
 
 ACTIONS = ("Up", "Down", "Left", "Right")

@@ -24,8 +24,8 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from turnforge.envs.base import stable_hash
 from turnforge.errors import UserError
+from turnforge.seeding import stable_hash
 from turnforge.types import SPLITS, Task
 
 

@@ -40,6 +40,7 @@ from turnforge.errors import UserError
 from turnforge.gateway.render import decode
 from turnforge.gateway.server import Gateway, RolloutRecord
 from turnforge.gateway.trace import SPLIT_REASONS, compile_trace
+from turnforge.rollout.actors import PolicyActor
 from turnforge.rollout.engine import EpisodeRequest, RolloutStats
 from turnforge.types import Task, Trajectory, Turn
 
@@ -110,7 +111,8 @@ class _Outcome:
 
 
 class AgentEngine:
-    """Plays episode requests by running the agent against the gateway (module docstring)."""
+    """Plays episode requests by running the agent against the gateway (module docstring);
+    a ``turnforge.rollout.engine.Engine``, as the rollout engine is."""
 
     def __init__(self, cfg, policy, run_dir: Path, tasks: AgentTasks, agent: Callable[..., Any]) -> None:
         self.cfg, self.env, self.agent, self.agent_cfg = cfg.rollout, tasks, agent, cfg.agent
@@ -121,9 +123,15 @@ class AgentEngine:
                                temperature=cfg.rollout.temperature, port=cfg.agent.port).start()
         self.tokenizer = policy.tokenizer
 
-    def play(self, requests: Sequence[EpisodeRequest], actor, **_: Any) -> tuple[list[Trajectory], RolloutStats]:
+    def play(self, requests: Sequence[EpisodeRequest], actor: PolicyActor, *, keep_snapshots: bool = False,
+             on_wave: Callable[[int], None] | None = None) -> tuple[list[Trajectory], RolloutStats]:
         """Run one agent rollout per request, sampling with ``actor`` (its temperature and
-        generator); trajectories in request order, and counters."""
+        generator); trajectories in request order, and counters. All requests are one wave
+        (``on_wave(0)`` runs first); agent rollouts have no env snapshots to keep."""
+        if keep_snapshots:
+            raise ValueError("agent rollouts have no env snapshots (keep_snapshots=True)")
+        if on_wave is not None:
+            on_wave(0)
         gw = self.gateway
         with gw.lock:
             gw.actor, gw.temperature = actor, actor.temperature
@@ -200,6 +208,10 @@ class AgentEngine:
         return Trajectory(req.trajectory_id, req.task, req.group_id, req.env_seed, (turn,), samples, reward,
                           reward > 0 if success is None else success, True, False, None,
                           min(c.version for c in record.calls))
+
+    def pool_stats(self) -> None:
+        """Agent programs run in this process's threads: no env worker pool."""
+        return None
 
     def close(self) -> None:
         self.gateway.close()

@@ -80,7 +80,7 @@ def add_lora(policy: Policy, cfg, seed: int, stage: str, adapter_dir: Path | Non
     and ``stage``, B zero, so the policy is unchanged) or the one saved in ``adapter_dir`` (to resume)."""
     from peft import LoraConfig, PeftModel, get_peft_model
 
-    from turnforge.envs.base import stable_hash
+    from turnforge.seeding import stable_hash
 
     if adapter_dir is not None:
         policy.model = PeftModel.from_pretrained(policy.model, adapter_dir, is_trainable=True)

@@ -8,6 +8,7 @@ ids, and a version counter bumped after every optimizer step.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -232,6 +233,17 @@ def load_chat_format(path: str | Path) -> ChatFormat:
     tokenizer = AutoTokenizer.from_pretrained(p, local_files_only=True)
     check_tokenizer(tokenizer, p)
     return ChatFormat(tokenizer)
+
+
+def quiet_hf() -> None:
+    """Hugging Face libraries offline and quiet: no hub calls, no tokenizer thread warnings,
+    errors only in their logs, no download progress bars (every command that loads a model)."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
 
 
 def load_policy(path: str | Path, dtype: str = "float32", device: str = "cpu") -> Policy:

@@ -16,13 +16,12 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
-from typing import Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 from tokenizers import AddedToken
 
+from turnforge.config import CORPUS_ENVS, TinyModelConfig
 from turnforge.errors import UserError
 
 PAD_TOKEN = "<|endoftext|>"
@@ -67,37 +66,7 @@ calculator python result error output true false none
 """.strip()
 
 
-# The envs whose words the tiny tokenizer learns: a fixed list, so that registering another
-# env (a plugin, a variant such as sokoban-slow) never changes the tiny model or the results.
-CORPUS_ENVS = ("2048", "frozenlake", "frozenlake-slippery", "sokoban")
 CORPUS_MAX_STEPS = 100  # expert steps per corpus episode (an expert that never ends is cut here)
-
-
-class TinyModelConfig(BaseModel):
-    """Shape of the tiny Qwen2 model and its tokenizer."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    architecture: Literal["qwen2", "gpt2"] = Field(
-        "qwen2",
-        description="'qwen2' (rotary positions, as Qwen/Llama) or 'gpt2' (learned absolute positions)",
-    )
-    vocab_size: int = Field(512, description="BPE vocabulary size (including special tokens)")
-    hidden_size: int = Field(128, description="Width of the residual stream")
-    intermediate_size: int = Field(384, description="Width of the MLP")
-    num_hidden_layers: int = Field(2, description="Transformer blocks")
-    num_attention_heads: int = Field(4, description="Query heads")
-    num_key_value_heads: int = Field(2, description="Key/value heads (grouped-query attention)")
-    max_position_embeddings: int = Field(4096, description="Longest context the model accepts")
-    tie_word_embeddings: bool = Field(True, description="Share input and output embeddings")
-    seed: int = Field(0, description="Seed of the random initialisation")
-    corpus_envs: tuple[str, ...] = Field(
-        CORPUS_ENVS,
-        description="Envs whose instructions and observations the tokenizer's BPE merges are learned from "
-        "(any text still encodes, byte by byte); a recipe for another env adds its id",
-    )
-    corpus_episodes: int = Field(20, description="Episodes per corpus env whose observations (and, for open-text "
-                                 "envs, expert actions) the tokenizer is trained on")
 
 
 def build_tokenizer(corpus: list[str], vocab_size: int = 512):

@@ -22,9 +22,9 @@ from typing import Protocol, Sequence
 import torch
 
 from turnforge.envpool.host import NO_PROBE, AfterState, Probe
-from turnforge.envs.base import stable_hash
 from turnforge.policy.generate import Generation, PrefixCache, sample
 from turnforge.policy.model import Policy
+from turnforge.seeding import stable_hash
 from turnforge.types import Task
 
 

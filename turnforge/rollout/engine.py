@@ -5,9 +5,10 @@ Two entry points over one core:
 - ``RolloutEngine.play(requests, actor)``: play a list of episode requests (optionally from
   env snapshots, optionally keeping a snapshot before every action) and return when all are
   done. Evaluation, demonstrations, value pretraining and Monte-Carlo rollouts use it.
-- ``GroupStream``: hand the trainer whole groups of G episodes, synchronously (lock-step,
-  one batch per trainer step) or asynchronously (a background rollout thread, per-trajectory
-  scheduling, bounded staleness, partial rollouts, weight sync). RL uses it.
+- ``GroupStream`` (``turnforge.rollout.groups``): hand the trainer whole groups of G episodes,
+  lock-step or from a background rollout thread with bounded staleness. RL uses it. It drives
+  the engine through its public episode API: ``launch``, ``round``, ``trajectory``,
+  ``abandon``, ``free_envs``, ``running`` and ``lock``.
 
 The core: each episode is a small state machine, *awaiting an env result* or *awaiting an
 action*, on one env slot of an env backend (``turnforge.envpool``: this process, worker
@@ -27,18 +28,11 @@ cut to fit, history turns dropped and generations cut at ``max_new_tokens`` are 
 (``RolloutStats``). An env that raises ends its episode as an infrastructure failure
 (``Trajectory.infra_failure``), never a reward of 0; the other episodes go on. A failed reset
 or restore gives such a trajectory too, with no turns and no samples, so every request
-returns one trajectory and every failure is counted (``turnforge.train.failures`` decides
-whether a stage may go on).
+returns one trajectory and every failure is counted (``turnforge.train.run_dir.failures``
+decides whether a stage may go on).
 
-Asynchronous mode (``GroupStream(lockstep=False)``), as before the refactor: admission under the
-``StalenessController`` (``floor((N_r - 1) / B) <= version + eta``), continuous batching of
-generation at turn granularity, weights switched between generation calls (an episode running
-across an update continues with the new weights: APRIL's partial rollouts at turn
-granularity); with ``partial_rollouts`` the trainer takes the oldest completed groups and a
-group whose oldest token would exceed ``eta`` is restarted (``stale_restarts``). Departures:
-an in-flight generation call is not aborted token-wise when new weights arrive; weight sync
-is a ``load_state_dict`` into the stream's own policy copy (``turnforge.rollout.ray_worker``
-ships it through Ray).
+``Engine`` is what the trainer asks of an engine; the gateway's ``AgentEngine``
+(``turnforge.gateway.agents``: agent programs instead of envs) has the same shape.
 """
 
 from __future__ import annotations
@@ -46,21 +40,18 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field, replace
-from typing import Callable, Mapping, Sequence
-
-import torch
+from typing import Callable, Protocol, Sequence
 
 from turnforge.config import RolloutConfig, TrainConfig
-from turnforge.envpool import EnvBackend, make_backend
-from turnforge.envs.registry import build_env
+from turnforge.envpool import EnvBackend, InlineEnvs, PoolStats, make_backend
 from turnforge.envpool.host import AfterState, EnvResult, Probe
-from turnforge.envs.base import Env, EnvSnapshot, capabilities
+from turnforge.envs.base import Env, capabilities
+from turnforge.envs.registry import build_env
 from turnforge.policy.generate import Generation
 from turnforge.policy.model import Policy
-from turnforge.rollout.actors import Actor, ActorInput, PolicyActor
+from turnforge.rollout.actors import Actor, ActorInput
 from turnforge.rollout.context import ContextOverflow, EpisodeContext, PromptSpec
-from turnforge.rollout.staleness import StalenessController
-from turnforge.types import Task, Trajectory, Turn
+from turnforge.types import EnvSnapshot, Task, Trajectory, Turn
 
 
 @dataclass(frozen=True)
@@ -120,8 +111,42 @@ class EngineStats:
     batch_sizes: list[int] = field(default_factory=list)  # episodes per generation call (the last 200)
 
 
+class EngineEnv(Protocol):
+    """What every engine's ``env`` offers the trainer: an id and tasks by split and index (an
+    ``Env`` for the rollout engine, ``AgentTasks`` for agent runs)."""
+
+    env_id: str
+    action_names: tuple[str, ...]
+
+    def task(self, split: str, index: int) -> Task: ...
+
+
+class Engine(Protocol):
+    """What the training stages ask of an engine: ``RolloutEngine``, or the gateway's
+    ``AgentEngine`` for agent programs. Stages that need env states (demonstrations, the
+    flywheel, Monte-Carlo values, group streams) need a ``RolloutEngine``."""
+
+    env: EngineEnv
+    cfg: RolloutConfig
+
+    def play(self, requests: Sequence[EpisodeRequest], actor: Actor, *, keep_snapshots: bool = False,
+             on_wave: Callable[[int], None] | None = None) -> tuple[list[Trajectory], RolloutStats]:
+        """Play ``requests`` to the end with ``actor``: one trajectory per request, in order, and counters."""
+        ...
+
+    def pool_stats(self) -> PoolStats | None:
+        """Counters of the env worker pool, or None when there is none."""
+        ...
+
+    def close(self) -> None: ...
+
+
 @dataclass
-class _Episode:
+class Episode:
+    """One episode on the engine (``RolloutEngine.launch``). Callers read ``request``,
+    ``done``, ``awaiting_action`` (its env has no request in flight) and ``min_version``;
+    the engine alone writes them."""
+
     request: EpisodeRequest
     actor: Actor
     seq: int  # admission order: lock-step rounds act in this order
@@ -172,15 +197,39 @@ class RolloutEngine:
         self.prompt = PromptSpec.of(env, cfg.include_instructions, cfg.example_turns, cfg.tools_in_system_prompt)
         self.caps = capabilities(env)
         self.marker = policy.chat.encode(cfg.truncation_marker) if policy is not None else ()
-        self.free_slots: list[int] = list(range(backend.num_envs))[::-1]
-        self.by_slot: dict[int, _Episode] = {}
+        self._free_slots: list[int] = list(range(backend.num_envs))[::-1]
+        self._by_slot: dict[int, Episode] = {}
         self.stats = EngineStats()
         self._seq = 0
-        self._lock = threading.Condition()  # guards the episode tables when a GroupStream runs a thread
+        #: Guards the episode tables while a ``GroupStream`` drives the engine from a thread; its
+        #: waiters are woken after every round that collected env results.
+        self.lock = threading.Condition()
 
     @property
     def num_envs(self) -> int:
         return self.backend.num_envs
+
+    @property
+    def free_envs(self) -> int:
+        """Env slots with no episode on them."""
+        return len(self._free_slots)
+
+    @property
+    def running(self) -> int:
+        """Episodes launched and not yet finished."""
+        return len(self._by_slot)
+
+    def pool_stats(self) -> PoolStats | None:
+        """The env worker pool's counters (restarts, hangs); None when envs run in this process."""
+        return None if isinstance(self.backend, InlineEnvs) else self.backend.stats()
+
+    def abandon(self, e: Episode) -> None:
+        """Free the env slot of running episode ``e`` without finishing it (a group restarted
+        for staleness); ``e`` must have no env request in flight (``e.awaiting_action``)."""
+        if e.done or not e.awaiting_action:
+            raise RuntimeError(f"episode {e.request.trajectory_id!r} is finished or has an env request in flight")
+        del self._by_slot[e.slot]
+        self._free_slots.append(e.slot)
 
     # ------------------------------------------------------------------ entry point 1: play
     def play(self, requests: Sequence[EpisodeRequest], actor: Actor, *, keep_snapshots: bool = False,
@@ -191,23 +240,24 @@ class RolloutEngine:
         ``tokens=False`` no token context is kept, nor anchor keys and potentials (no samples;
         for text actors whose episodes are only scored, e.g. Monte-Carlo rollouts).
         ``on_wave(k)`` runs before wave ``k`` starts (e.g. to reseed the actor)."""
-        if self.by_slot:
+        if self._by_slot:
             raise RuntimeError("the rollout engine is busy (a group stream has episodes running)")
         trajectories: list[Trajectory] = []
-        episodes: list[_Episode] = []
+        episodes: list[Episode] = []
         for k, lo in enumerate(range(0, len(requests), self.num_envs)):
             if on_wave is not None:
                 on_wave(k)
-            wave = [self._launch(req, actor, keep_snapshots, tokens=tokens) for req in requests[lo:lo + self.num_envs]]
-            while self.by_slot:
+            wave = [self.launch(req, actor, keep_snapshots, tokens=tokens) for req in requests[lo:lo + self.num_envs]]
+            while self._by_slot:
                 self.round(lockstep=True)
             episodes.extend(wave)
-            trajectories.extend(self._trajectory(e) for e in wave)
+            trajectories.extend(self.trajectory(e) for e in wave)
         return trajectories, rollout_stats(episodes)
 
     # ------------------------------------------------------------------ the core
-    def _launch(self, req: EpisodeRequest, actor: Actor, keep_snapshots: bool, tokens: bool = True) -> _Episode:
-        """Start ``req`` on a free env slot (reset, or restore from its snapshot)."""
+    def launch(self, req: EpisodeRequest, actor: Actor, keep_snapshots: bool = False, tokens: bool = True) -> Episode:
+        """Start ``req`` on a free env slot (reset, or restore from its snapshot); ``round`` plays it.
+        Needs a free slot (``free_envs > 0``)."""
         if actor.needs_tokens and (self.policy is None or not tokens):
             raise ValueError("this actor acts on token ids; the engine needs a policy's token format and tokens=True")
         if keep_snapshots:
@@ -224,10 +274,10 @@ class RolloutEngine:
         ctx = None
         if self.policy is not None and tokens:
             ctx = EpisodeContext(self.policy.chat, self.cfg, self.prompt, self.marker, req.trajectory_id)
-        slot = self.free_slots.pop()
-        ep = _Episode(req, actor, self._seq, slot, ctx, keep_snapshots)
+        slot = self._free_slots.pop()
+        ep = Episode(req, actor, self._seq, slot, ctx, keep_snapshots)
         self._seq += 1
-        self.by_slot[slot] = ep
+        self._by_slot[slot] = ep
         self.stats.admitted_episodes += 1
         probe = self._probe(ep, 0)
         if req.start is None:
@@ -236,7 +286,7 @@ class RolloutEngine:
             self.backend.send_restore([slot], [req.start], [req.reseed], [probe])
         return ep
 
-    def _probe(self, ep: _Episode, turn: int) -> Probe:
+    def _probe(self, ep: Episode, turn: int) -> Probe:
         """What the env host reads after the request that precedes action ``turn``."""
         if turn >= ep.max_turns:
             return Probe()  # no action follows: the turn budget ends the episode
@@ -244,7 +294,7 @@ class RolloutEngine:
         return Probe(probe.expert, probe.random_seed, ep.keep_snapshots, keys=ep.ctx is not None)
 
     def _on_result(self, r: EnvResult) -> None:
-        ep = self.by_slot.get(r.env_id)
+        ep = self._by_slot.get(r.env_id)
         if ep is None or ep.done:
             raise RuntimeError(f"env backend returned a result for env {r.env_id}, which runs no episode")
         req = ep.request
@@ -284,19 +334,19 @@ class RolloutEngine:
                 ep.snapshots.append(r.after.snapshot)
             ep.awaiting_action = True
 
-    def _finish(self, ep: _Episode) -> None:
+    def _finish(self, ep: Episode) -> None:
         ep.done, ep.awaiting_action = True, False
         self.stats.finished_episodes += ep.failure is None
         self.stats.infra_failures += ep.failure is not None
         self.stats.resumed_steps += ep.resumed_steps
-        del self.by_slot[ep.slot]
-        self.free_slots.append(ep.slot)
+        del self._by_slot[ep.slot]
+        self._free_slots.append(ep.slot)
 
-    def _act(self, eps: list[_Episode]) -> None:
+    def _act(self, eps: list[Episode]) -> None:
         """Actions for ``eps`` (in this order): first actions of the requests, then one
         batched call per actor; then send every action to the backend at once."""
         texts: dict[int, str] = {}
-        by_actor: dict[int, list[_Episode]] = {}
+        by_actor: dict[int, list[Episode]] = {}
         for e in eps:
             if e.turn < len(e.request.first_actions):
                 self._record(e, e.request.first_actions[e.turn], texts)
@@ -323,7 +373,7 @@ class RolloutEngine:
             e.awaiting_action = False
         self.backend.send_step([e.slot for e in eps], [texts[e.slot] for e in eps], [self._probe(e, e.turn + 1) for e in eps])
 
-    def _record(self, e: _Episode, action: Generation | str, texts: dict[int, str], decoded: str | None = None) -> None:
+    def _record(self, e: Episode, action: Generation | str, texts: dict[int, str], decoded: str | None = None) -> None:
         """Write one action into the episode's context; ``texts[slot]`` = the text the env gets."""
         if isinstance(action, Generation):  # sampled ids: recorded as sampled, never re-tokenized
             version = e.actor.version
@@ -347,26 +397,27 @@ class RolloutEngine:
         an action. ``lockstep``: wait for every request in flight, then act on all running
         episodes in admission order; otherwise act on whatever is ready, waiting up to
         ``wait`` seconds for a result only when nothing can act."""
-        with self._lock:
-            running = list(self.by_slot.values())
+        with self.lock:
+            running = list(self._by_slot.values())
             in_flight = sum(not e.awaiting_action for e in running)
             ready = any(e.awaiting_action for e in running)
         if lockstep:
             results = self.backend.recv(in_flight) if in_flight else []
         else:
             results = self.backend.recv(1, timeout=0.0005 if ready else wait) if in_flight else []
-        with self._lock:
+        with self.lock:
             for r in results:
                 self._on_result(r)
-            running = sorted(self.by_slot.values(), key=lambda e: e.seq)
+            running = sorted(self._by_slot.values(), key=lambda e: e.seq)
             acting = [e for e in running if e.awaiting_action]
             if lockstep and len(acting) < len(running):
                 acting = []
-            self._lock.notify_all()
+            self.lock.notify_all()
         if acting:
             self._act(acting)
 
-    def _trajectory(self, e: _Episode) -> Trajectory:
+    def trajectory(self, e: Episode) -> Trajectory:
+        """The record of episode ``e`` (finished, or abandoned mid-way)."""
         samples = tuple(e.ctx.finish()) if e.ctx is not None else ()
         req = e.request
         return Trajectory(
@@ -382,7 +433,7 @@ class RolloutEngine:
         self.backend.close()
 
 
-def rollout_stats(episodes: Sequence[_Episode]) -> RolloutStats:
+def rollout_stats(episodes: Sequence[Episode]) -> RolloutStats:
     """The counters of finished episodes."""
     return RolloutStats(
         episodes=len(episodes),
@@ -394,227 +445,6 @@ def rollout_stats(episodes: Sequence[_Episode]) -> RolloutStats:
         infra_failures=sum(e.failure is not None for e in episodes),
         generated_tokens=sum(e.action_tokens for e in episodes),
     )
-
-
-# ---------------------------------------------------------------------------- entry point 2: groups
-@dataclass
-class _Group:
-    index: int
-    episodes: list[_Episode]
-
-    @property
-    def done(self) -> bool:
-        return all(e.done for e in self.episodes)
-
-
-@dataclass(frozen=True)
-class GroupBatch:
-    """What ``GroupStream.take`` hands the trainer: whole groups, oldest first, the staleness
-    of each trajectory (trainer version minus its oldest token's version) and their counters."""
-
-    trajectories: list[Trajectory]
-    staleness: list[int]  # one per trajectory with sampled tokens
-    version: int  # the trainer version the batch is taken at
-    stats: RolloutStats
-
-
-class GroupStream:
-    """Whole groups of G episodes for the trainer, from one engine (see the module docstring).
-
-    ``make_group(k)`` returns the G ``EpisodeRequest`` of the k-th admitted group;
-    ``groups_per_batch`` groups make one trainer batch. ``actor`` is the policy that samples
-    them (its policy is the trainer's own when the stream runs inline, a copy when it runs in
-    a thread). ``lockstep=True`` is the synchronous mode: a batch is admitted once the previous
-    one is taken, and played in lock-step rounds; ``generator_for(b)`` then gives the sampling
-    generator of batch ``b`` (so a resumed or re-run iteration draws the same tokens).
-    """
-
-    def __init__(
-        self,
-        engine: RolloutEngine,
-        actor: PolicyActor,
-        make_group: Callable[[int], list[EpisodeRequest]],
-        *,
-        group_size: int,
-        groups_per_batch: int,
-        eta: int = 0,
-        lockstep: bool = True,
-        partial_rollouts: bool = False,
-        keep_snapshots: bool = False,
-        max_groups: int | None = None,
-        generator_for: Callable[[int], torch.Generator] | None = None,
-    ) -> None:
-        if engine.num_envs < group_size:
-            raise ValueError(f"the env backend has {engine.num_envs} env slots; one group needs group_size={group_size}")
-        if partial_rollouts and eta < 1:
-            raise ValueError("partial_rollouts needs eta >= 1: a carried-over trajectory is at least one version old")
-        self.engine, self.actor, self.make_group = engine, actor, make_group
-        self.group_size, self.groups_per_batch = group_size, groups_per_batch
-        self.controller = StalenessController(groups_per_batch * group_size, eta, group_size)
-        self.lockstep, self.partial, self.keep_snapshots = lockstep, partial_rollouts, keep_snapshots
-        self.max_groups, self.generator_for = max_groups, generator_for
-        self.version0 = actor.version
-        self.admitted = 0  # groups admitted
-        self.consumed = 0  # groups handed to the trainer
-        self.stale_restarts = 0
-        self.groups: dict[int, _Group] = {}  # admitted and not yet taken
-        self._pending_weights: tuple[Mapping[str, torch.Tensor] | None, int] | None = None
-        self._thread: threading.Thread | None = None
-        self._stop = False
-        self._error: BaseException | None = None
-
-    @property
-    def _lock(self) -> threading.Condition:
-        return self.engine._lock
-
-    # ------------------------------------------------------------------ scheduling
-    def _can_admit(self) -> bool:
-        if self.max_groups is not None and self.admitted >= self.max_groups:
-            return False
-        if len(self.engine.free_slots) < self.group_size:
-            return False
-        if self.lockstep:  # the next batch only once the current one is taken
-            in_batch = self.admitted - self.consumed
-            return in_batch < self.groups_per_batch and (in_batch > 0 or not self.groups)
-        return self.controller.can_admit()
-
-    def _admit(self) -> None:
-        while self._can_admit():
-            self.controller.admit()
-            k = self.admitted
-            if self.lockstep and self.generator_for is not None and k % self.groups_per_batch == 0:
-                self.actor.generator = self.generator_for(k // self.groups_per_batch)
-            self.admitted += 1
-            episodes = [self.engine._launch(req, self.actor, self.keep_snapshots) for req in self.make_group(k)]
-            self.groups[k] = _Group(k, episodes)
-
-    def _consumable(self) -> list[_Group] | None:
-        order = sorted(self.groups)
-        if not self.partial:
-            head = order[: self.groups_per_batch]
-            if len(head) == self.groups_per_batch and all(self.groups[k].done for k in head):
-                return [self.groups[k] for k in head]
-            return None
-        done = [self.groups[k] for k in order if self.groups[k].done and (self._age(self.groups[k]) or 0) <= self.controller.eta]
-        return done[: self.groups_per_batch] if len(done) >= self.groups_per_batch else None
-
-    def _age(self, g: _Group) -> int | None:
-        """Trainer steps since the version of the group's oldest sampled token."""
-        versions = [e.min_version for e in g.episodes if e.min_version is not None]
-        return None if not versions else self.controller.version - (min(versions) - self.version0)
-
-    def _restart_stale(self) -> None:
-        """partial_rollouts: restart groups whose oldest token is already more than eta
-        versions old (they could never be trained within the bound), once none of their
-        envs has a request in flight and enough env slots are free."""
-        engine = self.engine
-        for g in self.groups.values():
-            age = self._age(g)
-            if age is None or age <= self.controller.eta:
-                continue
-            if any(not e.done and not e.awaiting_action for e in g.episodes):
-                continue  # a reset/step is in flight; check again after it returns
-            running = [e for e in g.episodes if not e.done]
-            if len(engine.free_slots) + len(running) < len(g.episodes):
-                continue
-            self.stale_restarts += 1
-            for e in running:
-                del engine.by_slot[e.slot]
-                engine.free_slots.append(e.slot)
-            g.episodes = [engine._launch(e.request, self.actor, self.keep_snapshots) for e in g.episodes]
-
-    def _pop(self, groups: list[_Group]) -> GroupBatch:
-        version = self.controller.version
-        trajs, staleness, episodes = [], [], []
-        for g in groups:
-            del self.groups[g.index]
-            for e in g.episodes:
-                trajs.append(self.engine._trajectory(e))
-                episodes.append(e)
-                if e.min_version is not None:
-                    staleness.append(version - (e.min_version - self.version0))
-        self.consumed += len(groups)
-        return GroupBatch(trajs, staleness, version, rollout_stats(episodes))
-
-    def _schedule(self) -> bool:
-        """Apply new weights, restart stale groups, admit new ones; False when nothing runs."""
-        with self._lock:
-            self._apply_pending_weights()
-            if self.partial:
-                self._restart_stale()
-            self._admit()
-            return bool(self.engine.by_slot)
-
-    # ------------------------------------------------------------------ the trainer's side
-    def take(self, timeout: float | None = None) -> GroupBatch:
-        """The next trainer batch: ``groups_per_batch`` whole groups. Drives the engine
-        inline when no background thread runs; otherwise waits for the thread."""
-        if self._thread is None:
-            while (ready := self._consumable()) is None:
-                if not self._schedule() and self._consumable() is None:
-                    raise RuntimeError("the rollout engine cannot produce another batch (max_groups reached?)")
-                self.engine.round(self.lockstep)
-            return self._pop(ready)
-        deadline = None if timeout is None else time.perf_counter() + timeout
-        with self._lock:
-            while True:
-                if self._error is not None:
-                    raise RuntimeError("the rollout thread failed") from self._error
-                ready = self._consumable()
-                if ready is not None:
-                    return self._pop(ready)
-                left = None if deadline is None else deadline - time.perf_counter()
-                if left is not None and left <= 0:
-                    raise TimeoutError("no trainer batch within the timeout")
-                self._lock.wait(timeout=0.05 if left is None else min(left, 0.05))
-
-    def set_weights(self, state_dict: Mapping[str, torch.Tensor] | None, version: int) -> None:
-        """The trainer finished a step: new weights (None when the stream shares the
-        trainer's model) and version. Applied before the next generation call."""
-        with self._lock:
-            self._pending_weights = (state_dict, version)
-            self.controller.train_step()  # the trainer's version counts now; admission waits for the weights
-            if self._thread is None:
-                self._apply_pending_weights()
-
-    def _apply_pending_weights(self) -> None:
-        """Load the weights ``set_weights`` left (call with the lock held)."""
-        if self._pending_weights is None:
-            return
-        state_dict, version = self._pending_weights
-        self._pending_weights = None
-        if state_dict is not None:
-            self.actor.policy.model.load_state_dict(state_dict)
-        self.actor.policy.version = version
-
-    # ------------------------------------------------------------------ background thread
-    def start(self) -> None:
-        """Run the scheduling loop in a background thread (the rollout worker)."""
-        if self._thread is not None:
-            raise RuntimeError("the group stream already runs")
-        self._thread = threading.Thread(target=self._loop, name="turnforge-rollout", daemon=True)
-        self._thread.start()
-
-    def _loop(self) -> None:
-        try:
-            while not self._stop:
-                if not self._schedule():  # nothing may start (staleness bound) and nothing runs
-                    with self._lock:
-                        self._lock.wait(timeout=0.01)
-                    continue
-                self.engine.round(self.lockstep, wait=0.05)
-        except BaseException as err:  # surfaced to the trainer by take()
-            with self._lock:
-                self._error = err
-                self._lock.notify_all()
-
-    def stop(self) -> None:
-        """Stop the background thread (episodes in flight are abandoned, never trained on)."""
-        self._stop = True
-        if self._thread is not None:
-            self._thread.join(timeout=30)
-            self._thread = None
-
 
 
 def run_env_slots(cfg: TrainConfig) -> int:

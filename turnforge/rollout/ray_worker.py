@@ -27,7 +27,8 @@ from turnforge.envpool import PoolStats, make_backend
 from turnforge.envs import make
 from turnforge.policy.model import Policy
 from turnforge.rollout.actors import PolicyActor
-from turnforge.rollout.engine import GroupBatch, GroupStream, RolloutEngine
+from turnforge.rollout.engine import RolloutEngine
+from turnforge.rollout.groups import GroupBatch, GroupStream
 
 
 @dataclass(frozen=True)

@@ -14,15 +14,15 @@ import torch
 
 from turnforge.algos import sft_loss
 from turnforge.data.store import write_trajectories
-from turnforge.envs.base import stable_hash
 from turnforge.policy.generate import token_logprobs
 from turnforge.policy.lora import trainable_parameters
 from turnforge.rollout.actors import ExpertActor
 from turnforge.rollout.engine import EpisodeRequest
-from turnforge.train.common import GuardedStep, collate, lr_factor, rng
-from turnforge.train.failures import check_trajectories
+from turnforge.seeding import rng, stable_hash
+from turnforge.train.common import GuardedStep, collate, lr_factor
 from turnforge.train.metrics import BCEpoch, BCStats
-from turnforge.train.session import Session
+from turnforge.train.run_dir.failures import check_trajectories
+from turnforge.train.run_dir.session import Session
 
 
 def run_bc(s: Session) -> BCStats:

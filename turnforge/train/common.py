@@ -1,4 +1,4 @@
-"""Pieces both training stages use: seeded generators, collation, a guarded optimizer step."""
+"""Pieces the training stages share: learning-rate schedules, collation, a guarded optimizer step, event counts."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import numpy as np
 import torch
 
 from turnforge.errors import RunStopped
-from turnforge.envs.base import stable_hash
 from turnforge.policy.generate import pad_right
 from turnforge.types import Sample, Trajectory
 
@@ -21,16 +20,6 @@ def lr_factor(schedule: str, step: int, total: int) -> float:
     if schedule == "constant":
         return 1.0
     return 0.5 * (1.0 + math.cos(math.pi * min(step, total) / max(total, 1)))
-
-
-def generator(*parts: object) -> torch.Generator:
-    """A torch generator seeded from ``parts``: every stage/iteration gets its own stream,
-    so a resumed run draws exactly what an uninterrupted one would."""
-    return torch.Generator().manual_seed(stable_hash(*parts))
-
-
-def rng(*parts: object) -> np.random.Generator:
-    return np.random.default_rng(stable_hash(*parts))
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,22 @@
-"""Credit assignment glue: trajectories -> per-turn advantages -> per-sample advantages.
+"""Credit assignment of the RL stage: trajectories -> per-turn advantages -> per-sample advantages.
 
-The math lives in ``turnforge.algos`` (pure tensor functions); this module only turns
-``Trajectory`` records into the flat tensors those functions take and maps the result back
-onto samples. Episode-level estimators (grpo, rloo, reinforce_pp) give every turn of an
+``assign_credit`` is step 2 of an RL iteration (``rl.advantage``), infrastructure failures
+already excluded:
+
+- critic-free (``turn_advantages``): ``grpo`` normalises the episode return within its group
+  and puts it on every turn; ``gigpo`` adds a step-level term from the turns of the group that
+  acted in the same env state; ``rloo`` and ``reinforce_pp`` change the baseline and scale;
+- ``gae``: state values V(s_k) per turn from the learned critic, Monte-Carlo rollouts from env
+  snapshots, or their blend (``critic`` section), then GAE over the turns of each episode
+  (``gae_turn_advantages``: decoupled lambdas, optionally length-adaptive);
+- ``mc_grpo``: the rollouts only supply states; at ``rl.mc_grpo_states`` of them the policy
+  samples G actions, each scored by ``Q_MC(s, a)`` from env snapshots and normalised within
+  the state's group (``turnforge.train.mc``).
+
+With ``rl.kl_mode=reward`` the KL to the reference is a per-turn reward penalty applied here
+(``kl_penalties``). The math lives in ``turnforge.algos`` (pure tensor functions); this module
+turns ``Trajectory`` records into the flat tensors those functions take and maps the result
+back onto samples. Episode-level estimators (grpo, rloo, reinforce_pp) give every turn of an
 episode the same value; GiGPO and GAE give each turn its own.
 
 Reward shaping (``rl.shaping=potential``) happens here, on the per-turn rewards every
@@ -15,13 +29,22 @@ optimal (Ng et al. 1999).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
 import torch
 
-from turnforge.algos import decoupled_gae, discounted_returns, gigpo, grpo, length_adaptive_lam, reinforce_pp, rloo
-from turnforge.config import CriticConfig, RLConfig
+from turnforge.algos import (
+    decoupled_gae, discounted_returns, gigpo, grpo, kl_estimate, length_adaptive_lam, reinforce_pp, rloo,
+)
+from turnforge.config import CriticConfig, RLConfig, TrainConfig
+from turnforge.critic.mc import blend
+from turnforge.critic.value import ValueModel, turn_values
+from turnforge.policy.generate import token_logprobs
+from turnforge.train.common import collate
+from turnforge.train.mc import MonteCarlo
+from turnforge.train.metrics import MCStats
 from turnforge.types import Sample, Trajectory
 
 
@@ -146,3 +169,92 @@ def sample_advantage(sample: Sample, per_turn: np.ndarray) -> float | np.ndarray
             f"sample {sample.trajectory_id!r}: {turn.max(initial=-1) + 1} runs of action tokens but {len(per_turn)} turns"
         )
     return np.where(turn >= 0, np.asarray(per_turn, np.float32)[np.clip(turn, 0, None)], 0.0).astype(np.float32)
+
+
+@dataclass(frozen=True)
+class Credit:
+    """One RL iteration's credit assignment (``assign_credit``)."""
+
+    samples: list[tuple[Sample, float | np.ndarray]]  # what the update trains: (sample, advantage) pairs
+    per_turn: dict[str, np.ndarray]  # trajectory_id -> [num_turns] advantages (empty for mc_grpo)
+    groups: int  # groups the samples came from
+    flat_groups: int  # of them, groups whose advantages are all zero (left out with rl.skip_zero_variance_groups)
+    values: dict[str, np.ndarray] | None = None  # gae: the V(s_k) GAE used (learned, MC or blended)
+    targets: dict[str, np.ndarray] | None = None  # gae: the critic's targets per turn
+    critic_values: dict[str, np.ndarray] | None = None  # gae with a learned critic: its values at rollout time
+    mc: MCStats | None = None  # counters of the Monte-Carlo rollouts (gae with critic.mc_weight > 0, mc_grpo)
+    kl_penalty: float | None = None  # rl.kl_mode=reward: mean KL penalty per turn
+
+
+def assign_credit(
+    trajs: list[Trajectory],
+    cfg: TrainConfig,
+    it: int,
+    *,
+    pad_id: int,
+    critic: ValueModel | None = None,
+    reference: torch.nn.Module | None = None,
+    mc: MonteCarlo | None = None,
+) -> Credit:
+    """Advantages for iteration ``it``'s trajectories (no infrastructure failures among them) by
+    ``rl.advantage`` (see the module docstring). ``critic``: the learned value model (``gae``);
+    ``reference``: the frozen BC model (its KL is a reward penalty with ``rl.kl_mode=reward``);
+    ``mc``: Monte-Carlo estimates from env snapshots (``gae`` with ``critic.mc_weight > 0``,
+    ``mc_grpo``)."""
+    rl = cfg.rl
+    penalties = critic_values = values = targets = mc_stats = None
+    if reference is not None and rl.kl_mode == "reward":
+        penalties = kl_penalties(reference, trajs, pad_id, cfg.rollout.temperature, rl.kl_estimator, rl.kl_coef)
+    if rl.advantage == "gae":
+        critic_values = turn_values(critic, trajs, pad_id) if critic is not None else None
+        values, mc_stats = state_values(trajs, it, critic_values, cfg.critic.mc_weight, mc)
+        per_turn, targets = gae_turn_advantages(trajs, values, rl, cfg.critic, penalties)
+    elif rl.advantage == "mc_grpo":
+        assert mc is not None  # the config and the start checks guarantee snapshots
+        per_turn = {}
+        pairs, group_of, mc_stats = mc.grpo_batch(trajs, it)
+    else:
+        per_turn = turn_advantages(trajs, rl, penalties)
+    kl_penalty = float(np.mean(np.concatenate([penalties[t.trajectory_id] for t in trajs]))) if penalties and trajs else None
+    if rl.advantage != "mc_grpo":
+        pairs = [(x, sample_advantage(x, per_turn[t.trajectory_id])) for t in trajs for x in t.samples]
+        group_of = {x.trajectory_id: t.group_id for t in trajs for x in t.samples}
+    groups = set(group_of.values())
+    flat = {g for g in groups if all(np.all(np.abs(a) < 1e-8) for x, a in pairs if group_of[x.trajectory_id] == g)}
+    kept = [(x, a) for x, a in pairs if not (rl.skip_zero_variance_groups and group_of[x.trajectory_id] in flat)]
+    return Credit(kept, per_turn, len(groups), len(flat), values, targets, critic_values, mc_stats, kl_penalty)
+
+
+def state_values(
+    trajs: list[Trajectory], it: int, critic_values: dict[str, np.ndarray] | None, mc_weight: float, mc: MonteCarlo | None,
+) -> tuple[dict[str, np.ndarray], MCStats | None]:
+    """V(s_k) per turn for GAE: the learned critic's, Monte-Carlo values, or the blend
+    ``(1 - w) V_phi + w V_MC`` (``w = critic.mc_weight``); plus the Monte-Carlo counters."""
+    if mc_weight == 0:
+        assert critic_values is not None  # the config guarantees a value source
+        return critic_values, None
+    assert mc is not None
+    v_mc, stats = mc.turn_values(trajs, it)
+    if critic_values is None:
+        return v_mc, stats
+    return {k: np.asarray(blend(critic_values[k], v_mc[k], mc_weight), np.float32) for k in critic_values}, stats
+
+
+@torch.no_grad()
+def kl_penalties(
+    reference: torch.nn.Module, trajs: list[Trajectory], pad_id: int, temperature: float, estimator: str, coef: float,
+    batch_size: int = 128,
+) -> Penalties:
+    """``rl.kl_mode=reward``: per turn, ``coef`` times the KL estimate to the reference
+    summed over the turn's action tokens (sampling logprobs against the reference's)."""
+    out = {t.trajectory_id: np.zeros(t.num_turns) for t in trajs}
+    samples = [x for t in trajs for x in t.samples]
+    for b in range(0, len(samples), batch_size):
+        chunk = samples[b:b + batch_size]
+        batch = collate(chunk, pad_id)
+        ref, _ = token_logprobs(reference, batch.ids, batch.attention, temperature, positions=batch.mask)
+        kl = (kl_estimate(batch.old_logprobs, ref, estimator) * batch.mask).numpy()
+        for i, x in enumerate(chunk):
+            turn = action_turns(x)
+            np.add.at(out[x.trajectory_id], turn[turn >= 0], coef * kl[i, : len(x)][turn >= 0])
+    return out

@@ -4,7 +4,7 @@ Evaluation episodes are the tasks ``0..episodes-1`` of a split with env seed = t
 index, so every evaluation of every run sees the same tasks. Infrastructure failures
 are excluded from the rates and counted separately (``EvalResult.infra_failures``); more
 than ``max_failure_share`` of them, or no episode scored at all, raises ``RunStopped``
-(``turnforge.train.failures``): an evaluation that scored nothing is never a success rate of 0.
+(``turnforge.train.run_dir.failures``): an evaluation that scored nothing is never a success rate of 0.
 """
 
 from __future__ import annotations
@@ -13,14 +13,14 @@ from typing import Sequence
 
 from turnforge.policy.model import Policy
 from turnforge.rollout.actors import PolicyActor
-from turnforge.rollout.engine import EpisodeRequest, RolloutEngine
-from turnforge.train.common import generator
-from turnforge.train.failures import check_trajectories
+from turnforge.rollout.engine import Engine, EpisodeRequest
+from turnforge.seeding import generator
+from turnforge.train.run_dir.failures import check_trajectories
 from turnforge.types import EvalResult, Trajectory
 
 
 def evaluate(
-    engine: RolloutEngine,
+    engine: Engine,
     policy: Policy,
     *,
     episodes: int,

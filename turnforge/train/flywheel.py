@@ -46,18 +46,20 @@ import torch
 from turnforge.config import TrainConfig
 from turnforge.data.filters import Candidate, FilterCount, FilterParams, apply_filters, kept_samples
 from turnforge.data.store import write_trajectories
-from turnforge.envs.base import EnvSnapshot, stable_hash, strip_guidance
+from turnforge.envs.base import strip_guidance
 from turnforge.errors import RunStopped
 from turnforge.policy.generate import token_logprobs
 from turnforge.rollout.actors import PolicyActor
 from turnforge.rollout.context import rerender
 from turnforge.rollout.engine import EpisodeRequest, RolloutEngine, make_engine
-from turnforge.train.common import GuardedStep, collate, generator, rng
+from turnforge.seeding import generator, rng, stable_hash
+from turnforge.train.common import GuardedStep, collate
 from turnforge.train.credit import sample_advantage, turn_advantages
-from turnforge.train.failures import check_trajectories
 from turnforge.train.metrics import FlywheelRound
-from turnforge.train.session import Session
-from turnforge.types import Sample, Task, Trajectory
+from turnforge.train.run_dir.failures import check_trajectories
+from turnforge.train.run_dir.session import Session
+from turnforge.train.update import ppo_update
+from turnforge.types import EnvSnapshot, Sample, Task, Trajectory
 
 
 @dataclass
@@ -106,7 +108,8 @@ def run_flywheel(s: Session, optimizer: torch.optim.Optimizer) -> list[FlywheelR
 
 def _round(s: Session, st: FlywheelState, guided: RolloutEngine | None, optimizer: torch.optim.Optimizer,
            step: GuardedStep, r: int) -> FlywheelRound:
-    cfg, fw, policy, env = s.cfg, s.cfg.flywheel, s.policy, s.env
+    cfg, fw, policy, engine = s.cfg, s.cfg.flywheel, s.policy, s.rollout_engine
+    env = engine.env
     t0 = time.time()
     actor = PolicyActor(policy, cfg.rollout.max_new_tokens, fw.temperature, generator(cfg.seed, "flywheel", r))
     keep = "curriculum" in fw.mechanisms  # snapshots of every episode: later curriculum starts
@@ -137,7 +140,7 @@ def _round(s: Session, st: FlywheelState, guided: RolloutEngine | None, optimize
         starts = _curriculum_starts(st, fw.curriculum_starts, rng(cfg.seed, "flywheel-curriculum", r))
         reqs = [EpisodeRequest(x.task, stable_hash(cfg.seed, "flywheel", r, "c", i, g), f"c-{r}-{i}", f"c-{r}-{i}-{g}",
                                start=x.snapshot) for i, x in enumerate(starts) for g in range(fw.curriculum_rollouts)]
-        ok = [t for t in play(s.engine, reqs, "curriculum") if t.infra_failure is None]
+        ok = [t for t in play(engine, reqs, "curriculum") if t.infra_failure is None]
         depth_success = _successes(ok) / max(len(ok), 1)
         if depth_success >= fw.curriculum_advance:
             st.depth += 1
@@ -152,11 +155,11 @@ def _round(s: Session, st: FlywheelState, guided: RolloutEngine | None, optimize
             tasks, source = [env.task("train", int(i)) for i in ids], "plain"
         wave += 1
         first = fw.probe_rollouts if fw.allocation == "adaptive" else fw.group_size
-        for t in play(s.engine, requests(tasks, first, "p"), source):
+        for t in play(engine, requests(tasks, first, "p"), source):
             plain.setdefault(t.task.task_id, []).append(t)
         if fw.allocation == "adaptive" and fw.group_size > first:
             unsure = [t for t in tasks if 0 < _successes(plain[t.task_id]) < len(plain[t.task_id])]
-            for t in play(s.engine, requests(unsure, fw.group_size - first, "p", first), source):
+            for t in play(engine, requests(unsure, fw.group_size - first, "p", first), source):
                 plain[t.task.task_id].append(t)
         failed = [t for t in tasks if _successes(plain[t.task_id]) == 0 and any(x.infra_failure is None for x in plain[t.task_id])]
         unsolved += failed
@@ -269,7 +272,7 @@ def _evolve(s: Session, st: FlywheelState, plain: dict[str, list[Trajectory]], u
     for task in unsolved:
         if len(st.evolved) >= fw.evolve_pool or task.task_id in st.evolved:
             continue
-        for new in s.env.derive_tasks(task, fw.evolve_per_task, stable_hash(s.cfg.seed, "evolve", r, task.task_id)):
+        for new in s.rollout_engine.env.derive_tasks(task, fw.evolve_per_task, stable_hash(s.cfg.seed, "evolve", r, task.task_id)):
             if len(st.evolved) < fw.evolve_pool:
                 st.evolved.setdefault(new.task_id, (new, 0))
 
@@ -279,7 +282,7 @@ def _unguided(s: Session, traj: Trajectory) -> Candidate | None:
     from every observation (same action tokens and sampling logprobs)."""
     if traj.infra_failure is not None or not traj.samples:
         return None
-    engine = s.engine
+    engine = s.rollout_engine
     samples = rerender(traj, [strip_guidance(t.observation) for t in traj.turns], s.policy.chat, s.cfg.rollout,
                        engine.prompt, engine.marker)
     if samples is None:
@@ -353,8 +356,6 @@ def _grpo(s: Session, optimizer: torch.optim.Optimizer, step: GuardedStep, trajs
     """One GRPO update on the round's plain groups (rl section's advantage settings); the
     replayed successes join with advantage 1 and the decoupled objective's truncated
     importance weights (they were sampled by older policies)."""
-    from turnforge.train.rl import ppo_update  # the RL stage's update, shared
-
     ok = [t for t in trajs if t.infra_failure is None]
     per_turn = turn_advantages(ok, s.cfg.rl)
     pairs = [(x, sample_advantage(x, per_turn[t.trajectory_id])) for t in ok for x in t.samples]
@@ -362,7 +363,9 @@ def _grpo(s: Session, optimizer: torch.optim.Optimizer, step: GuardedStep, trajs
     if pairs:
         for group in optimizer.param_groups:
             group["lr"] = s.cfg.rl.lr
-        ppo_update(s, pairs, optimizer, step, None, stable_hash("flywheel", r), decoupled=bool(replayed))
+        ppo_update(s.policy, pairs, step, s.cfg.rl, temperature=s.cfg.rollout.temperature,
+                   shuffle=rng(s.cfg.seed, "rl-shuffle", stable_hash("flywheel", r)), decoupled=bool(replayed),
+                   is_cap=s.cfg.engine.is_cap)
 
 
 __all__ = ["FlywheelState", "guided_config", "run_flywheel"]

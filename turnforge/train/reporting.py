@@ -1,8 +1,10 @@
-"""Run reporting: metrics (JSONL + TensorBoard), the live progress display, the learning curve.
+"""Run reporting: metrics (JSONL + TensorBoard), the live progress display, the learning curve,
+the run's summary and its last line.
 
 ``MetricsLog`` appends one JSON object per event to ``metrics.jsonl`` and mirrors
 numeric values to TensorBoard (``tb/``) with the env step as the x axis. ``Progress``
-shows a rich live panel on a terminal and plain log lines otherwise.
+shows a rich live panel on a terminal and plain log lines otherwise. ``run_summary``
+builds ``summary.json``'s record; ``final_line`` says what the run reached and against what.
 """
 
 from __future__ import annotations
@@ -12,13 +14,19 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from turnforge.train.metrics import KINDS, read_metrics, to_json
+from turnforge.config import TrainConfig
+from turnforge.policy.lora import trainable_parameters
+from turnforge.train.metrics import KINDS, ExpertQueries, RunSummary, Software, read_metrics, to_json
+from turnforge.types import EvalResult
+
+if TYPE_CHECKING:
+    from turnforge.train.run_dir.session import Session
 
 T = TypeVar("T")
 
@@ -156,3 +164,49 @@ def plot_learning_curve(run_dir: Path, title: str) -> Path:
     fig.savefig(out, dpi=100)
     plt.close(fig)
     return out
+
+
+def start_name(cfg: TrainConfig) -> str:
+    """What RL starts from, in messages: the BC policy, or the model itself without BC."""
+    return "BC policy" if cfg.bc.enabled else "starting policy (no BC)"
+
+
+def run_summary(s: Session, after: EvalResult, rl_seconds: float | None) -> RunSummary:
+    """The ``RunSummary`` of a finished run: its evaluations before and after RL, the gains
+    (against the evaluation before RL, and against the start at its best temperature), counters,
+    the engine and software it ran with."""
+    cfg, state, policy, engine = s.cfg, s.state, s.policy, s.engine
+    before, best = state.eval_before_rl, state.bc_temperatures
+    agent = cfg.agent.entrypoint is not None
+    demos = (state.bc.demo_env_steps - state.bc.demo_random_actions) if state.bc else 0
+    return RunSummary(
+        recipe=cfg.recipe, seed=cfg.seed, wall_seconds=round(state.wall_seconds, 2), env_steps=state.env_steps,
+        mc_env_steps=state.mc_env_steps, train_tokens=state.train_tokens, eval_before_rl=before, eval_after_rl=after,
+        success_gain_points=round(100 * (after.success_rate - before.success_rate), 2), rl_iterations=state.iteration,
+        rl_seconds=None if rl_seconds is None else round(rl_seconds, 2), engine_mode=cfg.engine.mode,
+        eta=cfg.engine.eta, env_workers=cfg.engine.env_workers, cluster=cfg.cluster, policy_version=policy.version,
+        skipped_steps=state.skipped_steps, advantage=cfg.rl.advantage, bc=state.bc, value_pretrain=state.value_pretrain,
+        env_id=engine.env.env_id,
+        env_kwargs={"entrypoint": cfg.agent.entrypoint, "tasks": cfg.agent.tasks} if agent else dict(cfg.env.kwargs),
+        model=f"gguf:{cfg.model.gguf}" if cfg.model.gguf else cfg.model.path,
+        num_parameters=sum(p.numel() for p in policy.model.parameters()),
+        trainable_parameters=sum(p.numel() for p in trainable_parameters(policy.model)), torch_threads=cfg.threads,
+        env_pool=engine.pool_stats(), software=Software.current(),
+        eval_bc_best_temperature=best, flywheel_rounds=cfg.flywheel.rounds,
+        gain_over_bc_best_points=None if best is None else round(100 * (after.success_rate - best.eval.success_rate), 2),
+        expert_queries=ExpertQueries(demos, state.hints, demos + state.hints),
+    )
+
+
+def final_line(summary: RunSummary, cfg: TrainConfig, run_dir: Path) -> str:
+    """The run's last line: held-out success before and after, each gain with what it is measured against."""
+    before, after, best = summary.eval_before_rl, summary.eval_after_rl, summary.eval_bc_best_temperature
+    return (
+        f"done in {summary.wall_seconds:.0f}s: held-out success {before.success_rate:.3f} "
+        f"{'after BC' if cfg.bc.enabled else 'at the start'} -> "
+        f"{after.success_rate:.3f} at the end ({summary.success_gain_points:+.1f} points)"
+        + ("" if best is None else
+           f", {summary.gain_over_bc_best_points:+.1f} points over the {start_name(cfg)} at its best temperature "
+           f"(T={best.temperature}: {best.eval.success_rate:.3f})")
+        + f"; run dir {run_dir}"
+    )

@@ -32,12 +32,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from turnforge.envpool import PoolStats
-from turnforge.envs.base import stable_hash
 from turnforge.rollout.actors import PolicyActor
-from turnforge.rollout.engine import EpisodeRequest, GroupBatch, GroupStream, RolloutStats, make_engine
-from turnforge.train.common import generator, rng
+from turnforge.rollout.engine import EpisodeRequest, RolloutStats, make_engine
+from turnforge.rollout.groups import GroupBatch, GroupStream
+from turnforge.seeding import generator, rng, stable_hash
 from turnforge.train.metrics import StreamStats
-from turnforge.train.session import Session
+from turnforge.train.run_dir.session import Session
 from turnforge.types import Trajectory
 
 
@@ -151,7 +151,7 @@ class LocalRollouts(_Source):
             actor = PolicyActor(policy, cfg.rollout.max_new_tokens, cfg.rollout.temperature,
                                 generator(cfg.seed, "rl-engine", start_it))
         else:
-            self.engine = s.engine
+            self.engine = s.rollout_engine
             actor = PolicyActor(s.policy, cfg.rollout.max_new_tokens, cfg.rollout.temperature,
                                 _IterationGenerator(cfg.seed, start_it)(0))  # reseeded per batch by generator_for
         self.stream = GroupStream(
@@ -168,8 +168,8 @@ class LocalRollouts(_Source):
         batch = self.stream.take()
         self.clock.waited(time.perf_counter() - t0)
         st = self.engine.stats
-        pool = self.engine.backend.stats() if self.s.cfg.engine.env_workers > 0 else None
-        return self.clock.batch(batch, self.s.cfg.engine.eta, st.turns, self.stream.stale_restarts, st.batch_sizes, pool)
+        return self.clock.batch(batch, self.s.cfg.engine.eta, st.turns, self.stream.stale_restarts, st.batch_sizes,
+                                self.engine.pool_stats())
 
     def after_update(self) -> None:
         """Weight sync: the rollout thread gets a copy of the new weights and version."""
@@ -248,10 +248,14 @@ class AgentRollouts(_Source):
     ``GroupMaker`` draws them; sampled with a generator seeded by the iteration."""
 
     def __init__(self, s: Session) -> None:
-        self.s, self.clock = s, _TrainerClock()
+        from turnforge.gateway.agents import AgentEngine
+
+        if not isinstance(s.engine, AgentEngine):
+            raise TypeError(f"agent rollouts need the run's AgentEngine; the run's engine is a {type(s.engine).__name__}")
+        self.s, self.engine, self.clock = s, s.engine, _TrainerClock()
 
     def next(self, it: int) -> RolloutBatch:
-        cfg, rl, engine = self.s.cfg, self.s.cfg.rl, self.s.engine
+        cfg, rl, engine = self.s.cfg, self.s.cfg.rl, self.engine
         indices = rng(cfg.seed, "rl-tasks", it).integers(0, 2**31 - 1, rl.tasks_per_iteration)
         requests = [EpisodeRequest(engine.env.task("train", int(k)), stable_hash(cfg.seed, "rl", it, j, g), f"{it}-{j}",
                                    f"rl-{it}-{j}-{g}") for j, k in enumerate(indices) for g in range(rl.group_size)]

@@ -29,9 +29,9 @@ import re
 from dataclasses import dataclass
 from fractions import Fraction
 
-from turnforge.envs.base import stable_hash
 from turnforge.envs.tool.base import ToolEnv, ToolError
 from turnforge.errors import UserError
+from turnforge.seeding import stable_hash
 
 _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
 _SYMBOL = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv}

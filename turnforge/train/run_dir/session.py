@@ -7,14 +7,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from turnforge.config import TrainConfig
-from turnforge.envs.base import Env
 from turnforge.policy.model import Policy
-from turnforge.rollout.engine import RolloutEngine
-from turnforge.train.checkpoint import TrainerState
+from turnforge.rollout.engine import Engine, EngineEnv, RolloutEngine
 from turnforge.train.evaluate import evaluate
-from turnforge.train.interrupts import Interrupts
 from turnforge.train.metrics import EvalRecord
 from turnforge.train.reporting import MetricsLog, Progress
+from turnforge.train.run_dir.checkpoint import TrainerState
+from turnforge.train.run_dir.interrupts import Interrupts
 from turnforge.types import EvalResult
 
 
@@ -23,7 +22,7 @@ class Session:
     cfg: TrainConfig
     run_dir: Path
     policy: Policy
-    engine: RolloutEngine  # plays evaluation, demonstrations, value pretraining, Monte-Carlo and synchronous RL episodes
+    engine: Engine  # plays evaluation, demonstrations, value pretraining, Monte-Carlo and synchronous RL episodes
     metrics: MetricsLog
     progress: Progress
     state: TrainerState
@@ -38,9 +37,17 @@ class Session:
         return self.stop is not None and self.stop.requested is not None
 
     @property
-    def env(self) -> Env:
-        """The run's local env instance: tasks, capabilities, action names."""
+    def env(self) -> EngineEnv:
+        """The run's tasks (the engine's local env instance, or an agent run's task file)."""
         return self.engine.env
+
+    @property
+    def rollout_engine(self) -> RolloutEngine:
+        """The engine, for stages that play env episodes (demonstrations, the flywheel, value
+        pretraining, Monte-Carlo values, group streams); agent runs have none of them."""
+        if not isinstance(self.engine, RolloutEngine):
+            raise TypeError(f"this stage needs env episodes; the run's engine is a {type(self.engine).__name__}")
+        return self.engine
 
     def wall_seconds(self) -> float:
         return self.wall_offset + time.time() - self.started

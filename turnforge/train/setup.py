@@ -1,0 +1,297 @@
+"""The set-up of a training run, so that ``turnforge.train.run.train`` reads as the job itself.
+
+- ``preflight``: every check that can fail before any work (env id, options against the env's
+  capabilities, ``check_env``, agent entrypoint and tasks, Ray, vLLM, the model, LoRA
+  targets, the run directory), with nothing written;
+- ``open_run``: under the run's lock, a new run directory (config, base model) or the
+  checkpoint to resume from, signal handling, the policy (LoRA, vLLM sampler), the engine
+  (the rollout engine, or the gateway's agent engine), the metrics log and the ``Session``;
+- ``freeze_bc``: the BC policy saved as ``checkpoints/bc`` (LoRA merged in, a fresh adapter
+  for what follows);
+- ``make_critic`` and ``rl_references``: what the RL stage needs beside the policy (the
+  learned critic, the frozen BC policy and the KL reference).
+"""
+
+from __future__ import annotations
+
+import shutil
+from contextlib import ExitStack, closing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import yaml
+
+from turnforge import errors
+from turnforge.config import TrainConfig, config_from_dict
+from turnforge.critic.value import build_value_model
+from turnforge.envs.base import Env
+from turnforge.envs.checker import check_action_lengths
+from turnforge.envs.registry import build_env
+from turnforge.errors import UserError
+from turnforge.paths import check_out_dir
+from turnforge.policy.gguf import cached_import, find_gguf
+from turnforge.policy.lora import ADAPTER_DIR, FrozenBase, add_lora, check_lora_targets, is_lora, merge_lora, skeleton
+from turnforge.policy.model import Policy, check_model_dir, load_policy
+from turnforge.policy.tiny import build_tiny_model, tiny_hf_config
+from turnforge.rollout.context import PromptSpec
+from turnforge.rollout.engine import Engine, make_engine
+from turnforge.train.checks import check_env_at_start, check_options
+from turnforge.train.metrics import RunSummary, RunWarning, read_summary
+from turnforge.train.reporting import MetricsLog, Progress
+from turnforge.train.rl import Critic, make_reference, pretrain_values
+from turnforge.train.run_dir.checkpoint import Resumable, TrainerState, TrainingState, find_resumable, save_model
+from turnforge.train.run_dir.interrupts import Interrupts
+from turnforge.train.run_dir.lock import LOCK, RunLock
+from turnforge.train.run_dir.session import Session
+
+
+def load_run_config(run_dir: Path) -> TrainConfig:
+    """The config a run directory was started with (``--resume``)."""
+    path = run_dir / "config.yaml"
+    if not path.exists():
+        raise UserError(f"--resume {str(run_dir)!r}: no config.yaml there; is it a turnforge run directory?")
+    return config_from_dict(yaml.safe_load(path.read_text()))
+
+
+def check_run_dir(run_dir: Path, resume: bool) -> None:
+    """Refuse, before anything is written, a run directory this run cannot use: a file, an
+    unwritable place, a directory that is not a run's, or (without ``--resume``) one that
+    holds a run with a checkpoint. A directory left by a run that stopped before its first
+    checkpoint is accepted (the new run starts it over)."""
+    check_out_dir(run_dir, "run directory")
+    if resume:
+        return
+    if run_dir.exists() and any(p.name != LOCK for p in run_dir.iterdir()):
+        if not (run_dir / "config.yaml").exists():
+            raise UserError(f"--out {str(run_dir)!r} is not empty and is not a turnforge run directory; "
+                            "give a new or empty directory")
+        if (run_dir / "summary.json").exists() or find_resumable(run_dir) is not None:
+            raise UserError(f"output directory {str(run_dir)!r} already holds a run; use --resume {run_dir} or another --out")
+
+
+@dataclass(frozen=True)
+class Checked:
+    """What ``preflight`` built while checking: the run's env, or the agent's tasks and callable."""
+
+    env: Env | None
+    agent_tasks: Any = None  # turnforge.gateway.agents.AgentTasks (agent runs)
+    agent_fn: Callable[..., Any] | None = None
+
+
+def preflight(cfg: TrainConfig, run_dir: Path, resume: bool) -> Checked:
+    """Every check that can fail before any work; a bad env id, option, capability, model or run
+    directory is one ``UserError`` line with nothing written. Creates ``run_dir`` at the end."""
+    if cfg.agent.entrypoint is not None:  # an agent program through the gateway: its tasks file and entrypoint now
+        from turnforge.gateway.agents import AgentTasks, load_agent
+
+        checked = Checked(None, AgentTasks(cfg.agent.tasks, cfg.agent.heldout_fraction), load_agent(cfg.agent.entrypoint))
+    else:
+        checked = Checked(build_env(cfg.env.id, cfg.env.kwargs, cfg.env.tasks, cfg.env.heldout_fraction))
+        check_options(cfg, checked.env)
+        if cfg.check_env:
+            check_env_at_start(cfg)
+    if cfg.cluster == "ray":  # an unreachable cluster is a one-line error now, not after the BC stage
+        from turnforge.envpool.ray_pool import connect_ray
+
+        connect_ray(cfg.engine.ray_address)
+    if cfg.rollout.backend == "vllm":  # not installed: one line now, not after set-up
+        from turnforge.policy.vllm_sampler import require_vllm
+
+        require_vllm()
+    if cfg.model.gguf is not None:
+        find_gguf(cfg.model.gguf)  # a missing package or file is one line now, not after set-up
+    elif cfg.model.path != "tiny":
+        check_model_dir(cfg.model.path)
+    if cfg.model.lora.r > 0 and cfg.model.gguf is None:  # (a GGUF model's modules are checked once it is converted)
+        from transformers import AutoConfig
+
+        hf = tiny_hf_config(cfg.model.tiny) if cfg.model.path == "tiny" else AutoConfig.from_pretrained(cfg.model.path)
+        check_lora_targets(skeleton(hf), list(cfg.model.lora.target_modules))
+    check_run_dir(run_dir, resume)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return checked
+
+
+@dataclass(frozen=True)
+class OpenRun:
+    """A run ready to train (``open_run``)."""
+
+    session: Session
+    resumed: Resumable | None  # the checkpoint this run resumes from (None: a new run)
+
+    @property
+    def training(self) -> TrainingState | None:
+        """The optimizer and critic state to resume with (None for a new run)."""
+        return self.resumed.training if self.resumed is not None else None
+
+
+def open_run(cfg: TrainConfig, run_dir: Path, checked: Checked, stack: ExitStack, *, resume: bool,
+             live: bool | None) -> OpenRun | RunSummary:
+    """Take the run directory (its lock, for the life of ``stack``) and build what the stages share:
+    a new run's config and base model, or the newest complete checkpoint with ``resume``;
+    SIGINT/SIGTERM handling; the policy and the engine; the metrics log; the ``Session``.
+    ``--resume`` of a run that already finished returns its summary (nothing to do)."""
+    stack.enter_context(RunLock(run_dir))
+    errors.current_run_dir.append(str(run_dir))
+    stack.callback(errors.current_run_dir.remove, str(run_dir))
+    progress = stack.enter_context(Progress(cfg.recipe, live=live))
+    if resume and (run_dir / "summary.json").exists():
+        summary = read_summary(run_dir)
+        progress.message(f"run {run_dir} is finished ({summary.rl_iterations} RL iterations, held-out success "
+                         f"{summary.eval_after_rl.success_rate:.3f}; see summary.json): nothing to resume")
+        return summary
+    found = find_resumable(run_dir) if resume else None
+    if found is None:  # a new run, or one that stopped before its first checkpoint: start over
+        if not resume:
+            check_run_dir(run_dir, resume=False)  # again, under the lock
+        if _clear_leftovers(run_dir):
+            progress.message(f"{run_dir} held a run stopped before its first checkpoint; starting it over")
+        (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(), sort_keys=False))
+        state, training = TrainerState(), None
+        model_path = _base_model(cfg, run_dir)
+    else:
+        model_path, state, training = found.path, found.state, found.training
+        for problem in found.skipped:
+            progress.message(f"warning: {problem}; resuming from the previous checkpoint")
+    stop = stack.enter_context(Interrupts(lambda: _where(run_dir, state, stop, cfg.flywheel.rounds > 0)))
+    policy = _load_policy(cfg, run_dir, model_path, found)
+    engine, too_long = _make_engine(cfg, policy, run_dir, checked, stack)
+    if training is not None:
+        policy.version = training.version
+    metrics = MetricsLog(run_dir, keep_until_env_steps=state.env_steps if found else None)
+    stack.callback(metrics.close)
+    if found is None:
+        (run_dir / "metrics.jsonl").write_text("")
+    s = Session(cfg, run_dir, policy, engine, metrics, progress, state, wall_offset=state.wall_seconds, stop=stop)
+    if found is not None:
+        progress.message(f"resuming {run_dir} from {found.path.name}/ at RL iteration {state.iteration} "
+                         f"({state.env_steps} env steps)")
+    for warning in too_long:
+        progress.message(f"warning: {warning}")
+        metrics.log(RunWarning(warning), state.env_steps)
+    return OpenRun(s, found)
+
+
+def _clear_leftovers(run_dir: Path) -> bool:
+    """Remove what a run that stopped before its first checkpoint left; True if there was any."""
+    found = False
+    for name in ("config.yaml", "metrics.jsonl", "tb", "trajectories", "base_model", "base_model.tmp", "checkpoints",
+                 "learning_curve.png", "summary.json"):
+        path = run_dir / name
+        if path.exists():
+            found = True
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
+    return found
+
+
+def _base_model(cfg: TrainConfig, run_dir: Path) -> Path:
+    """The model a new run starts from: a GGUF import (cached), the tiny model built in
+    ``run_dir/base_model``, or ``model.path``."""
+    if cfg.model.gguf is not None:
+        return cached_import(cfg.model.gguf)
+    if cfg.model.path == "tiny":
+        path = run_dir / "base_model"
+        build_tiny_model(path, cfg.model.tiny)
+        return path
+    return Path(cfg.model.path)
+
+
+def _load_policy(cfg: TrainConfig, run_dir: Path, model_path: Path, found: Resumable | None) -> Policy:
+    """The policy in eval mode: with LoRA on a resume, the BC policy (merged) plus the
+    checkpoint's adapter; otherwise the model (with a BC adapter when BC trains through LoRA);
+    the prefix cache and the vLLM sampler as configured."""
+    lora = cfg.model.lora
+    if lora.r > 0 and found is not None:
+        policy = load_policy(run_dir / "checkpoints" / "bc", cfg.model.dtype)
+        add_lora(policy, lora, cfg.seed, "rl", adapter_dir=found.path / ADAPTER_DIR)
+    else:
+        policy = load_policy(model_path, cfg.model.dtype)
+        if lora.r > 0 and cfg.bc.enabled:
+            add_lora(policy, lora, cfg.seed, "bc")
+    policy.model.eval()
+    policy.prefix_cache = cfg.rollout.prefix_cache
+    if cfg.rollout.backend == "vllm":  # the engine loads model_path; the policy's own weights are synced before use
+        from turnforge.policy.vllm_sampler import VLLMSampler
+
+        policy.sampler = VLLMSampler(model_path, seed=cfg.seed, max_model_len=cfg.rollout.max_context_tokens,
+                                     dtype=cfg.model.dtype, kv_cache_gib=cfg.rollout.vllm_kv_cache_gib)
+    return policy
+
+
+def _make_engine(cfg: TrainConfig, policy: Policy, run_dir: Path, checked: Checked,
+                 stack: ExitStack) -> tuple[Engine, list[str]]:
+    """The run's engine (closed with ``stack``) and warnings about actions longer than
+    ``rollout.max_new_tokens``: the gateway's agent engine (it starts with the run and stops
+    with it), or the rollout engine once the chat template is known to fit the env's prompt."""
+    if checked.env is None:
+        from turnforge.gateway.agents import AgentEngine
+
+        return stack.enter_context(closing(AgentEngine(cfg, policy, run_dir, checked.agent_tasks, checked.agent_fn))), []
+    prompt = PromptSpec.of(checked.env, cfg.rollout.include_instructions, cfg.rollout.example_turns,
+                           cfg.rollout.tools_in_system_prompt)
+    policy.chat.start(prompt.system, prompt.tools, prompt.examples, prompt.observation_role)  # the template fits the env
+    policy.chat.turn(prompt.observation_role)
+    engine = stack.enter_context(closing(make_engine(cfg, policy)))
+    return engine, check_action_lengths(engine.env, policy.chat, cfg.rollout.max_new_tokens) if cfg.check_env else []
+
+
+def _where(run_dir: Path, state: TrainerState, stop: Interrupts, flywheel: bool = False) -> str:
+    """Where an interrupted run stopped and what ``--resume`` continues from."""
+    resume = f"resume with: turnforge train --resume {run_dir}"
+    if stop.requested is not None:
+        return f"at RL iteration {state.iteration} (checkpoint saved); {resume}"
+    found = find_resumable(run_dir)
+    if found is None:
+        return f"before the first checkpoint (during behaviour cloning or the first evaluation); {resume} (starts it over)"
+    if flywheel and state.stage == "bc" and found.state.stage == "bc":
+        return f"during the flywheel stage; {resume} (plays the flywheel again from the BC checkpoint)"
+    return f"during RL iteration {state.iteration + 1}; {resume} (continues from RL iteration {found.state.iteration})"
+
+
+def freeze_bc(s: Session) -> None:
+    """After BC: the weights as trained (a LoRA adapter merged into the base) saved as
+    ``checkpoints/bc``; with LoRA, the flywheel and RL train a fresh adapter on top of them."""
+    policy = s.policy
+    if policy.sampler is not None:  # BC changed the weights without a version bump
+        policy.sampler.invalidate()
+    if is_lora(policy.model):  # BC's adapter becomes part of the frozen base
+        merge_lora(policy)
+    save_model(policy, s.run_dir / "checkpoints" / "bc")
+    if s.cfg.model.lora.r > 0:
+        add_lora(policy, s.cfg.model.lora, s.cfg.seed, "rl")
+
+
+def make_critic(s: Session, training: TrainingState | None) -> Critic | None:
+    """The learned critic (``critic.enabled``): the BC policy's trunk plus a value head, with
+    the state ``training`` resumes (when it has one), else pretrained on Monte-Carlo returns of
+    the BC policy (``critic.pretrain_episodes``; recorded in ``s.state.value_pretrain``)."""
+    cfg = s.cfg
+    if not cfg.critic.enabled:
+        return None
+    model = build_value_model(s.policy.model, cfg.critic.init, cfg.seed)
+    critic = Critic(model, torch.optim.AdamW(model.parameters(), lr=cfg.critic.lr, weight_decay=0.0))
+    if training is not None and training.critic is not None:
+        critic.model.load_state_dict(training.critic)
+        critic.optimizer.load_state_dict(training.critic_optimizer)
+    elif cfg.critic.pretrain_episodes > 0:
+        s.state.value_pretrain = pretrain_values(s, critic)
+    return critic
+
+
+def rl_references(cfg: TrainConfig, run_dir: Path, policy: Policy) -> tuple[Policy | None, torch.nn.Module | None]:
+    """``(bc_policy, reference)`` for the RL stage: the frozen BC policy when Monte-Carlo
+    rollouts play it (``critic.mc_policy=bc``) or it is the KL reference of full fine-tuning;
+    the KL reference (``rl.kl_coef > 0``): under LoRA the adapter's frozen base (no copy),
+    else the frozen BC model."""
+    bc_policy = None
+    mc_by_bc = cfg.critic.mc_policy == "bc" and (cfg.critic.mc_weight > 0 or cfg.rl.advantage == "mc_grpo")
+    if mc_by_bc or (cfg.rl.kl_coef > 0 and cfg.model.lora.r == 0):
+        bc_policy = load_policy(run_dir / "checkpoints" / "bc", cfg.model.dtype)
+        bc_policy.model = make_reference(bc_policy.model)
+    if cfg.rl.kl_coef > 0 and is_lora(policy.model):  # the frozen base is the BC policy: no copy needed
+        reference: torch.nn.Module | None = FrozenBase(policy.model)
+    else:
+        reference = bc_policy.model if bc_policy is not None and cfg.rl.kl_coef > 0 else None
+    return bc_policy, reference

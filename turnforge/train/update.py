@@ -1,0 +1,149 @@
+"""The policy update that the RL stage and the flywheel share: PPO-clip (or its decoupled form)
+over ``(sample, advantage)`` pairs.
+
+``ppo_update`` takes the policy, the pairs, the guarded optimizer step and the ``rl`` section;
+the caller says what differs between stages (the temperature the samples were drawn at, the
+minibatch order's generator, the KL reference, whether samples came from older policies).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from turnforge.algos import aggregation_weights, decoupled_ppo_loss, importance_weights, masked_mean, ppo_clip_loss
+from turnforge.config import RLConfig
+from turnforge.policy.generate import token_logprobs
+from turnforge.policy.model import Policy
+from turnforge.train.common import GuardedStep, collate
+from turnforge.train.merge import MergedSample, merge_samples, minibatches
+from turnforge.train.metrics import OffPolicyStats, UpdateStats
+from turnforge.types import Sample
+
+
+def ppo_update(
+    policy: Policy,
+    samples: list[tuple[Sample, float | np.ndarray]],
+    step: GuardedStep,
+    rl: RLConfig,
+    *,
+    temperature: float,
+    shuffle: np.random.Generator,
+    reference: torch.nn.Module | None = None,
+    decoupled: bool = False,
+    is_cap: float | None = None,
+) -> UpdateStats:
+    """``rl.epochs`` passes of PPO-clip minibatch steps on ``policy`` over ``(sample, advantage)``
+    pairs, each step through ``step`` (the optimizer with its NaN guard); minibatches in the order
+    ``shuffle`` draws. Logprobs are scored at the sampling ``temperature``; ``reference`` (the
+    frozen BC policy) adds the KL term of ``rl.kl_coef``.
+
+    ``decoupled`` (asynchronous rollouts, vLLM's sampling, replayed samples): the trust region is
+    around the proximal policy, the weights before this update, whose logprobs are recomputed
+    here once; the gap to the behaviour policy (the sampling logprobs of whatever version
+    sampled each token) is a truncated importance weight, capped at ``is_cap`` (None: untruncated).
+
+    With ``rl.merge_duplicates`` repeated samples are scored once (``turnforge.train.merge``);
+    minibatches still hold ``rl.minibatch_size`` sampled copies each."""
+    episode_tokens: dict[str, int] = {}
+    for x, _ in samples:
+        episode_tokens[x.trajectory_id] = episode_tokens.get(x.trajectory_id, 0) + x.num_action_tokens
+    weights = aggregation_weights(
+        rl.loss_agg,
+        torch.tensor([x.num_action_tokens for x, _ in samples]),
+        torch.tensor([episode_tokens[x.trajectory_id] for x, _ in samples]),
+    ).tolist()
+    if rl.merge_duplicates:  # repeated (prompt, action) samples are scored once (turnforge.train.merge)
+        rows = merge_samples(samples, weights)
+    else:
+        rows = [MergedSample(x, a, w, 1) for (x, a), w in zip(samples, weights)]
+    prox, offpolicy = (proximal_logprobs(policy, [r.sample for r in rows], temperature, is_cap) if decoupled else (None, None))
+    policy.model.train()
+    order = shuffle.permutation(len(rows)).tolist()
+    losses, clip_fracs, kls, norms, entropies, ref_kls, tokens = [], [], [], [], [], [], 0
+    for _ in range(rl.epochs):
+        for idx in minibatches(rows, order, rl.minibatch_size):
+            chunk = [rows[i] for i in idx]
+            batch = collate([r.sample for r in chunk], policy.pad_id, [r.advantage for r in chunk])
+            counts = torch.tensor([r.count for r in chunk], dtype=torch.float32)
+            logprobs, entropy = token_logprobs(policy.model, batch.ids, batch.attention, temperature,
+                                               with_entropy=True, positions=batch.mask)
+            ref = None
+            if reference is not None:
+                with torch.no_grad():
+                    ref, _ = token_logprobs(reference, batch.ids, batch.attention, temperature, positions=batch.mask)
+            ppo_kwargs = dict(
+                clip_low=rl.clip_low, clip_high=rl.clip_high, ref_logprobs=ref, kl_coef=rl.kl_coef,
+                weights=torch.tensor([r.weight for r in chunk], dtype=torch.float32), dual_clip=rl.dual_clip,
+                kl_estimator=rl.kl_estimator, entropy=entropy, entropy_coef=rl.entropy_coef, counts=counts,
+            )
+            if prox is None:
+                out = ppo_clip_loss(logprobs, batch.old_logprobs, batch.advantages, batch.mask, **ppo_kwargs)
+            else:
+                prox_b = torch.zeros_like(batch.old_logprobs)
+                for r, i in enumerate(idx):
+                    prox_b[r, : len(prox[i])] = prox[i]
+                out, _ = decoupled_ppo_loss(logprobs, prox_b, batch.old_logprobs, batch.advantages, batch.mask,
+                                            is_cap=is_cap, **ppo_kwargs)
+            norm = step(out.loss)
+            if norm is not None:
+                norms.append(norm)
+            losses.append(out.loss.item())
+            clip_fracs.append(out.clip_fraction)
+            kls.append(out.approx_kl)
+            entropies.append(float(masked_mean(entropy.detach(), batch.mask * counts[:, None])))
+            ref_kls.append(out.kl_ref)
+            tokens += int((batch.attention.sum(dim=1) * counts).sum())
+    policy.model.eval()
+
+    def mean(xs: list[float]) -> float:
+        return sum(xs) / max(len(xs), 1)
+
+    return UpdateStats(
+        loss=mean(losses), clip_fraction=mean(clip_fracs), approx_kl=mean(kls), kl_ref=mean(ref_kls),
+        entropy=mean(entropies), grad_norm=mean(norms), tokens=tokens,
+        merged_row_fraction=len(rows) / max(len(samples), 1), offpolicy=offpolicy,
+    )
+
+
+
+@torch.no_grad()
+def proximal_logprobs(policy: Policy, samples: list[Sample], temperature: float, cap: float | None,
+                      batch_size: int = 128) -> tuple[list[torch.Tensor], OffPolicyStats]:
+    """Logprobs of every sample under the current weights (the proximal policy of the
+    decoupled loss), one ``[T]`` row per sample, plus off-policy diagnostics over all action
+    tokens: the share sampled by an older version, the truncated importance weights
+    ``min(pi_prox / pi_behav, cap)`` (mean, largest raw, truncated share), and the
+    rollout-vs-trainer mismatch ``|p_trainer - p_rollout|`` and ``|logp_trainer - logp_rollout|``
+    on tokens the current version sampled (numerics only: the KV-cache sampler, or vLLM,
+    against the trainer's forward pass)."""
+    policy.model.eval()
+    rows: list[torch.Tensor] = []
+    stale, weights, raw_max, truncated, diffs, log_diffs = 0, [], 1.0, 0, [], []
+    for b in range(0, len(samples), batch_size):
+        chunk = samples[b:b + batch_size]
+        batch = collate(chunk, policy.pad_id)
+        lp, _ = token_logprobs(policy.model, batch.ids, batch.attention, temperature, positions=batch.mask)
+        w, st = importance_weights(lp, batch.old_logprobs, batch.mask, cap)
+        on = batch.mask.bool()
+        weights.append(w[on])
+        raw_max = max(raw_max, st.max)
+        truncated += round(st.truncated_fraction * int(on.sum()))
+        for i, x in enumerate(chunk):
+            rows.append(lp[i, : len(x)].clone())
+            acted = x.loss_mask.astype(bool)
+            stale += int((x.versions[acted] < policy.version).sum())
+            fresh = acted & (x.versions == policy.version)
+            if fresh.any():
+                trainer, rollout = lp[i, : len(x)][torch.from_numpy(fresh)], torch.from_numpy(x.logprobs[fresh])
+                diffs.append((trainer.exp() - rollout.exp()).abs())
+                log_diffs.append((trainer - rollout).abs())
+    w = torch.cat(weights) if weights else torch.ones(1)
+    d = torch.cat(diffs) if diffs else torch.zeros(1)
+    ld = torch.cat(log_diffs) if log_diffs else torch.zeros(1)
+    n = max(int(w.numel()), 1)
+    return rows, OffPolicyStats(
+        offpolicy_token_fraction=stale / n, is_weight_mean=float(w.mean()), is_weight_max=raw_max,
+        is_truncated_fraction=truncated / n, logprob_mismatch_max=float(d.max()), logprob_mismatch_mean=float(d.mean()),
+        log_ratio_abs_max=float(ld.max()), log_ratio_abs_mean=float(ld.mean()),
+    )
