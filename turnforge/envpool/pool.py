@@ -45,14 +45,9 @@ from turnforge.envpool.host import (
 )
 from turnforge.envs.base import capabilities
 from turnforge.envs.registry import EnvSpec, list_envs, make
-<<<<<<< HEAD
 from turnforge.errors import RunStopped, UserError
 from turnforge.sandbox.gate import usable_cores
-from turnforge.types import Task
-=======
-from turnforge.errors import UserError
 from turnforge.types import EnvSnapshot, Task
->>>>>>> fdd06d3
 
 @dataclass(frozen=True)
 class PoolStats:
