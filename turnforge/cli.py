@@ -273,10 +273,9 @@ def eval_cmd(
     import torch
 
     from turnforge.envs.registry import build_env
-    from turnforge.policy.model import load_policy
+    from turnforge.policy.model import load_policy, quiet_hf
     from turnforge.rollout.engine import make_engine
-    from turnforge.train.evaluate import evaluate
-    from turnforge.policy.model import quiet_hf
+    from turnforge.train.evaluate import evaluate, prefill_cache
 
     build_env(cfg.env.id, cfg.env.kwargs, cfg.env.tasks, cfg.env.heldout_fraction)
     quiet_hf()
@@ -297,7 +296,8 @@ def eval_cmd(
         print(f"eval settings ({source}, with the flags given): "
               + " ".join(f"{k}={json.dumps(v)}" for k, v in settings.items() if k != "config"))
     with closing(make_engine(cfg, policy)) as engine:  # the run's env slots: the same waves give the same numbers
-        result, _ = evaluate(engine, policy, episodes=e.episodes, split=e.split, temperature=e.temperature, seed=cfg.seed)
+        result, _ = evaluate(engine, policy, episodes=e.episodes, split=e.split, temperature=e.temperature, seed=cfg.seed,
+                             prefills=prefill_cache(policy, e.prefill_cache_mb))
 
     # 4. write (whole or not at all) and print
     data = {**result.as_dict(), "checkpoint": str(checkpoint), "settings": settings}
@@ -366,7 +366,7 @@ def import_gguf_cmd(
     gguf_file = find_gguf(source)
     check_out_dir(out, "OUT")
     quiet_hf()
-    import_gguf(gguf_file, out)
+    import_gguf(gguf_file, out, log=lambda line: print(line, file=sys.stderr, flush=True))
     console.print(f"saved {gguf_file.name} as an HF model directory: {out}  (use model.path={out})")
 
 

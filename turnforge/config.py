@@ -324,6 +324,11 @@ class EvalConfig(Section):
         10, ge=1, description="The run refuses to start when the env's held-out split holds fewer distinct tasks "
         "(checked at start with check_env)"
     )
+    prefill_cache_mb: int = Field(
+        512, ge=0, description="Memory for prefills an evaluation reuses: a prompt seen before (a revisited state, the "
+        "same task at another of bc_temperatures) is not prefilled again; exact, bit for bit (0 = off; built-in sampler "
+        "without rollout.prefix_cache only)"
+    )
 
 
 FLYWHEEL_FILTERS = ("infra", "success", "reward", "truncation", "loops", "length", "dedup", "task_cap")

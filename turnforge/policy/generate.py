@@ -55,17 +55,72 @@ def sample(
     temperature: float = 1.0,
     generator: torch.Generator | None = None,
     max_batch: int = 256,
+    prefills: PrefillCache | None = None,
 ) -> list[Generation]:
     """Sample continuations of ``prompts`` (lists of ids). ``temperature == 0`` is greedy
-    (its logprobs are then those of the temperature-1 distribution)."""
+    (its logprobs are then those of the temperature-1 distribution). ``prefills``: prompts
+    already prefilled at the same padded width (by the same weights) are not prefilled again;
+    the result is the same bit for bit."""
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     out: list[Generation] = []
     for start in range(0, len(prompts), max_batch):
         gens, _ = _sample_batch(model, prompts[start:start + max_batch], max_new_tokens, stop_ids, pad_id, temperature,
-                                generator)
+                                generator, prefills=prefills)
         out.extend(gens)
     return out
+
+
+class PrefillCache:
+    """Prefills of repeated prompts, computed once, for weights that do not change while it lives.
+
+    The same held-out tasks played several times by one policy (the evaluations of the BC
+    policy at each of ``eval.bc_temperatures``) prefill the same prompts again and again: every
+    episode's first observation, and, for a policy with a short history window, every state
+    it revisits. A prefill's result for one row (its last-position logits and its KV cache)
+    depends only on the row's ids and the padded width of its batch, not on the other rows or
+    their number, so an entry keyed by ``(ids, width)`` stands in for the forward pass exactly:
+    sampling with the cache gives the same tokens and logprobs bit for bit (tested). Entries
+    are kept until ``max_bytes`` is reached, then no more are added. Built-in sampler, plain
+    path only (not with ``rollout.prefix_cache``, whose per-episode caches do the same job
+    differently, nor with vLLM)."""
+
+    def __init__(self, max_bytes: int, version: int) -> None:
+        self.max_bytes, self.version = max_bytes, version
+        self.entries: dict[tuple[tuple[int, ...], int], tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]] = {}
+        self.bytes = 0
+        self.hits = 0  # rows not prefilled by the model (an entry, or another row of the same batch)
+        self.misses = 0  # rows prefilled by the model
+
+    def check(self, version: int) -> None:
+        if version != self.version:
+            raise RuntimeError(f"a PrefillCache of policy version {self.version} used with version {version}")
+
+    def prefill(self, model: torch.nn.Module, prompts: Sequence[Sequence[int]], ids: torch.Tensor, mask: torch.Tensor,
+                positions: torch.Tensor) -> tuple[torch.Tensor, DynamicCache]:
+        """The prefill of left-padded ``ids [B, W]`` (``mask``, ``positions`` alike): last-position
+        logits ``[B, V]`` (float32) and the KV cache, from the entries of rows seen before and one
+        forward pass over the others (each distinct row once)."""
+        width = ids.shape[1]
+        keys = [(tuple(int(t) for t in p), width) for p in prompts]
+        missing = list(dict.fromkeys(k for k in keys if k not in self.entries))
+        self.misses += len(missing)
+        self.hits += len(keys) - len(missing)
+        computed = {}
+        if missing:
+            first = {k: i for i, k in reversed(list(enumerate(keys)))}  # the first row of each key
+            rows = torch.as_tensor([first[k] for k in missing])
+            out = model(input_ids=ids[rows], attention_mask=mask[rows], position_ids=positions[rows], use_cache=True)
+            logits = out.logits[:, -1, :].float()
+            for j, k in enumerate(missing):
+                computed[k] = (logits[j].clone(), [(layer.keys[j].clone(), layer.values[j].clone()) for layer in out.past_key_values.layers])
+                size = sum(t.numel() * t.element_size() for kv in computed[k][1] for t in kv) + computed[k][0].numel() * 4
+                if self.bytes + size <= self.max_bytes:
+                    self.entries[k] = computed[k]
+                    self.bytes += size
+        got = [self.entries.get(k) or computed[k] for k in keys]
+        layers = [(torch.stack([g[1][i][0] for g in got]), torch.stack([g[1][i][1] for g in got])) for i in range(len(got[0][1]))]
+        return torch.stack([g[0] for g in got]), DynamicCache(ddp_cache_data=layers)
 
 
 @dataclass
@@ -152,10 +207,11 @@ def _past_cache(reused: list[RowCache | None], device) -> tuple[DynamicCache | N
 
 
 def _sample_batch(model, prompts, max_new_tokens, stop_ids, pad_id, temperature, generator, *, past=None, keep=False,
-                  version=0, counters=None) -> tuple[list[Generation], list[RowCache]]:
+                  version=0, counters=None, prefills=None) -> tuple[list[Generation], list[RowCache]]:
     """Sample a batch. ``past``: per prompt, a ``RowCache`` of a prefix of it whose KV is
     reused (or None); identical prompts are then also prefilled once. ``keep``: return each
-    row's ``RowCache`` (its prompt and the sampled ids that were fed back)."""
+    row's ``RowCache`` (its prompt and the sampled ids that were fed back). ``prefills``: a
+    ``PrefillCache`` for the plain path (no ``past``)."""
     device = next(model.parameters()).device
     batch = len(prompts)
     if past is not None:  # one prefill row per distinct prompt
@@ -177,10 +233,13 @@ def _sample_batch(model, prompts, max_new_tokens, stop_ids, pad_id, temperature,
     # with the prefix cache, only the last position's logits are computed (as HF generate does); the plain
     # path keeps computing all of them so that the tiny recipes' figures stay bit-identical
     extra = {"logits_to_keep": 1} if past is not None else {}
-    out = model(input_ids=new_ids.to(device), attention_mask=mask, position_ids=positions, past_key_values=cache,
-                use_cache=True, **extra)
-    past_kv = out.past_key_values
-    logits = out.logits[:, -1, :].float()  # [rows, V]
+    if prefills is not None and past is None:
+        logits, past_kv = prefills.prefill(model, prompts, new_ids.to(device), mask, positions)  # [rows, V]
+    else:
+        out = model(input_ids=new_ids.to(device), attention_mask=mask, position_ids=positions, past_key_values=cache,
+                    use_cache=True, **extra)
+        past_kv = out.past_key_values
+        logits = out.logits[:, -1, :].float()  # [rows, V]
     next_pos = positions[:, -1:] + 1  # [rows, 1]
     if len(rows) < batch:  # each distinct prompt's prefill, copied to its duplicates
         expand = torch.as_tensor(inverse, device=device)

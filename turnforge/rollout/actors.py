@@ -22,7 +22,7 @@ from typing import Protocol, Sequence
 import torch
 
 from turnforge.envpool.host import NO_PROBE, AfterState, Probe
-from turnforge.policy.generate import Generation, PrefixCache, sample
+from turnforge.policy.generate import Generation, PrefillCache, PrefixCache, sample
 from turnforge.policy.model import Policy
 from turnforge.seeding import stable_hash
 from turnforge.types import Task
@@ -62,9 +62,11 @@ class PolicyActor:
 
     needs_tokens = True
 
-    def __init__(self, policy: Policy, max_new_tokens: int, temperature: float, generator: torch.Generator) -> None:
+    def __init__(self, policy: Policy, max_new_tokens: int, temperature: float, generator: torch.Generator, *,
+                 prefills: PrefillCache | None = None) -> None:
         self.policy, self.max_new_tokens, self.temperature, self.generator = policy, max_new_tokens, temperature, generator
         self.cache = PrefixCache() if policy.prefix_cache else None
+        self.prefills = prefills  # prefills shared with other actors of the same weights (built-in plain sampler only)
 
     @property
     def version(self) -> int:
@@ -90,8 +92,10 @@ class PolicyActor:
             return self.cache.sample(self.policy.model, keys, prompts, self.policy.version, max_new_tokens=n,
                                      stop_ids=self.policy.stop_ids, pad_id=self.policy.pad_id, temperature=t,
                                      generator=self.generator)
+        if self.prefills is not None:
+            self.prefills.check(self.policy.version)
         return sample(self.policy.model, prompts, max_new_tokens=n, stop_ids=self.policy.stop_ids,
-                      pad_id=self.policy.pad_id, temperature=t, generator=self.generator)
+                      pad_id=self.policy.pad_id, temperature=t, generator=self.generator, prefills=self.prefills)
 
 
 class ExpertActor:

@@ -71,8 +71,7 @@ def train(cfg: TrainConfig, out: str | Path, *, resume: bool = False, live: bool
         if run.resumed is None:
             state.bc = run_bc(s) if cfg.bc.enabled else None
             freeze_bc(s)
-            state.eval_before_rl = s.evaluate("before-rl")
-            state.bc_temperatures = bc_at_temperatures(s, state.eval_before_rl)
+            state.eval_before_rl, state.bc_temperatures = evaluate_start(s)
             state.wall_seconds = s.wall_seconds()
             save_resumable(run_dir, policy, state, TrainingState(version=policy.version))
 
@@ -115,14 +114,20 @@ def train(cfg: TrainConfig, out: str | Path, *, resume: bool = False, live: bool
     return summary
 
 
-def bc_at_temperatures(s: Session, at_default: EvalResult) -> BestTemperature | None:
-    """The BC policy evaluated at each of ``eval.bc_temperatures`` (the evaluation at
-    ``eval.temperature`` is reused); the best success rate wins, the lower temperature on a tie."""
+def evaluate_start(s: Session) -> tuple[EvalResult, BestTemperature | None]:
+    """The policy RL starts from (the BC policy, or the model without BC) evaluated at
+    ``eval.temperature`` (the run's evaluation before RL) and at each other of
+    ``eval.bc_temperatures``; the best success rate wins, the lower temperature on a tie.
+    They play the same tasks with the same weights, so they share one ``PrefillCache``: a
+    prompt is prefilled once, whichever evaluation meets it first (same results, bit for bit)."""
+    prefills = s.prefills()
+    before = s.evaluate("before-rl", prefills=prefills)
     temps = s.cfg.eval.bc_temperatures
     if not temps:
-        return None
-    evals = [TemperatureEval(t, at_default if t == s.cfg.eval.temperature else s.evaluate("bc", temperature=t)) for t in temps]
+        return before, None
+    evals = [TemperatureEval(t, before if t == s.cfg.eval.temperature else s.evaluate("bc", temperature=t, prefills=prefills))
+             for t in temps]
     best = max(evals, key=lambda e: (e.result.success_rate, -e.temperature))
     s.progress.message(f"{start_name(s.cfg)} at its best temperature: T={best.temperature} success {best.result.success_rate:.3f} "
                        f"({', '.join(f'T={e.temperature}: {e.result.success_rate:.3f}' for e in evals)})")
-    return BestTemperature(best.temperature, best.result, evals)
+    return before, BestTemperature(best.temperature, best.result, evals)

@@ -7,9 +7,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from turnforge.config import TrainConfig
+from turnforge.policy.generate import PrefillCache
 from turnforge.policy.model import Policy
 from turnforge.rollout.engine import Engine, EngineEnv, RolloutEngine
-from turnforge.train.evaluate import evaluate
+from turnforge.train.evaluate import evaluate, prefill_cache
 from turnforge.train.metrics import EvalRecord
 from turnforge.train.reporting import MetricsLog, Progress
 from turnforge.train.run_dir.checkpoint import TrainerState
@@ -52,14 +53,23 @@ class Session:
     def wall_seconds(self) -> float:
         return self.wall_offset + time.time() - self.started
 
-    def evaluate(self, tag: str, episodes: int | None = None, temperature: float | None = None) -> EvalResult:
+    def prefills(self) -> PrefillCache | None:
+        """A prefill cache for evaluations of the current weights (``eval.prefill_cache_mb``), or
+        None where it does not apply (see ``prefill_cache``; agent runs sample through the gateway)."""
+        return prefill_cache(self.policy, self.cfg.eval.prefill_cache_mb) if isinstance(self.engine, RolloutEngine) else None
+
+    def evaluate(self, tag: str, episodes: int | None = None, temperature: float | None = None,
+                 prefills: PrefillCache | None = None) -> EvalResult:
         """Held-out evaluation (``eval`` section; ``episodes``/``temperature`` override it),
-        logged as an ``eval`` event at the current env step."""
+        logged as an ``eval`` event at the current env step. ``prefills``: a cache shared with other
+        evaluations of the same weights (default: one of its own)."""
         e = self.cfg.eval
         episodes = e.episodes if episodes is None else episodes
         temperature = e.temperature if temperature is None else temperature
-        result, _ = evaluate(self.engine, self.policy, episodes=episodes, split=e.split, temperature=temperature,
-                             seed=self.cfg.seed, max_failure_share=self.cfg.max_failure_share, stage=f"eval {tag}")
+        with self.progress.activity(f"eval {tag}", episodes) as advance:
+            result, _ = evaluate(self.engine, self.policy, episodes=episodes, split=e.split, temperature=temperature,
+                                 seed=self.cfg.seed, max_failure_share=self.cfg.max_failure_share, stage=f"eval {tag}",
+                                 prefills=prefills if prefills is not None else self.prefills(), on_progress=advance)
         self.metrics.log(EvalRecord(tag, self.state.iteration, result), self.state.env_steps)
         failures = f", {result.infra_failures} infrastructure failures left out" if result.infra_failures else ""
         self.progress.message(
