@@ -64,7 +64,8 @@ class PolicyActor:
 
     def __init__(self, policy: Policy, max_new_tokens: int, temperature: float, generator: torch.Generator) -> None:
         self.policy, self.max_new_tokens, self.temperature, self.generator = policy, max_new_tokens, temperature, generator
-        self.cache = PrefixCache() if policy.prefix_cache else None
+        budget = None if policy.kv_cache_gib is None else int(policy.kv_cache_gib * 2**30)
+        self.cache = PrefixCache(budget) if policy.prefix_cache else None
 
     @property
     def version(self) -> int:

@@ -35,6 +35,7 @@ from turnforge.critic.value import build_value_model
 from turnforge.envs.registry import build_env
 from turnforge import errors
 from turnforge.errors import UserError
+from turnforge.memory import peak_memory
 from turnforge.paths import check_out_dir, write_atomic
 from turnforge.policy.gguf import cached_import, find_gguf
 from turnforge.policy.lora import (
@@ -188,7 +189,7 @@ def train(cfg: TrainConfig, out: str | Path, *, resume: bool = False, live: bool
             if lora.r > 0 and cfg.bc.enabled:
                 add_lora(policy, lora, cfg.seed, "bc")
         policy.model.eval()
-        policy.prefix_cache = cfg.rollout.prefix_cache
+        policy.prefix_cache, policy.kv_cache_gib = cfg.rollout.prefix_cache, cfg.rollout.kv_cache_gib
         if cfg.rollout.backend == "vllm":  # the engine loads model_path; the policy's own weights are synced before use
             from turnforge.policy.vllm_sampler import VLLMSampler
 
@@ -293,6 +294,7 @@ def train(cfg: TrainConfig, out: str | Path, *, resume: bool = False, live: bool
             num_parameters=sum(p.numel() for p in policy.model.parameters()),
             trainable_parameters=sum(p.numel() for p in trainable_parameters(policy.model)), torch_threads=cfg.threads,
             env_pool=engine.backend.stats() if cfg.engine.env_workers > 0 else None, software=Software.current(),
+            peak_memory=peak_memory(),
             eval_bc_best_temperature=state.bc_temperatures, flywheel_rounds=cfg.flywheel.rounds,
             gain_over_bc_best_points=None if state.bc_temperatures is None else
             round(100 * (after.success_rate - state.bc_temperatures.eval.success_rate), 2),
