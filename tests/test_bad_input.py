@@ -92,6 +92,10 @@ CASES = [
     ("rl-lr-inf", ["train", "rl.lr=.inf", "--out", "run"], "bad value for 'rl.lr' (inf): a learning rate must be a finite number in (0, 1]"),
     ("rl-lr-1e9", ["train", "rl.lr=1e9", "--out", "run"], "bad value for 'rl.lr' ('1e9'): a learning rate must be a finite number in (0, 1]"),
     ("bool-as-int", ["train", "rl.iterations=true", "--out", "run"], "bad value for 'rl.iterations' (True): a boolean where a number is expected"),
+    ("kv-cache-negative", ["train", "rollout.kv_cache_gib=-1", "--out", "run"],
+     "bad value for 'rollout.kv_cache_gib' (-1): Input should be greater than 0"),
+    ("kv-cache-unparsable", ["train", "rollout.kv_cache_gib=lots", "--out", "run"],
+     "bad value for 'rollout.kv_cache_gib' ('lots'): Input should be a valid number"),
     # flywheel: names checked before any work (the data command's cases are in tests/data/test_query_store.py)
     ("flywheel-unknown-mechanism", ["flywheel", "flywheel.mechanisms=[guidance,magic]", "--out", "run"],
      "bad value for 'flywheel.mechanisms' (['guidance', 'magic']): unknown name 'magic'; valid: guidance, curriculum, evolve, replay"),

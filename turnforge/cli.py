@@ -282,11 +282,13 @@ def eval_cmd(
     torch.set_num_threads(cfg.threads)
     policy = load_policy(checkpoint, cfg.model.dtype)
     r = cfg.rollout
+    policy.prefix_cache, policy.kv_cache_gib = r.prefix_cache, r.kv_cache_gib  # as the run samples
     settings = {
         "env": cfg.env.id, "env_kwargs": dict(cfg.env.kwargs), "env_tasks": cfg.env.tasks, "split": e.split,
         "episodes": e.episodes, "temperature": e.temperature, "seed": cfg.seed, "context": r.context,
         "history_window": r.history_window, "max_turns": r.max_turns, "max_new_tokens": r.max_new_tokens,
         "max_context_tokens": r.max_context_tokens, "include_instructions": r.include_instructions,
+        "prefix_cache": r.prefix_cache,
         "dtype": cfg.model.dtype, "config": str(base) if base is not None else None,
     }
     for note in notes:

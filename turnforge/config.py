@@ -145,6 +145,12 @@ class RolloutConfig(Section):
         False, description="Reuse each episode's KV cache from its previous turn (and the shared system prompt's) and "
         "prefill identical prompts once: only new tokens are prefilled. Logprobs change by float rounding only"
     )
+    kv_cache_gib: float | None = Field(
+        None, gt=0, description="Memory (GiB) the prefix cache may hold in KV caches: the episodes' kept caches plus "
+        "the cache of the batch being sampled. Over it, least recently used entries are evicted (they prefill again) "
+        "and a batch is sampled in chunks of rows that fit, with the same random draws (same tokens). "
+        "None: half the memory available when an evaluation or rollout stage starts (psutil)"
+    )
     tools_in_system_prompt: bool = Field(
         False, description="Write a tool env's schemas into the system prompt as text (with the call syntax) instead "
         "of the chat template's tools argument: for templates that cannot render tools (e.g. SmolLM2's)"

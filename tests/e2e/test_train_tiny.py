@@ -38,6 +38,7 @@ def test_end_to_end_run_dir_contract(tmp_path):
     assert summary.eval_before_rl.episodes == summary.eval_after_rl.episodes == 6
     assert summary.env_steps > 0 and summary.train_tokens > 0 and summary.rl_iterations == 3
     assert summary.bc is not None and summary.bc.demonstrations == 8
+    assert summary.peak_memory is not None and summary.peak_memory.process_mib > 100  # torch alone is more
 
     # every trainable parameter changed between the initial and the final model
     before, after = _weights(out / "base_model"), _weights(out / "checkpoints" / "final")

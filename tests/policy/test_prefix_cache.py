@@ -85,3 +85,77 @@ def test_common_prefix():
     assert common_prefix([1, 2, 3], [1, 2, 3, 4]) == 3
     assert common_prefix([1, 2, 3], [1, 9, 3]) == 1
     assert common_prefix([], [1]) == 0
+
+
+# ---------------------------------------------------------------------- the memory budget
+def _budget_run(policy, budget_gib, temperature, monkeypatch):
+    """Six full-history episodes with the prefix cache under ``budget_gib``: their sampled ids,
+    trajectories, the cache, and the KV bytes it held after each generation call."""
+    held = []
+    real = PrefixCache.sample
+
+    def sample(self, *args, **kwargs):
+        out = real(self, *args, **kwargs)
+        held.append(self.held_bytes())
+        return out
+
+    monkeypatch.setattr(PrefixCache, "sample", sample)
+    cfg = RolloutConfig(context="full_history", max_turns=4, max_new_tokens=5, max_context_tokens=2048)
+    trajs, actor = _play(dataclasses.replace(policy, prefix_cache=True, kv_cache_gib=budget_gib), cfg, temperature, seed=7)
+    return [[tuple(s.token_ids) for s in t.samples] for t in trajs], trajs, actor.cache, held
+
+
+def test_a_budget_that_forces_evictions_and_chunks_samples_the_same_tokens(tiny_policy, monkeypatch):
+    temperature = 1.0  # sampled, so that chunks must replay the whole batch's draws
+    ids, trajs, free, free_held = _budget_run(tiny_policy, None, temperature, monkeypatch)
+    assert free.evictions == 0 and free.chunks == len(free_held)  # one chunk per call
+    # a third of what the free run held at most: some rows kept, calls split in chunks
+    third = max(free_held) / 3
+    mid_ids, mid_trajs, mid, mid_held = _budget_run(tiny_policy, third / 2**30, temperature, monkeypatch)
+    # one byte: every entry evicted, every call sampled one row at a time
+    one_ids, one_trajs, one, one_held = _budget_run(tiny_policy, 2**-30, temperature, monkeypatch)
+    assert mid.evictions > 0 and mid.chunks > len(mid_held) and max(mid_held) <= third and mid.reused_tokens > 0
+    assert one.evictions > 0 and one.chunks == sum(t.num_turns for t in trajs) and max(one_held) == 0
+    assert one.prefilled_tokens > mid.prefilled_tokens > free.prefilled_tokens  # evicted episodes prefill again
+    assert mid_ids == ids and one_ids == ids  # the same tokens: the same noise, drawn per chunk
+    for other in (mid_trajs, one_trajs):
+        for a, b in zip(trajs, other):
+            for sa, sb in zip(a.samples, b.samples):
+                m = sa.loss_mask.astype(bool)
+                np.testing.assert_allclose(sa.logprobs[m], sb.logprobs[m], atol=1e-4)
+
+
+def test_chunked_draws_are_those_of_multinomial_on_the_whole_batch():
+    """What sampling in chunks relies on: torch.multinomial(p, 1) is argmax(p / Exp(1) noise),
+    and a chunk of rows replays the whole batch's noise, leaving the generator where the whole
+    batch leaves it."""
+    from turnforge.policy.generate import _Noise
+
+    probs = [torch.softmax(torch.randn(7, 50, generator=torch.Generator().manual_seed(t)) * 3, -1) for t in range(4)]
+    whole_gen = torch.Generator().manual_seed(11)
+    whole = [torch.multinomial(p, 1, generator=whole_gen).squeeze(-1) for p in probs]
+    gen = torch.Generator().manual_seed(11)
+    noise = _Noise(gen, 7)
+    parts = [[(p[lo:hi] / noise.draw(t, lo, hi, 50)).argmax(-1) for t, p in enumerate(probs)] for lo, hi in [(3, 5), (0, 3), (5, 7)]]
+    noise.finish(len(probs))
+    for t in range(len(probs)):
+        assert torch.equal(torch.cat([parts[1][t], parts[0][t], parts[2][t]]), whole[t])
+    assert torch.equal(gen.get_state(), whole_gen.get_state())
+
+
+def test_the_shared_prefix_is_held_once_and_counted(tiny_policy):
+    """Prompts sharing a long prefix: every entry's KV starts with one shared base, prefilled
+    once; held bytes are the base once plus each row's own part, at kv_bytes_per_token each."""
+    from turnforge.policy.kvcache import kv_bytes_per_token
+
+    system = list(range(5, 45))
+    prompts = [system + [50 + i, 60 + i] for i in range(4)]
+    cache = PrefixCache()
+    cache.sample(tiny_policy.model, [f"t{i}" for i in range(4)], prompts, 0, max_new_tokens=3,
+                 stop_ids=tiny_policy.stop_ids, pad_id=tiny_policy.pad_id, temperature=0.0)
+    bases = {id(e.base) for e in cache.entries.values()}
+    assert len(bases) == 1 and cache.base is not None and len(cache.base.ids) == len(system)
+    assert cache.prefilled_tokens == len(system) + 4 * 2  # the prefix once, then each row's own tokens
+    per_token = kv_bytes_per_token(tiny_policy.model)
+    own = sum(len(e.ids) - len(system) for e in cache.entries.values())
+    assert cache.held_bytes() == per_token * (len(system) + own)

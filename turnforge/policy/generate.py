@@ -5,6 +5,10 @@ returns, per prompt, the sampled ids and the log-probability of each sampled id 
 the distribution it was drawn from (softmax of logits / temperature). Nothing is
 decoded and re-encoded: the ids are the record.
 
+``PrefixCache`` samples the same way while keeping each episode's KV cache between turns
+(``rollout.prefix_cache``), the prefix all rows share held once, within a memory budget
+(``rollout.kv_cache_gib``); its caches are laid out by ``turnforge.policy.kvcache``.
+
 ``token_logprobs`` re-scores stored sequences in one forward pass; it is what the
 trainer uses, so a stored sampling logprob and a re-scored one differ only by float
 error (checked in tests).
@@ -16,13 +20,15 @@ which biases the PPO ratio; they are left out on purpose.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from transformers import DynamicCache
+
+from turnforge.policy.kvcache import BatchKV, RowCache, default_budget_bytes, kv_bytes_per_token, num_layers
 
 
 @dataclass(frozen=True)
@@ -44,6 +50,35 @@ def _left_pad(prompts: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tens
     return ids, mask
 
 
+class _Noise:
+    """The random draws of one batch's decoding steps, replayable for any chunk of its rows.
+
+    ``torch.multinomial(probs, 1)`` draws ``q ~ Exp(1)`` of the shape of ``probs`` and returns
+    ``argmax(probs / q)``; on CPU the draw is serial, so the first ``k`` rows of a draw are the
+    draw of ``k`` rows from the same generator state. Keeping the generator state before each
+    step, a chunk of rows ``[lo, hi)`` draws exactly the noise those rows get when the whole
+    batch is sampled at once, and ``finish`` leaves the generator where the whole batch leaves
+    it: sampling in chunks (``rollout.kv_cache_gib``) gives the same tokens."""
+
+    def __init__(self, generator: torch.Generator | None, rows: int) -> None:
+        self.gen = torch.default_generator if generator is None else generator
+        self.rows = rows
+        self.states = [self.gen.get_state()]  # states[t]: before step t's draw
+
+    def draw(self, step: int, lo: int, hi: int, vocab: int) -> torch.Tensor:
+        """The noise of rows ``[lo, hi)`` at decoding step ``step``: ``[hi - lo, vocab]``."""
+        self.gen.set_state(self.states[step])
+        if step + 1 == len(self.states):  # the first time this step is drawn: draw it whole, keep the state after it
+            q = torch.empty((self.rows, vocab), dtype=torch.float32).exponential_(1, generator=self.gen)
+            self.states.append(self.gen.get_state())
+            return q[lo:hi]
+        return torch.empty((hi, vocab), dtype=torch.float32).exponential_(1, generator=self.gen)[lo:]
+
+    def finish(self, steps: int) -> None:
+        """Leave the generator as sampling the whole batch for ``steps`` steps would."""
+        self.gen.set_state(self.states[steps])
+
+
 @torch.no_grad()
 def sample(
     model: torch.nn.Module,
@@ -57,16 +92,20 @@ def sample(
     max_batch: int = 256,
     prefills: PrefillCache | None = None,
 ) -> list[Generation]:
-    """Sample continuations of ``prompts`` (lists of ids). ``temperature == 0`` is greedy
-    (its logprobs are then those of the temperature-1 distribution). ``prefills``: prompts
-    already prefilled at the same padded width (by the same weights) are not prefilled again;
-    the result is the same bit for bit."""
+    """Sample continuations of ``prompts`` (lists of ids), ``max_batch`` prompts per batch.
+    ``temperature == 0`` is greedy (its logprobs are then those of the temperature-1 distribution).
+    ``prefills``: prompts already prefilled at the same padded width (by the same weights) are
+    not prefilled again; the result is the same bit for bit."""
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     out: list[Generation] = []
     for start in range(0, len(prompts), max_batch):
-        gens, _ = _sample_batch(model, prompts[start:start + max_batch], max_new_tokens, stop_ids, pad_id, temperature,
-                                generator, prefills=prefills)
+        block = prompts[start:start + max_batch]
+        noise = _Noise(generator, len(block)) if temperature > 0 else None
+        gens, _, steps = _sample_rows(model, block, max_new_tokens, stop_ids, pad_id, temperature, noise,
+                                      prefills=prefills)
+        if noise is not None:
+            noise.finish(steps)
         out.extend(gens)
     return out
 
@@ -97,10 +136,11 @@ class PrefillCache:
             raise RuntimeError(f"a PrefillCache of policy version {self.version} used with version {version}")
 
     def prefill(self, model: torch.nn.Module, prompts: Sequence[Sequence[int]], ids: torch.Tensor, mask: torch.Tensor,
-                positions: torch.Tensor) -> tuple[torch.Tensor, DynamicCache]:
+                positions: torch.Tensor) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
         """The prefill of left-padded ``ids [B, W]`` (``mask``, ``positions`` alike): last-position
-        logits ``[B, V]`` (float32) and the KV cache, from the entries of rows seen before and one
-        forward pass over the others (each distinct row once)."""
+        logits ``[B, V]`` (float32) and per layer the keys and values ``[B, kv_heads, W, head_dim]``,
+        from the entries of rows seen before and one forward pass over the others (each distinct
+        row once)."""
         width = ids.shape[1]
         keys = [(tuple(int(t) for t in p), width) for p in prompts]
         missing = list(dict.fromkeys(k for k in keys if k not in self.entries))
@@ -120,20 +160,7 @@ class PrefillCache:
                     self.bytes += size
         got = [self.entries.get(k) or computed[k] for k in keys]
         layers = [(torch.stack([g[1][i][0] for g in got]), torch.stack([g[1][i][1] for g in got])) for i in range(len(got[0][1]))]
-        return torch.stack([g[0] for g in got]), DynamicCache(ddp_cache_data=layers)
-
-
-@dataclass
-class RowCache:
-    """The KV cache of one token sequence, compact (no padding): per layer (keys, values),
-    each ``[kv_heads, len(ids), head_dim]``, computed by the policy at ``version``."""
-
-    ids: tuple[int, ...]
-    layers: list[tuple[torch.Tensor, torch.Tensor]]
-    version: int
-
-    def prefix(self, n: int) -> "RowCache":
-        return RowCache(self.ids[:n], [(k[:, :n], v[:, :n]) for k, v in self.layers], self.version)
+        return torch.stack([g[0] for g in got]), layers
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -145,105 +172,216 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 
 
 class PrefixCache:
-    """Prefill only what is new (``rollout.prefix_cache``).
+    """Prefill only what is new (``rollout.prefix_cache``), within a memory budget
+    (``rollout.kv_cache_gib``).
 
-    Keeps, per episode, the KV cache of its last prompt and the tokens it sampled. When the
-    episode's next prompt starts with those ids (full-history mode: the prompt grows by the
-    template's closing text and the new observation), only the new tokens are prefilled; in
-    window mode the reusable part is whatever prefix still matches (the system prompt, at
-    least). A new episode reuses the longest matching prefix of the row stored last (the
-    shared system prompt). Identical prompts in one batch (a GRPO group's first turn) are
-    prefilled once. Entries belong to one policy version: a weight update makes them all
-    stale, and an episode that does not act in a call is dropped (it has ended).
+    Keeps, per episode (``key``), the KV cache of its last prompt and the tokens it sampled.
+    When the episode's next prompt starts with those ids (full-history mode: the prompt grows
+    by the template's closing text and the new observation), only the new tokens are
+    prefilled; in window mode the reusable part is whatever prefix still matches. The prefix
+    common to all prompts of a call (the system prompt and worked examples; for a call with
+    one prompt, its part shared with the previous call's) is held once, not per row
+    (``RowCache.base``), and prefilled once when no cache has it. Identical prompts in one
+    batch (a GRPO group's first turn) are prefilled once. Entries belong to one policy
+    version: a weight update makes them all stale.
+
+    The budget: entries and the cache of the rows being sampled together stay within
+    ``budget_bytes`` (default ``kvcache.default_budget_bytes()``). Entries over it are evicted
+    least recently used first (those episodes prefill again), and a call whose rows do not fit
+    at once is sampled in chunks of rows that do, with the random draws the whole batch would
+    get (``_Noise``), so the same tokens come out. A single row that does not fit alone is
+    sampled anyway. Not counted: activations, and the rows' shared prefix broadcast inside
+    one layer at a time.
 
     Logprobs equal those of a full prefill up to float rounding (the matmul shapes differ);
     the trainer re-scores every sample anyway."""
 
-    def __init__(self) -> None:
-        self.entries: dict[str, RowCache] = {}
-        self.last: RowCache | None = None
+    def __init__(self, budget_bytes: int | None = None) -> None:
+        self.budget = default_budget_bytes() if budget_bytes is None else int(budget_bytes)
+        self.entries: OrderedDict[str, RowCache] = OrderedDict()  # least recently used first
+        self.base: RowCache | None = None  # the last call's shared prefix
         self.prefilled_tokens = 0  # prompt tokens the model prefilled
         self.reused_tokens = 0  # prompt tokens whose KV came from the cache or from a duplicate prompt
+        self.evictions = 0  # entries dropped to stay within the budget
+        self.chunks = 0  # generation calls (or parts of one) sampled
 
-    def _lookup(self, key: str, prompt: Sequence[int], version: int) -> RowCache | None:
-        for cand in (self.entries.get(key), self.last):
-            if cand is None or cand.version != version:
-                continue
-            n = min(common_prefix(cand.ids, prompt), len(prompt) - 1)  # at least one token to prefill: its logits
-            if n > 0:
-                return cand if n == len(cand.ids) else cand.prefix(n)
-        return None
+    def held_bytes(self) -> int:
+        """Bytes of KV the entries and the shared prefixes they use hold."""
+        bases = {id(b): b for b in [self.base, *(e.base for e in self.entries.values())] if b is not None}
+        return sum(e.nbytes for e in self.entries.values()) + sum(b.nbytes for b in bases.values())
+
+    def _evict(self, keep: Sequence[str] = ()) -> list[RowCache]:
+        """Drop least recently used entries (not those of ``keep``) until within the budget."""
+        dropped = []
+        for key in [k for k in self.entries if k not in keep]:
+            if self.held_bytes() <= self.budget:
+                break
+            dropped.append(self.entries.pop(key))
+            self.evictions += 1
+        if self.held_bytes() > self.budget and self.base is not None and all(e.base is not self.base for e in self.entries.values()):
+            self.base = None
+        return dropped
+
+    def _shared(self, model, prompts: Sequence[Sequence[int]], matched: Sequence[tuple[RowCache, int] | None],
+                version: int) -> RowCache | None:
+        """The KV of the prefix all ``prompts`` share (see the class docstring), taken from a cache
+        that has it or prefilled once; None when it is empty."""
+        distinct = list({tuple(p): p for p in prompts}.values())
+        latest = next(reversed(self.entries.values()), None)  # the row stored last
+        if len(distinct) > 1:
+            n = min(common_prefix(distinct[0], p) for p in distinct[1:])
+        else:  # one prompt: its part shared with the last shared prefix, else with the row stored last
+            last = self.base if self.base is not None else latest
+            n = 0 if last is None else common_prefix(last.ids, distinct[0])
+        n = min(n, min(len(p) for p in distinct) - 1)
+        if n <= 0:
+            return None
+        ids = tuple(distinct[0][:n])
+        if self.base is not None and self.base.ids == ids:
+            return self.base
+        have, source = 0, None
+        for cand in [self.base, latest, *(m[0] for m in matched if m is not None)]:
+            k = 0 if cand is None else min(common_prefix(cand.ids, ids), n)
+            if k > have:
+                have, source = k, cand
+        if have == n:
+            return source.prefix(n)  # type: ignore[union-attr]
+        cache, _ = BatchKV.build(num_layers(model), None, [None if source is None else (source, have)], n)
+        device = next(model.parameters()).device
+        new = torch.as_tensor([ids[have:]], device=device)
+        model(input_ids=new, attention_mask=torch.ones((1, n), dtype=torch.long, device=device),
+              position_ids=torch.arange(have, n, device=device)[None], past_key_values=cache, use_cache=True,
+              logits_to_keep=1)
+        self.prefilled_tokens += n - have
+        return RowCache(ids, cache.rows([torch.arange(n, device=device)])[0], version)
+
+    def _chunk_end(self, lo: int, prompts: Sequence[Sequence[int]], matched: Sequence[tuple[RowCache, int] | None],
+                   keys: Sequence[str], shared: RowCache | None, per_token: int, max_new_tokens: int) -> int:
+        """The end ``hi`` of the chunk of rows from ``lo`` that fits the budget (at least one row):
+        held entries, less those the chunk's rows consume, plus the chunk's batch cache."""
+        s = 0 if shared is None else len(shared.ids)
+        held = self.held_bytes() + (0 if shared is None or shared is self.base else shared.nbytes)
+        consumed: set[str] = set()
+        width = new = 0
+        hi = lo
+        while hi < len(prompts):
+            m = matched[hi]
+            start = s if m is None else max(m[1], s)
+            width, new = max(width, start - s), max(new, len(prompts[hi]) - start)
+            if keys[hi] in self.entries and keys[hi] not in consumed:
+                consumed.add(keys[hi])
+                held -= self.entries[keys[hi]].nbytes
+            if hi > lo and held + per_token * (hi + 1 - lo) * (width + new + max_new_tokens - 1) > self.budget:
+                break
+            hi += 1
+        return hi
 
     @torch.no_grad()
     def sample(self, model: torch.nn.Module, keys: Sequence[str], prompts: Sequence[Sequence[int]], version: int, *,
                max_new_tokens: int, stop_ids: Sequence[int], pad_id: int, temperature: float = 1.0,
                generator: torch.Generator | None = None) -> list[Generation]:
-        past = [self._lookup(k, p, version) for k, p in zip(keys, prompts)]
-        gens, rows = _sample_batch(model, prompts, max_new_tokens, stop_ids, pad_id, temperature, generator,
-                                   past=past, keep=True, version=version, counters=self)
-        self.entries = dict(zip(keys, rows))
-        self.last = rows[-1] if rows else self.last
+        """Sample one continuation per prompt (``keys[i]``: the episode prompt ``i`` belongs to)."""
+        for key in [k for k, e in self.entries.items() if e.version != version]:
+            del self.entries[key]
+        if self.base is not None and self.base.version != version:
+            self.base = None
+        for key in keys:  # about to be used: most recent
+            if key in self.entries:
+                self.entries.move_to_end(key)
+        matched = [self._match(k, p) for k, p in zip(keys, prompts)]
+        shared = self._shared(model, prompts, matched, version)
+        per_token = kv_bytes_per_token(model)
+        noise = _Noise(generator, len(prompts)) if temperature > 0 else None
+        gens: list[Generation] = []
+        lo = steps = 0
+        while lo < len(prompts):
+            hi = self._chunk_end(lo, prompts, matched, keys, shared, per_token, max_new_tokens)
+            if hi == lo + 1:  # one row: make room for it if it does not fit
+                gone = {id(e) for e in self._evict(keep=[keys[lo]])}
+                matched = [None if m is not None and id(m[0]) in gone else m for m in matched]
+            consumed = [self.entries.pop(k) for k in dict.fromkeys(keys[lo:hi]) if k in self.entries]
+            gone = {id(e) for e in consumed}  # released as copied: later rows of the same key prefill
+            matched = matched[:hi] + [None if m is not None and id(m[0]) in gone else m for m in matched[hi:]]
+            part, kept, n = _sample_rows(model, prompts[lo:hi], max_new_tokens, stop_ids, pad_id, temperature, noise,
+                                         first_row=lo, shared=shared, reused=matched[lo:hi], consumed=consumed,
+                                         version=version, counters=self)
+            del consumed
+            self.base = shared if shared is not None else self.base
+            for key, row in zip(keys[lo:hi], kept):
+                self.entries[key] = row
+                self.entries.move_to_end(key)
+            gone = {id(e) for e in self._evict()}
+            matched = [None if m is not None and id(m[0]) in gone else m for m in matched]
+            gens.extend(part)
+            steps, lo = max(steps, n), hi
+            self.chunks += 1
+        if noise is not None:
+            noise.finish(steps)
         return gens
 
-
-def _past_cache(reused: list[RowCache | None], device) -> tuple[DynamicCache | None, torch.Tensor]:
-    """The reused prefixes as one left-padded ``DynamicCache`` and its attention mask ``[rows, P]``."""
-    lengths = [0 if c is None else len(c.ids) for c in reused]
-    width = max(lengths)
-    mask = torch.zeros((len(reused), width), dtype=torch.long)
-    if width == 0:
-        return None, mask
-    data = []
-    for layer, (k0, v0) in enumerate(next(c for c in reused if c is not None).layers):
-        k = k0.new_zeros((len(reused), k0.shape[0], width, k0.shape[2]))
-        v = v0.new_zeros((len(reused), v0.shape[0], width, v0.shape[2]))
-        for r, c in enumerate(reused):
-            if c is not None:
-                k[r, :, width - len(c.ids):], v[r, :, width - len(c.ids):] = c.layers[layer]
-        data.append((k.to(device), v.to(device)))
-    for r, n in enumerate(lengths):
-        mask[r, width - n:] = 1
-    return DynamicCache(ddp_cache_data=data), mask
+    def _match(self, key: str, prompt: Sequence[int]) -> tuple[RowCache, int] | None:
+        """The entry of ``key`` and how much of ``prompt`` its KV covers (at least one token is
+        left to prefill: its logits), or None."""
+        entry = self.entries.get(key)
+        if entry is None:
+            return None
+        n = min(common_prefix(entry.ids, prompt), len(prompt) - 1)
+        return (entry, n) if n > 0 else None
 
 
-def _sample_batch(model, prompts, max_new_tokens, stop_ids, pad_id, temperature, generator, *, past=None, keep=False,
-                  version=0, counters=None, prefills=None) -> tuple[list[Generation], list[RowCache]]:
-    """Sample a batch. ``past``: per prompt, a ``RowCache`` of a prefix of it whose KV is
-    reused (or None); identical prompts are then also prefilled once. ``keep``: return each
-    row's ``RowCache`` (its prompt and the sampled ids that were fed back). ``prefills``: a
-    ``PrefillCache`` for the plain path (no ``past``)."""
+def _sample_rows(model, prompts, max_new_tokens, stop_ids, pad_id, temperature, noise, *, first_row=0, shared=None,
+                 reused=None, consumed=(), version=0, counters=None, prefills=None) -> tuple[list[Generation], list[RowCache], int]:
+    """Sample rows ``first_row ..`` of a batch (``noise``: its draws; None when greedy).
+
+    Without ``reused`` (the plain path): every prompt is prefilled whole and the logits of
+    every prompt position are computed, as before the prefix cache existed (the tiny recipes'
+    figures stay bit-identical). With it (the prefix cache): every row's KV starts with
+    ``shared`` and goes on with ``reused[i] = (cache, n)``, the KV of ``prompts[i][:n]``
+    (``consumed``: caches released as they are copied); identical prompts are prefilled once;
+    only the last position's logits are computed (as HF ``generate`` does); the rows'
+    ``RowCache`` (prompt plus the sampled ids fed back) are returned. Also returns the number of
+    decoding steps drawn. ``prefills``: a ``PrefillCache`` for the plain path."""
     device = next(model.parameters()).device
     batch = len(prompts)
-    if past is not None:  # one prefill row per distinct prompt
+    cached = reused is not None
+    s = 0 if shared is None else len(shared.ids)
+    if cached:  # one prefill row per distinct prompt
         index: dict[tuple[int, ...], int] = {}
         inverse = [index.setdefault(tuple(p), len(index)) for p in prompts]
         rows = [inverse.index(u) for u in range(len(index))]
-        reused = [past[i] for i in rows]
+        reuse = [reused[i] if reused[i] is not None and reused[i][1] > s else None for i in rows]
     else:
-        rows, inverse, reused = list(range(batch)), list(range(batch)), [None] * batch
-    cache, past_mask = _past_cache(reused, device)
-    p_len = past_mask.sum(-1)
-    new_ids, new_mask = _left_pad([prompts[i][int(n):] for i, n in zip(rows, p_len)], pad_id)
+        rows, inverse, reuse = list(range(batch)), list(range(batch)), [None] * batch
+    starts = [s if x is None else x[1] for x in reuse]  # prompt tokens whose KV is there already
+    width = max(n - s for n in starts)
+    new_ids, new_mask = _left_pad([prompts[i][n:] for i, n in zip(rows, starts)], pad_id)
+    cache, _ = BatchKV.build(num_layers(model), shared, reuse, width + new_ids.shape[1] + max_new_tokens - 1, consumed)
+    past_mask = torch.zeros((len(rows), s + width), dtype=torch.long)
+    past_mask[:, :s] = 1
+    for r, n in enumerate(starts):
+        past_mask[r, s + width - (n - s):] = 1
     mask = torch.cat([past_mask, new_mask], dim=1).to(device)
-    positions = (p_len[:, None] + new_mask.cumsum(-1) - 1).clamp(min=0).to(device)
+    positions = (torch.as_tensor(starts)[:, None] + new_mask.cumsum(-1) - 1).clamp(min=0).to(device)
     if counters is not None:
         counters.prefilled_tokens += int(new_mask.sum())
         counters.reused_tokens += sum(len(p) for p in prompts) - int(new_mask.sum())
 
     # with the prefix cache, only the last position's logits are computed (as HF generate does); the plain
     # path keeps computing all of them so that the tiny recipes' figures stay bit-identical
-    extra = {"logits_to_keep": 1} if past is not None else {}
-    if prefills is not None and past is None:
-        logits, past_kv = prefills.prefill(model, prompts, new_ids.to(device), mask, positions)  # [rows, V]
+    extra = {"logits_to_keep": 1} if cached else {}
+    if prefills is not None and not cached:
+        logits, layers = prefills.prefill(model, prompts, new_ids.to(device), mask, positions)  # [rows, V]
+        for layer, (k, v) in zip(cache.layers, layers):  # into the call's buffers, as the forward pass would
+            layer.update(k, v)
     else:
         out = model(input_ids=new_ids.to(device), attention_mask=mask, position_ids=positions, past_key_values=cache,
                     use_cache=True, **extra)
-        past_kv = out.past_key_values
         logits = out.logits[:, -1, :].float()  # [rows, V]
+        del out
     next_pos = positions[:, -1:] + 1  # [rows, 1]
     if len(rows) < batch:  # each distinct prompt's prefill, copied to its duplicates
         expand = torch.as_tensor(inverse, device=device)
-        past_kv.batch_select_indices(expand)
+        cache.batch_select_indices(expand)
         logits, mask, next_pos = logits[expand], mask[expand], next_pos[expand]
     prompt_width = mask.shape[1]
     stop = torch.as_tensor(list(stop_ids), dtype=torch.long, device=device)
@@ -255,8 +393,8 @@ def _sample_batch(model, prompts, max_new_tokens, stop_ids, pad_id, temperature,
     fed = 0  # sampled tokens fed back through the model (their KV is in the cache)
     for t in range(max_new_tokens):
         logp_full = F.log_softmax(logits / temperature if temperature > 0 else logits, dim=-1)  # [B, V]
-        if temperature > 0:
-            tok = torch.multinomial(logp_full.exp(), 1, generator=generator).squeeze(-1)  # [B]
+        if noise is not None:  # torch.multinomial(probs, 1), with the batch's draws for these rows
+            tok = (logp_full.exp() / noise.draw(t, first_row, first_row + batch, logits.shape[-1]).to(device)).argmax(-1)
         else:
             tok = logp_full.argmax(-1)
         tok = torch.where(done, torch.full_like(tok, pad_id), tok)
@@ -269,9 +407,9 @@ def _sample_batch(model, prompts, max_new_tokens, stop_ids, pad_id, temperature,
         if bool(done.all()) or t == max_new_tokens - 1:
             break
         mask = torch.cat([mask, torch.ones((batch, 1), dtype=mask.dtype, device=device)], dim=1)
-        out = model(input_ids=tok[:, None], attention_mask=mask, position_ids=next_pos, past_key_values=past_kv, use_cache=True)
-        past_kv = out.past_key_values
+        out = model(input_ids=tok[:, None], attention_mask=mask, position_ids=next_pos, past_key_values=cache, use_cache=True)
         logits = out.logits[:, -1, :].float()
+        del out
         next_pos = next_pos + 1
         fed += 1
 
@@ -281,14 +419,14 @@ def _sample_batch(model, prompts, max_new_tokens, stop_ids, pad_id, temperature,
         n = lengths_l[i]
         result.append(Generation(tuple(sampled_l[i][:n]), tuple(logps_l[i][:n]), bool(stopped_l[i])))
     kept: list[RowCache] = []
-    if keep:
-        prompt_mask = mask[:, :prompt_width].cpu()
-        for i in range(batch):
-            k_i = min(lengths_l[i], fed)
-            where = torch.cat([prompt_mask[i].nonzero().squeeze(-1), prompt_width + torch.arange(k_i)]).to(device)
-            layers = [(layer.keys[i].index_select(1, where), layer.values[i].index_select(1, where)) for layer in past_kv.layers]
-            kept.append(RowCache(tuple(prompts[i]) + tuple(sampled_l[i][:k_i]), layers, version))
-    return result, kept
+    if cached:  # each row's own KV (after the shared prefix): its prompt's positions and the fed-back ids
+        own_mask = mask[:, s:prompt_width].cpu()
+        fed_l = [min(n, fed) for n in lengths_l]
+        columns = [torch.cat([own_mask[i].nonzero().squeeze(-1), own_mask.shape[1] + torch.arange(fed_l[i])]).to(device)
+                   for i in range(batch)]
+        for i, layers in enumerate(cache.rows(columns)):
+            kept.append(RowCache(tuple(prompts[i]) + tuple(sampled_l[i][:fed_l[i]]), layers, version, shared))
+    return result, kept, t + 1
 
 
 def pad_right(sequences: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -65,7 +65,8 @@ class PolicyActor:
     def __init__(self, policy: Policy, max_new_tokens: int, temperature: float, generator: torch.Generator, *,
                  prefills: PrefillCache | None = None) -> None:
         self.policy, self.max_new_tokens, self.temperature, self.generator = policy, max_new_tokens, temperature, generator
-        self.cache = PrefixCache() if policy.prefix_cache else None
+        budget = None if policy.kv_cache_gib is None else int(policy.kv_cache_gib * 2**30)
+        self.cache = PrefixCache(budget) if policy.prefix_cache else None
         self.prefills = prefills  # prefills shared with other actors of the same weights (built-in plain sampler only)
 
     @property

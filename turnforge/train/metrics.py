@@ -23,6 +23,7 @@ from typing import Any
 
 from turnforge.data.filters import FilterCount
 from turnforge.envpool.pool import PoolStats
+from turnforge.memory import PeakMemory
 from turnforge.rollout.engine import RolloutStats
 from turnforge.types import EvalResult
 
@@ -312,6 +313,7 @@ class RunSummary:
     flywheel_rounds: int = 0
     gain_over_bc_best_points: float | None = None  # 100 x (after - the BC policy at its best temperature)
     trainable_parameters: int | None = None  # those the optimizer updated last (the adapters under model.lora)
+    peak_memory: PeakMemory | None = None  # peak RSS of the run's process (the last one, if resumed) and its children
 
 
 def read_summary(run_dir: str | Path) -> RunSummary:

@@ -24,6 +24,7 @@ from rich.progress import Progress as RichProgress
 from rich.table import Table
 
 from turnforge.config import TrainConfig
+from turnforge.memory import peak_memory
 from turnforge.policy.lora import trainable_parameters
 from turnforge.train.metrics import KINDS, ExpertQueries, RunSummary, Software, read_metrics, to_json
 from turnforge.types import EvalResult
@@ -240,7 +241,7 @@ def run_summary(s: Session, after: EvalResult, rl_seconds: float | None) -> RunS
         model=f"gguf:{cfg.model.gguf}" if cfg.model.gguf else cfg.model.path,
         num_parameters=sum(p.numel() for p in policy.model.parameters()),
         trainable_parameters=sum(p.numel() for p in trainable_parameters(policy.model)), torch_threads=cfg.threads,
-        env_pool=engine.pool_stats(), software=Software.current(),
+        env_pool=engine.pool_stats(), software=Software.current(), peak_memory=peak_memory(),
         eval_bc_best_temperature=best, flywheel_rounds=cfg.flywheel.rounds,
         gain_over_bc_best_points=None if best is None else round(100 * (after.success_rate - best.eval.success_rate), 2),
         expert_queries=ExpertQueries(demos, state.hints, demos + state.hints),

@@ -211,7 +211,7 @@ def _load_policy(cfg: TrainConfig, run_dir: Path, model_path: Path, found: Resum
         if lora.r > 0 and cfg.bc.enabled:
             add_lora(policy, lora, cfg.seed, "bc")
     policy.model.eval()
-    policy.prefix_cache = cfg.rollout.prefix_cache
+    policy.prefix_cache, policy.kv_cache_gib = cfg.rollout.prefix_cache, cfg.rollout.kv_cache_gib
     if cfg.rollout.backend == "vllm":  # the engine loads model_path; the policy's own weights are synced before use
         from turnforge.policy.vllm_sampler import VLLMSampler
 
