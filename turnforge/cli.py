@@ -364,7 +364,7 @@ def import_gguf_cmd(
     gguf_file = find_gguf(source)
     check_out_dir(out, "OUT")
     quiet_hf()
-    import_gguf(gguf_file, out)
+    import_gguf(gguf_file, out, log=lambda line: print(line, file=sys.stderr, flush=True))
     console.print(f"saved {gguf_file.name} as an HF model directory: {out}  (use model.path={out})")
 
 

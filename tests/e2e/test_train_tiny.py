@@ -178,3 +178,22 @@ def test_actions_longer_than_max_new_tokens_are_reported(tmp_path, capsys):
     assert any("do not fit rollout.max_new_tokens=1" in w and "set rollout.max_new_tokens=" in w for w in warnings)
     assert any("hit rollout.max_new_tokens=1 before a stop token" in w for w in warnings)
     assert "warning: " in capsys.readouterr().err
+
+
+def test_a_log_without_a_tty_has_lines_per_stage_not_per_step(tmp_path, capsys):
+    """BC used to print one line per optimizer step without a terminal (1,254 in the default
+    job). Now: a line per stage and message, progress at most every 10 s, and the last line
+    states the gain against the BC policy at its best temperature, naming it."""
+    cfg = load_config("sokoban-tiny", FAST + ["bc.batch_size=1", "rl.iterations=1", "eval.bc_temperatures=[1.0, 0.3]"])
+    summary = train(cfg, tmp_path / "run", live=False)
+    lines = capsys.readouterr().err.splitlines()
+    assert summary.bc.optimizer_steps >= 50  # one step per sample
+    bc_lines = [line for line in lines if line.startswith("[bc] ")]
+    # the stage's last step, plus at most one line per 10 s of the run (whatever the machine's speed)
+    assert 1 <= len(bc_lines) <= 1 + summary.wall_seconds / 10
+    assert bc_lines[-1].startswith(f"[bc] {summary.bc.optimizer_steps}/{summary.bc.optimizer_steps}")
+    assert len(lines) < 60 + summary.wall_seconds / 10, lines
+    best = summary.eval_bc_best_temperature
+    assert lines[-1].startswith(f"done in {summary.wall_seconds:.0f}s: held-out success {summary.eval_after_rl.success_rate:.3f}")
+    assert (f"points against the BC policy at its best temperature (T={best.temperature:g}: {best.eval.success_rate:.3f})"
+            in lines[-1])

@@ -4,29 +4,109 @@ from __future__ import annotations
 
 import io
 import json
+from types import SimpleNamespace
 
 from rich.console import Console
 
 import pytest
 
-from turnforge.train.metrics import BCStats, EvalRecord, read_metrics
-from turnforge.train.reporting import MetricsLog, Progress, plot_learning_curve
+from turnforge.config import load_config
+from turnforge.train.metrics import BCStats, BestTemperature, EvalRecord, read_metrics
+from turnforge.train.reporting import MetricsLog, Progress, final_line, plot_learning_curve
 from turnforge.types import EvalResult
 
 
+class Clock:
+    """A clock the test moves by hand (seconds)."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 def test_plain_lines_when_not_a_tty(capsys):
-    with Progress("demo", live=False) as p:
+    clock = Clock()
+    with Progress("demo", live=False, clock=clock) as p:
         p.stage("rl", total=4)
+        clock.now = 12.0
         p.update(2, reward=1.5, success=0.25, tokens_per_s=1000.0)
     err = capsys.readouterr().err
     assert "stage rl (4 steps)" in err
-    assert "[rl] 2/4 reward=1.5 success=0.25 tokens_per_s=1000 eta=" in err
+    assert "[rl] 2/4 reward=1.5 success=0.25 tokens_per_s=1000 eta=12s" in err
 
 
-def test_live_panel_renders_the_fields():
+def test_without_a_tty_progress_lines_come_at_most_every_interval(capsys):
+    """1,000 optimizer steps over 100 s (the BC stage printed one line per step): the stage's
+    line, one progress line per 10 s with its ETA, and the last step."""
+    clock = Clock()
+    with Progress("demo", live=False, interval=10.0, clock=clock) as p:
+        p.stage("bc", total=1000)
+        for step in range(1, 1001):
+            clock.now = step * 0.1
+            p.update(step, loss=1.0 / step)
+        p.message("bc: done")
+    lines = capsys.readouterr().err.splitlines()
+    progress = [line for line in lines if line.startswith("[bc] ")]
+    assert lines[0] == "stage bc (1000 steps)" and lines[-1] == "bc: done"
+    assert len(progress) == 10  # at 10 s, 20 s, ..., 90 s, and the last step at 100 s
+    assert all(" eta=" in line for line in progress[:-1])
+    assert progress[-1].startswith("[bc] 1000/1000") and progress[-1].endswith("(done in 100s)")
+
+
+def test_an_activity_reports_progress_and_eta_throttled(capsys):
+    clock = Clock()
+    with Progress("demo", live=False, interval=10.0, clock=clock) as p:
+        p.stage("flywheel", total=4)
+        with p.activity("eval before-rl", 100) as advance:
+            for done in range(1, 101):
+                clock.now = done * 1.0  # one episode a second: 100 s
+                advance(done)
+    progress = [line for line in capsys.readouterr().err.splitlines() if line.startswith("[eval before-rl]")]
+    assert progress[0] == "[eval before-rl] 10/100 episodes eta=90s"
+    assert len(progress) == 9  # at 10..90 s; the evaluation's result line closes it
+
+
+def _live() -> tuple[Progress, io.StringIO]:
+    """A live ``Progress`` drawing on a terminal-like buffer."""
     buf = io.StringIO()
     p = Progress("demo", live=True)
     p.console = Console(file=buf, force_terminal=True, width=100)
+    return p, buf
+
+
+def test_live_panel_shows_an_activity_as_a_progress_bar():
+    p, buf = _live()
+    with p:
+        p.stage("rl", total=10)
+        with p.activity("eval rl-5", 50) as advance:
+            advance(20)
+            p._live.refresh()
+    assert "eval rl-5" in buf.getvalue() and "20/50" in buf.getvalue()
+
+
+def _summary(best: bool) -> SimpleNamespace:
+    """What ``final_line`` reads of a ``RunSummary`` (a finished flywheel run, seed 0)."""
+    ev = lambda rate: EvalResult("sokoban", "heldout", 500, rate, 0.0, 0.0, 9.0)  # noqa: E731
+    return SimpleNamespace(wall_seconds=1299.0, eval_before_rl=ev(0.458), eval_after_rl=ev(0.694), success_gain_points=23.6,
+                           eval_bc_best_temperature=BestTemperature(0.5, ev(0.538), []) if best else None,
+                           gain_over_bc_best_points=15.6 if best else None)
+
+
+def test_the_last_line_names_the_baseline_of_each_gain(tmp_path):
+    cfg = load_config("sokoban-tiny")
+    line = final_line(_summary(best=True), cfg, tmp_path)
+    assert line.startswith("done in 1299s: held-out success 0.694 at the end (T=1, 500 episodes), +15.6 points against "
+                           "the BC policy at its best temperature (T=0.5: 0.538), +23.6 points against the BC policy at T=1 "
+                           "(0.458); run dir ")
+    line = final_line(_summary(best=False), load_config("sokoban-tiny", ["bc.enabled=false"]), tmp_path)
+    assert ("+23.6 points against the starting policy (no BC) at T=1 (0.458); its best temperature was not measured "
+            "(set eval.bc_temperatures)") in line
+
+
+def test_live_panel_renders_the_fields():
+    p, buf = _live()
     with p:
         p.stage("bc", total=10)
         p.update(5, loss=0.5, reward=1.0, success=0.5, tokens_per_s=123.0)

@@ -124,10 +124,12 @@ class AgentEngine:
         self.tokenizer = policy.tokenizer
 
     def play(self, requests: Sequence[EpisodeRequest], actor: PolicyActor, *, keep_snapshots: bool = False,
-             on_wave: Callable[[int], None] | None = None) -> tuple[list[Trajectory], RolloutStats]:
+             on_wave: Callable[[int], None] | None = None,
+             on_progress: Callable[[int], None] | None = None) -> tuple[list[Trajectory], RolloutStats]:
         """Run one agent rollout per request, sampling with ``actor`` (its temperature and
         generator); trajectories in request order, and counters. All requests are one wave
-        (``on_wave(0)`` runs first); agent rollouts have no env snapshots to keep."""
+        (``on_wave(0)`` runs first); agent rollouts have no env snapshots to keep;
+        ``on_progress(n)`` is told how many rollouts have finished, as they finish."""
         if keep_snapshots:
             raise ValueError("agent rollouts have no env snapshots (keep_snapshots=True)")
         if on_wave is not None:
@@ -136,7 +138,11 @@ class AgentEngine:
         with gw.lock:
             gw.actor, gw.temperature = actor, actor.temperature
         with concurrent.futures.ThreadPoolExecutor(self.agent_cfg.concurrency, thread_name_prefix="agent") as pool:
-            outcomes = list(pool.map(lambda r: self._run(r.task, r.trajectory_id), requests))
+            futures = [pool.submit(self._run, r.task, r.trajectory_id) for r in requests]
+            for n, _ in enumerate(concurrent.futures.as_completed(futures), 1):
+                if on_progress is not None:
+                    on_progress(n)
+            outcomes = [f.result() for f in futures]
         trajs, bad = [], None
         for req, out in zip(requests, outcomes):
             if isinstance(out.error, UserError):

@@ -15,7 +15,9 @@ import hashlib
 import importlib.util
 import os
 import shutil
+import time
 from pathlib import Path
+from typing import Callable
 
 from turnforge.errors import UserError
 
@@ -74,9 +76,10 @@ def _require_readers() -> None:
         raise UserError(f"reading GGUF needs the package(s) {', '.join(missing)}; install them with: {EXTRA}")
 
 
-def import_gguf(source: str | Path, out: Path) -> Path:
+def import_gguf(source: str | Path, out: Path, log: Callable[[str], None] | None = None) -> Path:
     """Convert ``source`` (see ``find_gguf``) into a float32 HF directory at ``out`` (written
     to a temporary sibling, checked, sealed with a manifest, then renamed into place).
+    ``log`` gets a line as each step (read, save, check) starts: the whole takes minutes.
 
     The check: logits of ``CHECK_TEXT`` from the saved directory equal those of the model
     transformers de-quantised from the GGUF file, bit for bit."""
@@ -92,7 +95,10 @@ def import_gguf(source: str | Path, out: Path) -> Path:
         raise UserError(f"OUT {str(out)!r} exists and is not empty; give a new directory")
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
+    say = log or (lambda line: None)
+    started = time.monotonic()
     try:
+        say(f"importing {gguf_file.name} ({gguf_file.stat().st_size / 2**20:.0f} MB) into {out}: reading and de-quantising")
         try:
             tokenizer = AutoTokenizer.from_pretrained(gguf_file.parent, gguf_file=gguf_file.name)
             with _quiet_gguf_reader():
@@ -103,8 +109,10 @@ def import_gguf(source: str | Path, out: Path) -> Path:
         quantizer = getattr(model, "hf_quantizer", None)
         if quantizer is not None:  # save_pretrained refuses a model that still claims to be quantised
             quantizer.remove_quantization_config(model)
+        say(f"importing {gguf_file.name}: saving float32 weights ({time.monotonic() - started:.0f}s so far)")
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
+        say(f"importing {gguf_file.name}: checking that the saved model reproduces the file's logits")
         ids = torch.tensor([tokenizer(CHECK_TEXT)["input_ids"]])
         reloaded = AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.float32, local_files_only=True)
         with torch.no_grad():
@@ -118,6 +126,7 @@ def import_gguf(source: str | Path, out: Path) -> Path:
         os.replace(tmp, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    say(f"imported {gguf_file.name} in {time.monotonic() - started:.0f}s")
     return out
 
 
@@ -147,18 +156,23 @@ def cache_dir() -> Path:
     return Path(root) / "models"
 
 
-def cached_import(source: str | Path) -> Path:
+def cached_import(source: str | Path, log: Callable[[str], None] | None = None) -> Path:
     """The HF directory converted from ``source``, converting it on first use. Keyed by the
     GGUF file's name and content digest, so a changed file converts again; a damaged cache
-    entry (its manifest no longer verifies) is converted again too."""
+    entry (its manifest no longer verifies) is converted again too. ``log`` gets a line per
+    step that takes a while (hashing the file, checking the cache entry, the import's steps)."""
     from turnforge.policy.manifest import MANIFEST, verify
 
     gguf_file = find_gguf(source)
+    say = log or (lambda line: None)
+    say(f"model {source}: hashing {gguf_file.name} to find its cached import")
     target = cache_dir() / f"{gguf_file.stem}-{file_digest(gguf_file)}"
-    if (target / MANIFEST).exists() and verify(target) is None:
-        return target
+    if (target / MANIFEST).exists():
+        say(f"model {source}: checking the cached import {target}")
+        if verify(target) is None:
+            return target
     shutil.rmtree(target, ignore_errors=True)
-    return import_gguf(gguf_file, target)
+    return import_gguf(gguf_file, target, log=log)
 
 
 def import_tokenizer(source: str | Path, out: Path) -> Path:

@@ -130,8 +130,10 @@ class Engine(Protocol):
     cfg: RolloutConfig
 
     def play(self, requests: Sequence[EpisodeRequest], actor: Actor, *, keep_snapshots: bool = False,
-             on_wave: Callable[[int], None] | None = None) -> tuple[list[Trajectory], RolloutStats]:
-        """Play ``requests`` to the end with ``actor``: one trajectory per request, in order, and counters."""
+             on_wave: Callable[[int], None] | None = None,
+             on_progress: Callable[[int], None] | None = None) -> tuple[list[Trajectory], RolloutStats]:
+        """Play ``requests`` to the end with ``actor``: one trajectory per request, in order, and
+        counters; ``on_progress(n)`` is told how many of them have finished, as they finish."""
         ...
 
     def pool_stats(self) -> PoolStats | None:
@@ -233,13 +235,15 @@ class RolloutEngine:
 
     # ------------------------------------------------------------------ entry point 1: play
     def play(self, requests: Sequence[EpisodeRequest], actor: Actor, *, keep_snapshots: bool = False,
-             tokens: bool = True, on_wave: Callable[[int], None] | None = None) -> tuple[list[Trajectory], RolloutStats]:
+             tokens: bool = True, on_wave: Callable[[int], None] | None = None,
+             on_progress: Callable[[int], None] | None = None) -> tuple[list[Trajectory], RolloutStats]:
         """Play ``requests`` to the end with ``actor``, in waves of ``num_envs`` episodes;
         return their trajectories (in request order) and counters. With ``keep_snapshots``
         each trajectory records the env snapshot taken before each turn's action; with
         ``tokens=False`` no token context is kept, nor anchor keys and potentials (no samples;
         for text actors whose episodes are only scored, e.g. Monte-Carlo rollouts).
-        ``on_wave(k)`` runs before wave ``k`` starts (e.g. to reseed the actor)."""
+        ``on_wave(k)`` runs before wave ``k`` starts (e.g. to reseed the actor);
+        ``on_progress(n)`` after every scheduling round, with the requests finished so far."""
         if self._by_slot:
             raise RuntimeError("the rollout engine is busy (a group stream has episodes running)")
         trajectories: list[Trajectory] = []
@@ -250,6 +254,8 @@ class RolloutEngine:
             wave = [self.launch(req, actor, keep_snapshots, tokens=tokens) for req in requests[lo:lo + self.num_envs]]
             while self._by_slot:
                 self.round(lockstep=True)
+                if on_progress is not None:
+                    on_progress(lo + sum(e.done for e in wave))
             episodes.extend(wave)
             trajectories.extend(self.trajectory(e) for e in wave)
         return trajectories, rollout_stats(episodes)

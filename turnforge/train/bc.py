@@ -34,7 +34,8 @@ def run_bc(s: Session) -> BCStats:
     requests = [EpisodeRequest(env.task("train", i), stable_hash(cfg.seed, "demo", i), f"demo-{i}", f"demo-{i}")
                 for i in range(bc.num_demos)]
     #    (all written, failures included; more than max_failure_share of them failing stops the run)
-    trajs, _ = s.engine.play(requests, expert)
+    with s.progress.activity("bc demonstrations", len(requests)) as advance:
+        trajs, _ = s.engine.play(requests, expert, on_progress=advance)
     write_trajectories(s.run_dir / "trajectories" / "bc_demos.parquet", trajs, stage="bc", iteration=0)
     failed = check_trajectories("bc", env.env_id, trajs, cfg.max_failure_share, kind="demonstration episodes")
     demos = [t for t in trajs if t.infra_failure is None]

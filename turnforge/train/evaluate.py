@@ -9,7 +9,7 @@ than ``max_failure_share`` of them, or no episode scored at all, raises ``RunSto
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 from turnforge.policy.generate import PrefillCache
 from turnforge.policy.model import Policy
@@ -31,10 +31,11 @@ def evaluate(
     max_failure_share: float = 1.0,
     stage: str = "evaluation",
     prefills: PrefillCache | None = None,
+    on_progress: Callable[[int], None] | None = None,
 ) -> tuple[EvalResult, list[Trajectory]]:
     """Play ``episodes`` tasks of ``split`` with the policy (greedy when temperature is 0).
     ``prefills``: prompts other evaluations of these weights prefilled are not prefilled again
-    (same result, bit for bit).
+    (same result, bit for bit). ``on_progress(n)``: episodes finished so far, as they finish.
 
     Raises ``RunStopped`` (named ``stage``) when more than ``max_failure_share`` of the
     episodes, or all of them, were infrastructure failures. The default 1.0 only refuses an
@@ -45,7 +46,7 @@ def evaluate(
     env = engine.env
     actor = PolicyActor(policy, engine.cfg.max_new_tokens, temperature, generator(seed, "eval", split, episodes), prefills=prefills)
     requests = [EpisodeRequest(env.task(split, i), i, f"eval-{i}", f"eval-{split}-{i}") for i in range(episodes)]
-    trajectories, _ = engine.play(requests, actor)
+    trajectories, _ = engine.play(requests, actor, on_progress=on_progress)
     check_trajectories(stage, env.env_id, trajectories, max_failure_share, kind=f"{split} evaluation episodes")
     return summarize(env.env_id, split, trajectories), trajectories
 

@@ -13,11 +13,14 @@ import dataclasses
 import json
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Iterator, TypeVar
 
-from rich.console import Console
+from rich.console import Console, Group
 from rich.live import Live
+from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
+from rich.progress import Progress as RichProgress
 from rich.table import Table
 
 from turnforge.config import TrainConfig
@@ -76,51 +79,97 @@ def _scalars(data: dict, prefix: str = "") -> list[tuple[str, float]]:
 
 
 class Progress:
-    """Stage, iteration, reward, success, tokens/s and ETA: live on a TTY, log lines otherwise."""
+    """Where the run is, on stderr: stage, step, reward, success, loss, tokens/s, ETA.
 
-    def __init__(self, recipe: str, live: bool | None = None) -> None:
+    On a terminal (``live``, default: stderr is a TTY): rich's live panel, and a progress bar
+    for each long activity inside a stage (an evaluation, the demonstrations). Elsewhere (CI,
+    ``nohup``, a pipe): a line per stage and per message, and progress lines at most one every
+    ``interval`` seconds, each with its ETA (plus a stage's last step), so a log holds
+    O(stages + minutes) lines, not one per optimizer step. ``clock`` (seconds, monotonic) is
+    injectable, so the throttle is tested without sleeping."""
+
+    def __init__(self, recipe: str, live: bool | None = None, *, interval: float = 10.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.console = Console(stderr=True)
         self.live_mode = sys.stderr.isatty() if live is None else live
-        self.recipe = recipe
+        self.recipe, self.interval, self.clock = recipe, interval, clock
         self.state: dict[str, Any] = {"stage": "setup"}
         self._live: Live | None = None
-        self._stage_start = time.time()
+        self._bars = RichProgress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                  TimeRemainingColumn(), console=self.console, auto_refresh=False)
+        self._stage_start = self._last_line = clock()
 
     def __enter__(self) -> "Progress":
         if self.live_mode:
-            self._live = Live(self._table(), console=self.console, refresh_per_second=4, transient=False)
+            self._live = Live(self._panel(), console=self.console, refresh_per_second=4, transient=False)
             self._live.__enter__()
         return self
 
     def __exit__(self, *exc) -> None:
         if self._live is not None:
-            self._live.update(self._table())
+            self._live.update(self._panel())
             self._live.__exit__(*exc)
 
     def stage(self, name: str, total: int | None = None) -> None:
+        """A new stage of ``total`` steps (one line without a terminal)."""
         self.state = {"stage": name, "total": total}
-        self._stage_start = time.time()
-        self._emit(f"stage {name}" + (f" ({total} steps)" if total else ""))
+        self._stage_start = self._last_line = self.clock()
+        self._emit(f"stage {name}" + (f" ({total} steps)" if total else ""), force=True)
 
     def update(self, step: int, **values: Any) -> None:
+        """Step ``step`` of the stage done, with values to show (throttled without a terminal)."""
         total = self.state.get("total")
-        elapsed = time.time() - self._stage_start
+        elapsed = self.clock() - self._stage_start
         eta = elapsed / step * (total - step) if total and step else None
         self.state.update(values, step=step, eta=eta)
         shown = " ".join(f"{k}={_fmt(v)}" for k, v in values.items())
-        self._emit(f"[{self.state['stage']}] {step}/{total or '?'} {shown}" + (f" eta={eta:.0f}s" if eta is not None else ""))
+        last = total is not None and step >= total
+        self._emit(f"[{self.state['stage']}] {step}/{total or '?'} {shown}"
+                   + (f" (done in {elapsed:.0f}s)" if last else f" eta={eta:.0f}s" if eta is not None else ""), force=last)
+
+    @contextmanager
+    def activity(self, name: str, total: int, unit: str = "episodes") -> Iterator[Callable[[int], None]]:
+        """A long step inside a stage (an evaluation): yields ``advance(done)``, to call with how
+        many of ``total`` are done. A progress bar on a terminal; otherwise a throttled line
+        ``[NAME] done/total UNIT eta=...``."""
+        started = self.clock()
+        task = self._bars.add_task(name, total=total) if self._live is not None else None
+
+        def advance(done: int) -> None:
+            if task is not None:
+                self._bars.update(task, completed=done)
+                self._live.update(self._panel())
+                return
+            elapsed = self.clock() - started
+            eta = elapsed / done * (total - done) if done else None
+            if 0 < done < total:  # (the activity's own closing line, its result, follows)
+                self._emit(f"[{name}] {done}/{total} {unit}" + (f" eta={eta:.0f}s" if eta is not None else ""))
+
+        try:
+            yield advance
+        finally:
+            if task is not None:
+                self._bars.remove_task(task)
+                self._live.update(self._panel())
 
     def message(self, text: str) -> None:
+        """A line, always (a result, a warning)."""
         if self._live is not None:
             self._live.console.print(text)
         else:
             print(text, file=sys.stderr, flush=True)
 
-    def _emit(self, line: str) -> None:
+    def _emit(self, line: str, force: bool = False) -> None:
         if self._live is not None:
-            self._live.update(self._table())
-        else:
+            self._live.update(self._panel())
+            return
+        now = self.clock()
+        if force or now - self._last_line >= self.interval:
+            self._last_line = now
             print(line, file=sys.stderr, flush=True)
+
+    def _panel(self) -> Group:
+        return Group(self._table(), self._bars)
 
     def _table(self) -> Table:
         table = Table(title=f"turnforge train · {self.recipe}", show_header=False, expand=False)
@@ -199,14 +248,17 @@ def run_summary(s: Session, after: EvalResult, rl_seconds: float | None) -> RunS
 
 
 def final_line(summary: RunSummary, cfg: TrainConfig, run_dir: Path) -> str:
-    """The run's last line: held-out success before and after, each gain with what it is measured against."""
+    """The run's last line: held-out success at the end, and each gain with the baseline it is
+    measured against, named with its temperature and score: the start (BC policy, or the model
+    without BC) at its best of ``eval.bc_temperatures`` first, then the start at ``eval.temperature``.
+    Without ``eval.bc_temperatures`` it says that the start's best temperature was not measured."""
     before, after, best = summary.eval_before_rl, summary.eval_after_rl, summary.eval_bc_best_temperature
-    return (
-        f"done in {summary.wall_seconds:.0f}s: held-out success {before.success_rate:.3f} "
-        f"{'after BC' if cfg.bc.enabled else 'at the start'} -> "
-        f"{after.success_rate:.3f} at the end ({summary.success_gain_points:+.1f} points)"
-        + ("" if best is None else
-           f", {summary.gain_over_bc_best_points:+.1f} points over the {start_name(cfg)} at its best temperature "
-           f"(T={best.temperature}: {best.eval.success_rate:.3f})")
-        + f"; run dir {run_dir}"
-    )
+    start, t = start_name(cfg), cfg.eval.temperature
+    at_t = f"{summary.success_gain_points:+.1f} points against the {start} at T={t:g} ({before.success_rate:.3f})"
+    if best is None:
+        gains = f"{at_t}; its best temperature was not measured (set eval.bc_temperatures)"
+    else:
+        gains = (f"{summary.gain_over_bc_best_points:+.1f} points against the {start} at its best temperature "
+                 f"(T={best.temperature:g}: {best.eval.success_rate:.3f}), {at_t}")
+    return (f"done in {summary.wall_seconds:.0f}s: held-out success {after.success_rate:.3f} at the end "
+            f"(T={t:g}, {after.episodes} episodes), {gains}; run dir {run_dir}")

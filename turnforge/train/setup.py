@@ -150,7 +150,7 @@ def open_run(cfg: TrainConfig, run_dir: Path, checked: Checked, stack: ExitStack
             progress.message(f"{run_dir} held a run stopped before its first checkpoint; starting it over")
         (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(), sort_keys=False))
         state, training = TrainerState(), None
-        model_path = _base_model(cfg, run_dir)
+        model_path = _base_model(cfg, run_dir, progress)
     else:
         model_path, state, training = found.path, found.state, found.training
         for problem in found.skipped:
@@ -186,11 +186,11 @@ def _clear_leftovers(run_dir: Path) -> bool:
     return found
 
 
-def _base_model(cfg: TrainConfig, run_dir: Path) -> Path:
-    """The model a new run starts from: a GGUF import (cached), the tiny model built in
-    ``run_dir/base_model``, or ``model.path``."""
+def _base_model(cfg: TrainConfig, run_dir: Path, progress: Progress) -> Path:
+    """The model a new run starts from: a GGUF import (cached; its slow steps are logged), the
+    tiny model built in ``run_dir/base_model``, or ``model.path``."""
     if cfg.model.gguf is not None:
-        return cached_import(cfg.model.gguf)
+        return cached_import(cfg.model.gguf, log=progress.message)
     if cfg.model.path == "tiny":
         path = run_dir / "base_model"
         build_tiny_model(path, cfg.model.tiny)

@@ -66,9 +66,10 @@ class Session:
         e = self.cfg.eval
         episodes = e.episodes if episodes is None else episodes
         temperature = e.temperature if temperature is None else temperature
-        result, _ = evaluate(self.engine, self.policy, episodes=episodes, split=e.split, temperature=temperature,
-                             seed=self.cfg.seed, max_failure_share=self.cfg.max_failure_share, stage=f"eval {tag}",
-                             prefills=prefills if prefills is not None else self.prefills())
+        with self.progress.activity(f"eval {tag}", episodes) as advance:
+            result, _ = evaluate(self.engine, self.policy, episodes=episodes, split=e.split, temperature=temperature,
+                                 seed=self.cfg.seed, max_failure_share=self.cfg.max_failure_share, stage=f"eval {tag}",
+                                 prefills=prefills if prefills is not None else self.prefills(), on_progress=advance)
         self.metrics.log(EvalRecord(tag, self.state.iteration, result), self.state.env_steps)
         failures = f", {result.infra_failures} infrastructure failures left out" if result.infra_failures else ""
         self.progress.message(
