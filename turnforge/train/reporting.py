@@ -143,7 +143,7 @@ class Progress:
                 return
             elapsed = self.clock() - started
             eta = elapsed / done * (total - done) if done else None
-            if done < total:  # the activity's own closing line (its result) follows
+            if 0 < done < total:  # (the activity's own closing line, its result, follows)
                 self._emit(f"[{name}] {done}/{total} {unit}" + (f" eta={eta:.0f}s" if eta is not None else ""))
 
         try:
