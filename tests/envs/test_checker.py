@@ -411,6 +411,11 @@ def test_tasks_that_all_play_alike_are_caught_and_distinct_ones_pass():
 
     check_env(SeedUsed(), deterministic=False)
 
+    class OneFixedGame(SeedIgnored):
+        tasks_may_be_alike = True  # declared: one game under many seeds (a fixed-map Gymnasium env)
+
+    assert any("declares tasks_may_be_alike" in w for w in check_env(OneFixedGame()).warnings)
+
 
 class Silent(Env):
     """Open-text actions and no way for the checker to produce one."""

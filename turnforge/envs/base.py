@@ -143,6 +143,9 @@ class Env(ABC):
     #: One line describing each guidance level (level k is ``guidance_levels[k - 1]``);
     #: () = the env gives no hints. Envs with levels take a ``guidance=k`` option (0 = off).
     guidance_levels: tuple[str, ...] = ()
+    #: True when all tasks may be one and the same game (a fixed-map Gymnasium env): the
+    #: checker then warns, instead of failing, when every task it draws plays alike.
+    tasks_may_be_alike: bool = False
 
     def __new__(cls, *args: Any, **kwargs: Any) -> "Env":
         missing = sorted(getattr(cls, "__abstractmethods__", ()))

@@ -421,7 +421,7 @@ def _same_but_budget(clean: Sequence[StepResult], after: Sequence[StepResult]) -
 def _check_tasks_differ(env: Env, tasks: Mapping[str, list[Task]], actions: _Actions, sample: int) -> list[str]:
     """Different tasks play differently: the first observation and the results of the same
     actions (drawn with one fixed generator, seed 0) from ``sample`` tasks of each split.
-    Fails when all play alike; held-out tasks that play like a train task are warnings (a small
+    Fails when all play alike (a warning if the env declares ``tasks_may_be_alike``); held-out tasks that play like a train task are warnings (a small
     game has few distinct boards, and four steps may not show what differs)."""
     plays: dict[tuple, Task] = {}
     leaks: list[tuple[Task, Task]] = []
@@ -435,11 +435,12 @@ def _check_tasks_differ(env: Env, tasks: Mapping[str, list[Task]], actions: _Act
                 leaks.append((task, same))
     drawn = sum(min(sample, len(tasks[s])) for s in ("train", "heldout"))
     if len(plays) == 1 and drawn > 1:
-        _fail(
-            f"{_name(env)}: all {drawn} tasks drawn play alike (the same first observation {_short(next(iter(plays))[0])} "
-            f"and the same results for the same actions): the tasks differ only in a seed the env does not use; "
-            f"{_content_hint(env)}"
-        )
+        alike = (f"{_name(env)}: all {drawn} tasks drawn play alike (the same first observation "
+                 f"{_short(next(iter(plays))[0])} and the same results for the same actions)")
+        if getattr(env, "tasks_may_be_alike", False):
+            return [f"{alike}: the env declares tasks_may_be_alike, so train and held-out tasks are one game and "
+                    "held-out success measures nothing new"]
+        _fail(f"{alike}: the tasks differ only in a seed the env does not use; {_content_hint(env)}")
     if not leaks:
         return []
     task, same = leaks[0]
