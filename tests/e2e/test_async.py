@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 from test_train_tiny import FAST
 from turnforge.config import load_config
 from turnforge.envs import register
-from turnforge.train.metrics import read_metrics
+from turnforge.train.metrics import read_metrics, read_summary
 from turnforge.train.run import train
 
 pytestmark = pytest.mark.slow
@@ -73,12 +73,12 @@ def test_fault_injection_every_episode_accounted_once(tmp_path):
     assert sum(m.stream.resumed_steps for m in events) + sum(m.rollout.infra_failures for m in events) > 0
 
 
-def test_cluster_ray_trains(tmp_path):
+def test_cluster_ray_trains(tmp_path, fast_run):
     """cluster=ray: the rollout worker is a Ray actor on a local Ray instance; the trainer
     ships weights through the object store after every update. Synchronous (lock-step) it
     trains exactly what the in-process run trains; asynchronous it stays within eta."""
     ray = pytest.importorskip("ray")
-    local = train(load_config("sokoban-tiny", FAST), tmp_path / "local", live=False)
+    local = read_summary(fast_run)  # the same config, in process
     try:
         sync = train(load_config("sokoban-tiny", FAST + ["cluster=ray"]), tmp_path / "sync", live=False)
         over = FAST + ["cluster=ray", "engine.mode=async", "engine.eta=1", "rl.skip_zero_variance_groups=false"]
@@ -86,7 +86,7 @@ def test_cluster_ray_trains(tmp_path):
     finally:
         ray.shutdown()
     assert sync.cluster == "ray" and sync.eval_after_rl == local.eval_after_rl
-    a = load_file(str(tmp_path / "local" / "checkpoints" / "final" / "model.safetensors"))
+    a = load_file(str(fast_run / "checkpoints" / "final" / "model.safetensors"))
     b = load_file(str(tmp_path / "sync" / "checkpoints" / "final" / "model.safetensors"))
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert summary.rl_iterations == 3 and summary.cluster == "ray"
@@ -95,13 +95,13 @@ def test_cluster_ray_trains(tmp_path):
     assert max(m.policy_version for m in events) == summary.policy_version
 
 
-def test_sync_run_does_not_depend_on_the_env_backend(tmp_path):
+def test_sync_run_does_not_depend_on_the_env_backend(tmp_path, fast_run):
     """Evaluation, demonstrations and RL all play on env worker processes with
     engine.env_workers=2; lock-step rounds make the run token-identical to the in-process one."""
-    a = train(load_config("sokoban-tiny", FAST), tmp_path / "a", live=False)
+    a = read_summary(fast_run)
     b = train(load_config("sokoban-tiny", FAST + ["engine.env_workers=2"]), tmp_path / "b", live=False)
     assert a.eval_before_rl == b.eval_before_rl and a.eval_after_rl == b.eval_after_rl
-    wa = load_file(str(tmp_path / "a" / "checkpoints" / "final" / "model.safetensors"))
+    wa = load_file(str(fast_run / "checkpoints" / "final" / "model.safetensors"))
     wb = load_file(str(tmp_path / "b" / "checkpoints" / "final" / "model.safetensors"))
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
     assert all(m.stream.env_pool is not None for m in _events(tmp_path / "b")) and b.env_pool.steps > 0

@@ -91,17 +91,16 @@ def test_end_to_end_run_dir_contract(tmp_path):
     assert written["mean_return"] == summary.eval_after_rl.mean_return
 
 
-def test_resume_ends_with_the_same_weights(tmp_path):
+def test_resume_ends_with_the_same_weights(tmp_path, fast_run):
     cfg = load_config("sokoban-tiny", FAST)
-    train(cfg, tmp_path / "a", live=False)
     partial = train(cfg, tmp_path / "b", live=False, stop_after=1)
     assert partial is None
     assert not (tmp_path / "b" / "summary.json").exists()
     train(load_run_config(tmp_path / "b"), tmp_path / "b", resume=True, live=False)
-    a, b = _weights(tmp_path / "a" / "checkpoints" / "final"), _weights(tmp_path / "b" / "checkpoints" / "final")
+    a, b = _weights(fast_run / "checkpoints" / "final"), _weights(tmp_path / "b" / "checkpoints" / "final")
     for k in a:
         assert torch.equal(a[k], b[k]), k
-    sa, sb = read_summary(tmp_path / "a"), read_summary(tmp_path / "b")
+    sa, sb = read_summary(fast_run), read_summary(tmp_path / "b")
     assert sa.eval_after_rl == sb.eval_after_rl and sa.env_steps == sb.env_steps
     assert sa.train_tokens == sb.train_tokens
     # metrics of the resumed run hold each RL iteration once
