@@ -149,7 +149,7 @@ class RolloutConfig(Section):
         None, gt=0, description="Memory (GiB) the prefix cache may hold in KV caches: the episodes' kept caches plus "
         "the cache of the batch being sampled. Over it, least recently used entries are evicted (they prefill again) "
         "and a batch is sampled in chunks of rows that fit, with the same random draws (same tokens). "
-        "None: half the memory available when an evaluation or rollout stage starts (psutil)"
+        "None: 1 GiB, or half the memory available when an evaluation or rollout stage starts if that is less"
     )
     tools_in_system_prompt: bool = Field(
         False, description="Write a tool env's schemas into the system prompt as text (with the call syntax) instead "

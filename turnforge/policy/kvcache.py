@@ -26,15 +26,19 @@ import psutil
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-#: Share of the memory available at start (``psutil.virtual_memory().available``) that the
-#: prefix cache may hold when ``rollout.kv_cache_gib`` is not set.
+#: The prefix cache's budget when ``rollout.kv_cache_gib`` is not set, in GiB: measured on
+#: SmolLM2-135M's 100-episode arithmetic evaluation, a 1 GiB budget sampled the same tokens in
+#: the same time as an unbounded one (which grew to 1.6 GiB) with a peak RSS of 2.76 GB, not 3.19.
+DEFAULT_BUDGET_GIB = 1.0
+#: ... lowered to this share of the memory available at start on a small machine.
 DEFAULT_BUDGET_SHARE = 0.5
 
 
 def default_budget_bytes() -> int:
-    """The prefix cache's budget when none is configured: ``DEFAULT_BUDGET_SHARE`` of the memory
-    available now (free plus reclaimable page cache, as ``psutil`` counts it)."""
-    return int(DEFAULT_BUDGET_SHARE * psutil.virtual_memory().available)
+    """The prefix cache's budget when none is configured: ``DEFAULT_BUDGET_GIB``, or
+    ``DEFAULT_BUDGET_SHARE`` of the memory available now (free plus reclaimable page cache, as
+    ``psutil`` counts it) where that is less."""
+    return int(min(DEFAULT_BUDGET_GIB * 2**30, DEFAULT_BUDGET_SHARE * psutil.virtual_memory().available))
 
 
 def _text_config(model: torch.nn.Module):

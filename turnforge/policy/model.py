@@ -155,7 +155,7 @@ class Policy:
     #: Actors of this policy reuse KV caches across turns and prefill identical prompts once
     #: (``rollout.prefix_cache``; ``turnforge.policy.generate.PrefixCache``).
     prefix_cache: bool = False
-    #: Memory budget of that cache in GiB (``rollout.kv_cache_gib``; None: from free memory).
+    #: Memory budget of that cache in GiB (``rollout.kv_cache_gib``; None: ``kvcache.default_budget_bytes()``).
     kv_cache_gib: float | None = None
     #: Another rollout backend to sample with (``rollout.backend=vllm``: a
     #: ``turnforge.policy.vllm_sampler.VLLMSampler``); None samples with ``model`` itself.
