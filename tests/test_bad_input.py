@@ -327,3 +327,17 @@ def test_eval_of_a_run_checkpoint_repeats_the_runs_final_evaluation(tmp_path):
         assert proc.stdout.startswith("eval settings (")  # outside a run the settings used are printed
         data = json.loads((tmp_path / name).read_text())
         assert (data["success_rate"], data["mean_return"]) == (final["success_rate"], final["mean_return"])
+
+
+@pytest.mark.parametrize("overrides, expected", [
+    (["rl.advantage=pass_at_k", "rl.pass_k=9", "rl.group_size=8"],
+     "rl.pass_k=9 is larger than rl.group_size=8: pass@k is estimated from the group's samples; set rl.pass_k <= 8"),
+    (["rl.advantage=w_reinforce", "rl.shaping=potential"], "rl.shaping=potential changes rewards; rl.advantage=w_reinforce"),
+    (["rl.advantage=pass_at_k", "rl.kl_mode=reward", "rl.kl_coef=0.1"], "rl.kl_mode=reward changes rewards; rl.advantage=pass_at_k"),
+], ids=["k-over-G", "shaping", "kl-reward"])
+def test_success_estimators_refuse_what_they_cannot_use(overrides, expected):
+    from turnforge.config import load_config
+
+    with pytest.raises(UserError) as err:
+        load_config("sokoban-tiny", overrides)
+    assert expected in str(err.value) and "\n" not in str(err.value)

@@ -211,12 +211,21 @@ class RLConfig(Section):
         None, gt=1, description="Dual-clip bound c > 1 on the loss of negative-advantage tokens (None = off)"
     )
     entropy_coef: float = Field(0.0, ge=0, description="Weight of the entropy bonus (0 = none; entropy is logged anyway)")
-    advantage: Literal["grpo", "rloo", "reinforce_pp", "gigpo", "gae", "mc_grpo"] = Field(
+    advantage: Literal["grpo", "rloo", "reinforce_pp", "gigpo", "gae", "mc_grpo", "pass_at_k", "w_reinforce"] = Field(
         "grpo",
         description="Credit assignment: grpo (group-normalised episode return), rloo (leave-one-out baseline), "
         "reinforce_pp (group baseline, batch std), gigpo (grpo plus step-level anchor-state groups), "
         "gae (PPO: GAE over turns with state values from the critic section), "
-        "mc_grpo (G sampled actions at one state scored by Monte-Carlo Q values, normalised within the state)",
+        "mc_grpo (G sampled actions at one state scored by Monte-Carlo Q values, normalised within the state), "
+        "pass_at_k (the closed-form pass@k advantage of the group's successes, k = rl.pass_k), "
+        "w_reinforce (+rl.w_reinforce_lambda for a success, -1 for a failure, no baseline)",
+    )
+    pass_k: int = Field(
+        4, ge=1, description="k of rl.advantage=pass_at_k: the group is scored by its unbiased pass@k, each episode by "
+        "what it adds to it (at most rl.group_size; 1 = grpo with the population std)"
+    )
+    w_reinforce_lambda: float = Field(
+        0.1, ge=0, description="Weight of successes in rl.advantage=w_reinforce (failures weigh -1; 1 = plain REINFORCE)"
     )
     shaping: Literal["none", "potential"] = Field(
         "none",
@@ -529,6 +538,15 @@ def incompatible_options(cfg: TrainConfig) -> str | None:
         return "rl.kl_mode=reward penalises episode turns; rl.advantage=mc_grpo scores single actions: use rl.kl_mode=loss"
     if rl.advantage == "mc_grpo" and rl.shaping != "none":
         return "rl.shaping=potential does not apply to rl.advantage=mc_grpo (its Q values come from env rollouts)"
+    if rl.advantage in ("pass_at_k", "w_reinforce"):
+        if rl.advantage == "pass_at_k" and rl.pass_k > rl.group_size:
+            return (f"rl.pass_k={rl.pass_k} is larger than rl.group_size={rl.group_size}: pass@k is estimated from the "
+                    f"group's samples; set rl.pass_k <= {rl.group_size} or raise rl.group_size")
+        if rl.shaping != "none" or rl.kl_mode == "reward":
+            what = "rl.shaping=potential" if rl.shaping != "none" else "rl.kl_mode=reward"
+            return f"{what} changes rewards; rl.advantage={rl.advantage} scores the env's success flag only (use grpo or rl.kl_mode=loss)"
+        if cfg.reward.judge.enabled:
+            return f"rl.advantage={rl.advantage} scores the env's success flag, not the judge's reward (use grpo)"
     if cfg.model.lora.r > 0 and cfg.cluster == "ray":
         return "model.lora.r > 0 with cluster=ray: Ray rollout workers sync full weights, not adapters; use cluster=local"
     if cfg.model.lora.r > 0 and critic.enabled:

@@ -29,6 +29,7 @@ METHODS = {
     "mc-critic-env-workers": ["rl.advantage=gae", "critic.mc_weight=1.0", "critic.mc_rollouts=2", "engine.env_workers=2"],
     "mc-critic-bc": ["rl.advantage=gae", "critic.mc_weight=1.0", "critic.mc_rollouts=2", "critic.mc_policy=bc"],
     # a BC start that plays some valid moves: MC-GRPO's state groups need Q values that differ
+    "w-reinforce": ["rl.advantage=w_reinforce"],  # failures alone move the weights: a weak BC start still trains
     "mc-grpo": ["rl.advantage=mc_grpo", "rl.mc_grpo_states=4", "critic.mc_rollouts=2", "bc.num_demos=24", "bc.epochs=6", "bc.lr=0.003"],
     "mc-grpo-bc-tails": ["rl.advantage=mc_grpo", "rl.mc_grpo_states=4", "critic.mc_rollouts=2", "critic.mc_policy=bc",
                          "bc.num_demos=24", "bc.epochs=6", "bc.lr=0.003"],

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -35,6 +37,17 @@ def test_episode_estimators_repeat_on_every_turn(method, expected):
     adv = turn_advantages(trajs, RLConfig(advantage=method, std_normalize=False))
     for (tid, n), a in zip([("A", 2), ("B", 3), ("C", 1)], expected):
         np.testing.assert_allclose(adv[tid], [a] * n, atol=1e-6)
+
+
+def test_success_estimators_score_the_success_flag_not_the_return():
+    # group g0: 4 episodes, one success (its return is the lowest: the flag decides, not the return);
+    # pass@2 as in tests/algos: success 1, failures -1/3; w_reinforce: +lambda / -1
+    trajs = [_traj(t, "g0", [r], "s") for t, r in zip("ABCD", [0, 5, 5, 5])]
+    trajs = [replace(t, success=t.trajectory_id == "A") for t in trajs]
+    adv = turn_advantages(trajs, RLConfig(advantage="pass_at_k", pass_k=2, group_size=4))
+    np.testing.assert_allclose([adv[t][0] for t in "ABCD"], [1.0, -1 / 3, -1 / 3, -1 / 3], atol=1e-6)
+    adv = turn_advantages(trajs, RLConfig(advantage="w_reinforce", w_reinforce_lambda=0.25))
+    np.testing.assert_allclose([adv[t][0] for t in "ABCD"], [0.25, -1.0, -1.0, -1.0])
 
 
 @pytest.mark.parametrize("context", ["window", "full_history"])

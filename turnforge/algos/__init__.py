@@ -7,8 +7,10 @@ from turnforge.algos.advantages import (
     gigpo,
     grpo,
     length_adaptive_lam,
+    pass_at_k,
     reinforce_pp,
     rloo,
+    w_reinforce,
 )
 from turnforge.algos.losses import (
     ImportanceStats,
@@ -38,10 +40,12 @@ __all__ = [
     "kl_estimate",
     "kl_k3",
     "length_adaptive_lam",
+    "pass_at_k",
     "masked_mean",
     "ppo_clip_loss",
     "reinforce_pp",
     "rloo",
+    "w_reinforce",
     "sft_loss",
     "value_loss",
     "ImportanceStats",

@@ -62,6 +62,58 @@ def rloo(rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
     return torch.where(n > 1, r - others, torch.zeros_like(r)).to(torch.float32)
 
 
+def _comb_ratio(a: torch.Tensor, b: torch.Tensor, k: int) -> torch.Tensor:
+    """``C(a, k) / C(b, k)`` for ``a <= b`` (0 where ``a < k``), as the stable product
+    ``prod_{i<k} (a - i) / (b - i)``; float64."""
+    out = torch.ones_like(a, dtype=torch.float64)
+    for i in range(k):
+        out = out * ((a - i).clamp(min=0) / (b - i).clamp(min=1))
+    return out
+
+
+def pass_at_k(successes: torch.Tensor, group_ids: torch.Tensor, k: int) -> torch.Tensor:
+    """Pass@k advantage per episode in closed form for binary success (Chen et al. 2025,
+    "Pass@k Training for Adaptively Balancing Exploration and Exploitation"; the binary case of
+    PKPO, Walder & Karkhanis 2025). In a group of ``n`` episodes with ``c`` successes the
+    group's reward is the unbiased pass@k, ``R = 1 - C(n - c, k) / C(n, k)``, with
+    ``sigma = sqrt(R (1 - R))``; a success gets ``(1 - R) / sigma`` and a failure
+    ``(1 - R - C(n - c - 1, k - 1) / C(n - 1, k - 1)) / sigma``, the expected gain in the group's
+    pass@k credited to it. ``k = 1`` is GRPO with the population std. A group whose pass@k is
+    0 or 1 (``sigma = 0``), or smaller than ``k``, gets 0.
+
+    ``successes`` [N] (bool or 0/1), ``group_ids`` [N] int; returns float32 [N]. Departs from the
+    paper only in taking the env's success flag, not a reward, as "correct"."""
+    if k < 1:
+        raise ValueError(f"pass_at_k needs k >= 1; got {k}")
+    s = successes.to(torch.float64)
+    _check_rewards(s, group_ids)
+    if ((s != 0) & (s != 1)).any():
+        raise ValueError("pass_at_k needs binary successes (0 or 1)")
+    inverse, counts = _group_index(group_ids)
+    c = torch.zeros(len(counts), dtype=torch.float64).index_add_(0, inverse, s)[inverse]
+    n = counts[inverse].to(torch.float64)
+    r = 1 - _comb_ratio(n - c, n, k)
+    sigma = torch.sqrt(r * (1 - r))
+    ok = (sigma > 0) & (n >= k)
+    safe = torch.where(ok, sigma, torch.ones_like(sigma))
+    positive = (1 - r) / safe
+    negative = (1 - r - _comb_ratio(n - c - 1, n - 1, k - 1)) / safe
+    adv = torch.where(s == 1, positive, negative)
+    return torch.where(ok, adv, torch.zeros_like(adv)).to(torch.float32)
+
+
+def w_reinforce(successes: torch.Tensor, lam: float = 0.1) -> torch.Tensor:
+    """Weighted REINFORCE (W-REINFORCE; Zhu et al. 2025, "The Surprising Effectiveness of
+    Negative Reinforcement in LLM Reasoning"): ``+lam`` for a success, ``-1`` for a failure, no
+    baseline: the update mostly pushes probability away from failed samples, which keeps the
+    entropy (and pass@k at large k) that positive-only updates shrink. ``lam=1`` is plain
+    REINFORCE with +-1 rewards. ``successes`` [N] bool or 0/1; float32 [N]."""
+    s = successes.to(torch.float64)
+    if s.ndim != 1 or ((s != 0) & (s != 1)).any():
+        raise ValueError("w_reinforce needs a 1-D tensor of binary successes (0 or 1)")
+    return torch.where(s == 1, torch.full_like(s, lam), torch.full_like(s, -1.0)).to(torch.float32)
+
+
 def reinforce_pp(rewards: torch.Tensor, group_ids: torch.Tensor | None = None, eps: float = 1e-6) -> torch.Tensor:
     """REINFORCE++ advantage per episode: returns normalised over the whole batch,
     ``(r - mean_batch) / (std_batch + eps)`` (unbiased std).

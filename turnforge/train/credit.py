@@ -6,6 +6,8 @@ already excluded:
 - critic-free (``turn_advantages``): ``grpo`` normalises the episode return within its group
   and puts it on every turn; ``gigpo`` adds a step-level term from the turns of the group that
   acted in the same env state; ``rloo`` and ``reinforce_pp`` change the baseline and scale;
+  ``pass_at_k`` and ``w_reinforce`` score the env's success flag (binary), for what an episode
+  adds to its group's pass@k, or with more weight on failures than on successes;
 - ``gae``: state values V(s_k) per turn from the learned critic, Monte-Carlo rollouts from env
   snapshots, or their blend (``critic`` section), then GAE over the turns of each episode
   (``gae_turn_advantages``: decoupled lambdas, optionally length-adaptive);
@@ -36,7 +38,8 @@ import numpy as np
 import torch
 
 from turnforge.algos import (
-    decoupled_gae, discounted_returns, gigpo, grpo, kl_estimate, length_adaptive_lam, reinforce_pp, rloo,
+    decoupled_gae, discounted_returns, gigpo, grpo, kl_estimate, length_adaptive_lam, pass_at_k, reinforce_pp, rloo,
+    w_reinforce,
 )
 from turnforge.config import CriticConfig, RLConfig, TrainConfig
 from turnforge.critic.mc import blend
@@ -89,6 +92,11 @@ def turn_advantages(trajs: Sequence[Trajectory], rl: RLConfig, penalties: Penalt
             out[t.trajectory_id] = adv[k:k + t.num_turns]
             k += t.num_turns
         return out
+    if rl.advantage in ("pass_at_k", "w_reinforce"):  # binary: the env's success flag, not the return
+        success = torch.tensor([t.success for t in trajs])
+        per_episode = pass_at_k(success, group_of, rl.pass_k) if rl.advantage == "pass_at_k" else \
+            w_reinforce(success, rl.w_reinforce_lambda)
+        return {t.trajectory_id: np.full(t.num_turns, float(a), np.float32) for t, a in zip(trajs, per_episode)}
     returns = torch.tensor([turn_rewards(t, rl, 1.0, penalties).sum() for t in trajs], dtype=torch.float64)
     if rl.advantage == "grpo":
         per_episode = grpo(returns, group_of, std_normalize=rl.std_normalize)
