@@ -334,7 +334,9 @@ def test_eval_of_a_run_checkpoint_repeats_the_runs_final_evaluation(tmp_path):
      "rl.pass_k=9 is larger than rl.group_size=8: pass@k is estimated from the group's samples; set rl.pass_k <= 8"),
     (["rl.advantage=w_reinforce", "rl.shaping=potential"], "rl.shaping=potential changes rewards; rl.advantage=w_reinforce"),
     (["rl.advantage=pass_at_k", "rl.kl_mode=reward", "rl.kl_coef=0.1"], "rl.kl_mode=reward changes rewards; rl.advantage=pass_at_k"),
-], ids=["k-over-G", "shaping", "kl-reward"])
+    (["rl.advantage=pass_at_k", "rl.pass_k=4", "flywheel.stages=[rft,rl]"],
+     "rl.pass_k=4 is larger than flywheel.group_size=2, the groups of the flywheel's 'rl' stage"),
+], ids=["k-over-G", "shaping", "kl-reward", "k-over-flywheel-G"])
 def test_success_estimators_refuse_what_they_cannot_use(overrides, expected):
     from turnforge.config import load_config
 

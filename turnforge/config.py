@@ -542,6 +542,10 @@ def incompatible_options(cfg: TrainConfig) -> str | None:
         if rl.advantage == "pass_at_k" and rl.pass_k > rl.group_size:
             return (f"rl.pass_k={rl.pass_k} is larger than rl.group_size={rl.group_size}: pass@k is estimated from the "
                     f"group's samples; set rl.pass_k <= {rl.group_size} or raise rl.group_size")
+        fw = cfg.flywheel
+        if rl.advantage == "pass_at_k" and fw.rounds > 0 and "rl" in fw.stages and rl.pass_k > fw.group_size:
+            return (f"rl.pass_k={rl.pass_k} is larger than flywheel.group_size={fw.group_size}, the groups of the "
+                    f"flywheel's 'rl' stage; set rl.pass_k <= {fw.group_size} or raise flywheel.group_size")
         if rl.shaping != "none" or rl.kl_mode == "reward":
             what = "rl.shaping=potential" if rl.shaping != "none" else "rl.kl_mode=reward"
             return f"{what} changes rewards; rl.advantage={rl.advantage} scores the env's success flag only (use grpo or rl.kl_mode=loss)"
