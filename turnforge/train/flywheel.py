@@ -53,7 +53,7 @@ from turnforge.rollout.actors import PolicyActor
 from turnforge.rollout.context import rerender
 from turnforge.rollout.engine import EpisodeRequest, RolloutEngine, make_engine
 from turnforge.seeding import generator, rng, stable_hash
-from turnforge.train.common import GuardedStep, collate
+from turnforge.train.common import GuardedStep, action_entropy, collate
 from turnforge.train.credit import sample_advantage, turn_advantages
 from turnforge.train.metrics import FlywheelRound
 from turnforge.train.run_dir.failures import check_trajectories
@@ -189,7 +189,7 @@ def _round(s: Session, st: FlywheelState, guided: RolloutEngine | None, optimize
         st.replay = (st.replay + hard)[-fw.replay_size:]  # with their own source (guided ones keep their IS weights)
 
     # 4. train
-    entropy = _entropy(s, [x for group in plain.values() for t in group for x in t.samples])
+    entropy = action_entropy(s.policy, [x for group in plain.values() for t in group for x in t.samples])
     rft_samples = 0
     for stage in fw.stages:
         if stage == "rft":
@@ -315,23 +315,6 @@ def _is_weights(s: Session, samples: list[Sample]) -> list[float]:
     lp, _ = token_logprobs(s.policy.model, batch.ids, batch.attention, s.cfg.flywheel.temperature, positions=batch.mask)
     log_ratio = ((lp - batch.old_logprobs) * batch.mask).sum(dim=1)
     return torch.exp(log_ratio).clamp(max=1.0).tolist()
-
-
-@torch.no_grad()
-def _entropy(s: Session, samples: list[Sample], limit: int = 512) -> float | None:
-    """Mean entropy of the policy's next-token distribution on the action tokens of (up to
-    ``limit`` of) the round's plain samples, before the round's update."""
-    if not samples:
-        return None
-    chunk = samples[:limit]
-    out, n = 0.0, 0
-    for b in range(0, len(chunk), 128):
-        batch = collate(chunk[b:b + 128], s.policy.pad_id)
-        _, ent = token_logprobs(s.policy.model, batch.ids, batch.attention, 1.0, with_entropy=True, positions=batch.mask)
-        m = batch.mask
-        out += float((ent * m).sum())
-        n += int(m.sum())
-    return out / max(n, 1)
 
 
 def _rft(s: Session, step: GuardedStep, samples: list[Sample], weights: list[float], r: int) -> None:
