@@ -435,6 +435,9 @@ class FlywheelConfig(Section):
     rft_lr: LearningRate = Field(3e-4, description="rft: AdamW learning rate")
     rft_batch_size: int = Field(64, ge=1, description="rft: samples per gradient step")
     eval_episodes: int = Field(200, ge=1, description="Held-out episodes of the evaluation after each round")
+    pass_at_k: bool = Field(
+        False, description="Also measure pass@k after each round (the eval.pass_at_k_* settings; FlywheelRound.boundary): "
+        "sharpening or expansion, round by round, at the cost of N x T more episodes a round")
 
     @field_validator("mechanisms", "filters", "stages")
     @classmethod
@@ -568,6 +571,8 @@ def incompatible_options(cfg: TrainConfig) -> str | None:
         return f"critic.mc_weight={critic.mc_weight} is only used by rl.advantage=gae (mc_grpo always uses Monte-Carlo values)"
     if not critic.enabled and 0 < critic.mc_weight < 1:
         return f"critic.mc_weight={critic.mc_weight} blends with a learned critic but critic.enabled=false; set one of them"
+    if cfg.flywheel.pass_at_k and cfg.eval.pass_at_k_samples == 0:
+        return "flywheel.pass_at_k=true measures pass@k after each round with eval.pass_at_k_samples samples per task; set it above 0"
     if critic.pretrain_episodes > 0 and not critic.enabled:
         return "critic.pretrain_episodes > 0 pretrains the learned critic, but critic.enabled=false"
     if rl.advantage == "mc_grpo" and cfg.rollout.context == "full_history":

@@ -154,6 +154,7 @@ class FlywheelRound:
     entropy: float | None  # mean next-token entropy on the round's plain action tokens, before the update
     eval: EvalResult
     seconds: float
+    boundary: BoundaryReport | None = None  # pass@k after the round (flywheel.pass_at_k)
     env_steps: int = 0
     time: float = 0.0
 

@@ -236,6 +236,8 @@ def plot_pass_at_k(run_dir: Path, summary: RunSummary, title: str) -> Path:
         never = [(k, v) for k, v in ((8, r.never_solved_at_8), (64, r.never_solved_at_64)) if v is not None]
         ax2.bar([f"{label}\n@{k}" for k, _ in never], [v for _, v in never], color=color)
     ax1.set_xscale("log", base=2)
+    ks = sorted({x.k for _, r in reports for x in r.pass_at_k})
+    ax1.set_xticks(ks, [str(k) for k in ks])
     ax1.set(xlabel="k (samples per task)", ylabel="pass@k (unbiased)", ylim=(-0.02, 1.02), title="pass@k on held-out tasks")
     ax1.grid(alpha=0.3)
     ax1.legend(loc="lower right")
