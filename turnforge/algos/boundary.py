@@ -1,6 +1,6 @@
 """The boundary of what a policy solves: pass@k, never-solved share, distinct successes, and
 whether actions depend on the observation. Pure functions on counts and probability arrays,
-unit-tested against hand-computed values (``tests/algos/test_boundary.py``).
+unit-tested against hand-computed values (``tests/algos/test_boundary_math.py``).
 
 Sharpening (the policy concentrates on what it already solves) and expansion (it solves tasks it
 never solved) look the same at pass@1; pass@k for large k and the never-solved share tell them
