@@ -6,8 +6,9 @@ from __future__ import annotations
 TINY_TEST_SHAPE = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1)
 
 #: Overrides that turn the default recipe's data flywheel (and its BC evaluations at several
-#: temperatures) off: runs of the tests that exercise the GRPO stage are BC -> GRPO only.
-NO_FLYWHEEL = ["flywheel.rounds=0", "eval.bc_temperatures=[]"]
+#: temperatures, and its pass@k measurements) off: runs of the tests that exercise the GRPO stage
+#: are BC -> GRPO only (pass@k is tested in tests/train/test_boundary.py and tests/golden).
+NO_FLYWHEEL = ["flywheel.rounds=0", "eval.bc_temperatures=[]", "eval.pass_at_k_samples=0"]
 
 
 def inline_engine(policy, env, cfg, n: int = 1, **env_kwargs):

@@ -204,7 +204,11 @@ EVAL_HELP = (
     "eval.temperature and the run's seed, so `turnforge eval RUN/checkpoints/final` repeats the run's final "
     "evaluation exactly; --config names that config for a checkpoint elsewhere. Flags and key=value arguments "
     "override it; another --env drops its env options. Without a config --env is required and turnforge's "
-    "defaults apply. The settings used are written with the results."
+    "defaults apply. The settings used are written with the results.\n\n"
+    "--pass-at-k N also plays N samples on each of eval.pass_at_k_tasks held-out tasks (at most eval.episodes) at "
+    "eval.pass_at_k_temperature (default rollout.temperature) and reports pass@k for k = 1, 2, 4, ... N "
+    "(eval.pass_at_k), the never-solved share, distinct successes, entropy and I(A; O) under 'boundary' "
+    "(N >= 64 recommended for benchmarks); on RUN/checkpoints/final with the run's N it repeats the run's boundary_after."
 )
 
 
@@ -223,6 +227,8 @@ def eval_cmd(
         None, "--config", help="Settings from this run config.yaml or recipe (default: RUN/config.yaml of a checkpoint in RUN)"),
     out: Optional[Path] = typer.Option(None, "--out", help="JSON file to write (default: CHECKPOINT/eval_<env>_<split>.json, replaced)"),
     force: bool = typer.Option(False, "--force", help="Overwrite the --out file if it exists"),
+    pass_at_k: Optional[int] = typer.Option(
+        None, "--pass-at-k", min=1, help="Also measure pass@k with N samples per task (sets eval.pass_at_k_samples=N)"),
 ) -> None:
     """``turnforge eval``: see ``EVAL_HELP``. Settings: the config (the run's, --config's or the
     defaults), then key=value overrides, then the flags."""
@@ -255,6 +261,7 @@ def eval_cmd(
     flags += [f"eval.split={split}"] if split is not None else []
     flags += [f"eval.temperature={temperature!r}"] if temperature is not None else []
     flags += [f"seed={seed}"] if seed is not None else []
+    flags += [f"eval.pass_at_k_samples={pass_at_k}"] if pass_at_k is not None else []
     notes = []
     if base is not None:
         cfg = load_config(str(base), overrides + flags)  # another env.id drops the config's env options
@@ -275,6 +282,7 @@ def eval_cmd(
     from turnforge.envs.registry import build_env
     from turnforge.policy.model import load_policy, quiet_hf
     from turnforge.rollout.engine import make_engine
+    from turnforge.train.boundary import format_boundary, measure_boundary, plan
     from turnforge.train.evaluate import evaluate, prefill_cache
 
     build_env(cfg.env.id, cfg.env.kwargs, cfg.env.tasks, cfg.env.heldout_fraction)
@@ -297,12 +305,26 @@ def eval_cmd(
         source = f"from {base}" if base is not None else "no run directory: turnforge defaults"
         print(f"eval settings ({source}, with the flags given): "
               + " ".join(f"{k}={json.dumps(v)}" for k, v in settings.items() if k != "config"))
+    measure = plan(cfg) if pass_at_k is not None else None  # only when asked: a run's config turns it on for runs
+    if measure is not None:
+        settings.update(pass_at_k_samples=measure.samples, pass_at_k_tasks=measure.tasks, pass_at_k=list(measure.ks),
+                        pass_at_k_temperature=measure.temperature)
     with closing(make_engine(cfg, policy)) as engine:  # the run's env slots: the same waves give the same numbers
+        prefills = prefill_cache(policy, e.prefill_cache_mb)
         result, _ = evaluate(engine, policy, episodes=e.episodes, split=e.split, temperature=e.temperature, seed=cfg.seed,
-                             prefills=prefill_cache(policy, e.prefill_cache_mb))
+                             prefills=prefills)
+        boundary = None
+        if measure is not None:
+            boundary = measure_boundary(engine, policy, measure, tag="eval", evaluation=result,
+                                        eval_temperature=e.temperature, prefills=prefills)
+            print(format_boundary(boundary), file=sys.stderr)
 
     # 4. write (whole or not at all) and print
     data = {**result.as_dict(), "checkpoint": str(checkpoint), "settings": settings}
+    if boundary is not None:
+        from turnforge.train.metrics import to_json
+
+        data["boundary"] = to_json(boundary)
     write_json(path, data)
     print(json.dumps(data, indent=2))
 

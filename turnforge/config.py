@@ -344,6 +344,53 @@ class EvalConfig(Section):
         "same task at another of bc_temperatures) is not prefilled again; exact, bit for bit (0 = off; built-in sampler "
         "without rollout.prefix_cache only)"
     )
+    pass_at_k_samples: int = Field(
+        16, ge=0, description="pass@k (the boundary of what the policy solves, summary.json: boundary_start, "
+        "boundary_after): samples N per task, drawn at the start (after BC) and after training, after the other "
+        "evaluations and with a random stream of their own (0 = off)"
+    )
+    pass_at_k_tasks: int = Field(
+        100, ge=1, description="pass@k: held-out tasks T, the first of the evaluation's tasks (at most eval.episodes)"
+    )
+    pass_at_k: list[Annotated[int, Field(ge=1)]] | None = Field(
+        None, description="pass@k: the k reported, each at most pass_at_k_samples (None = 1, 2, 4, ... and N itself: "
+        "[1, 2, 4, 8, 16] at N=16)"
+    )
+    pass_at_k_temperature: float | None = Field(
+        None, description="pass@k: sampling temperature, > 0 (None = rollout.temperature, the collection temperature; "
+        "greedy decoding would give every sample one episode)"
+    )
+
+    @field_validator("pass_at_k")
+    @classmethod
+    def _k_at_most_n(cls, value: list[int] | None, info: ValidationInfo) -> list[int] | None:
+        n = info.data.get("pass_at_k_samples")
+        if value is None or not n:  # off: the list is not used
+            return value
+        for k in value:
+            if k > n:
+                raise PydanticCustomError("k_above_n", "k={k} is above eval.pass_at_k_samples={n}; every k must be in 1..{n}",
+                                          {"k": k, "n": n})
+        if len(set(value)) != len(value):
+            raise PydanticCustomError("repeated_k", "a k is repeated")
+        return sorted(value)
+
+    @field_validator("pass_at_k_temperature")
+    @classmethod
+    def _sampled(cls, value: float | None) -> float | None:
+        if value is not None and value <= 0:
+            raise PydanticCustomError("greedy_pass_at_k", "pass@k needs sampling: a temperature > 0, or null for "
+                                      "rollout.temperature (greedy decoding gives every sample the same episode)")
+        return value
+
+    def pass_at_k_list(self) -> list[int]:
+        """The k reported (``pass_at_k``, or 1, 2, 4, ... below N and N itself); [] when off."""
+        n = self.pass_at_k_samples
+        if n == 0:
+            return []
+        if self.pass_at_k is not None:
+            return list(self.pass_at_k)
+        return [2**i for i in range(n.bit_length()) if 2**i < n] + [n]
 
 
 FLYWHEEL_FILTERS = ("infra", "success", "reward", "truncation", "loops", "length", "dedup", "task_cap")
@@ -397,6 +444,9 @@ class FlywheelConfig(Section):
     rft_lr: LearningRate = Field(3e-4, description="rft: AdamW learning rate")
     rft_batch_size: int = Field(64, ge=1, description="rft: samples per gradient step")
     eval_episodes: int = Field(200, ge=1, description="Held-out episodes of the evaluation after each round")
+    pass_at_k: bool = Field(
+        False, description="Also measure pass@k after each round (the eval.pass_at_k_* settings; FlywheelRound.boundary): "
+        "sharpening or expansion, round by round, at the cost of N x T more episodes a round")
 
     @field_validator("mechanisms", "filters", "stages")
     @classmethod
@@ -530,6 +580,8 @@ def incompatible_options(cfg: TrainConfig) -> str | None:
         return f"critic.mc_weight={critic.mc_weight} is only used by rl.advantage=gae (mc_grpo always uses Monte-Carlo values)"
     if not critic.enabled and 0 < critic.mc_weight < 1:
         return f"critic.mc_weight={critic.mc_weight} blends with a learned critic but critic.enabled=false; set one of them"
+    if cfg.flywheel.pass_at_k and cfg.eval.pass_at_k_samples == 0:
+        return "flywheel.pass_at_k=true measures pass@k after each round with eval.pass_at_k_samples samples per task; set it above 0"
     if critic.pretrain_episodes > 0 and not critic.enabled:
         return "critic.pretrain_episodes > 0 pretrains the learned critic, but critic.enabled=false"
     if rl.advantage == "mc_grpo" and cfg.rollout.context == "full_history":

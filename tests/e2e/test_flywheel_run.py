@@ -26,6 +26,7 @@ FLY = [
     "flywheel.rounds=2", "flywheel.env_steps_per_round=150", "flywheel.tasks_per_wave=8", "flywheel.eval_episodes=10",
     "flywheel.mechanisms=[guidance,curriculum,evolve,replay]", "flywheel.stages=[rft,rl]", "flywheel.guidance_level=2",
     "flywheel.group_size=3", "flywheel.replay_max_success=1.0", "flywheel.allocation=adaptive",
+    "eval.pass_at_k_samples=4",  # pass@k at the start and the end (and after each round: flywheel.pass_at_k), cheap
 ]
 # a model this small solves nothing: the smoke run trains on every episode the machinery played
 EVERYTHING = ["flywheel.filters=[infra,loops,dedup]"]
@@ -34,13 +35,14 @@ EVERYTHING = ["flywheel.filters=[infra,loops,dedup]"]
 @pytest.mark.slow
 def test_flywheel_run_records_every_mechanism(tmp_path):
     out = tmp_path / "run"
-    summary = train(load_config("sokoban-tiny", FLY + EVERYTHING), out, live=False)
+    summary = train(load_config("sokoban-tiny", FLY + EVERYTHING + ["flywheel.pass_at_k=true"]), out, live=False)
     rounds = read_metrics(out).flywheel
     assert [r.round for r in rounds] == [1, 2] and summary.flywheel_rounds == 2
     for r in rounds:
         assert r.round_env_steps >= 150  # the budget is spent before a round stops admitting tasks
         assert r.plain[0] + r.evolved[0] > 0 and [f.name for f in r.filters] == ["infra", "loops", "dedup"]
         assert r.eval.episodes == 10 and r.entropy is not None and r.entropy > 0
+        assert r.boundary is not None and r.boundary.tag == f"flywheel-{r.round}" and r.boundary.episodes == 10 * 4
     assert rounds[0].guided[0] > 0  # a tiny BC policy leaves tasks unsolved
     # level 2 hints need the solver: each is counted, and the summary adds the demonstrations' expert moves
     assert summary.expert_queries.hints == rounds[-1].expert_queries > 0
@@ -50,7 +52,9 @@ def test_flywheel_run_records_every_mechanism(tmp_path):
     assert [e.temperature for e in best.all] == [1.0, 0.5] and best.all[0].result == summary.eval_before_rl
     assert best.eval.success_rate == max(e.result.success_rate for e in best.all)
     assert summary.gain_over_bc_best_points == round(100 * (summary.eval_after_rl.success_rate - best.eval.success_rate), 2)
-    assert (out / "flywheel_report.md").read_text().count("\n| ") == 2 + 1 and (out / "flywheel.png").stat().st_size > 0
+    report = (out / "flywheel_report.md").read_text()
+    assert report.count("\n| ") == (2 + 1) + (2 + 1) and (out / "flywheel.png").stat().st_size > 0  # rounds; pass@k
+    assert "| after BC | " in report and "| final | " in report and "pass@1 | pass@N | never solved@8 |" in report
 
     with TrajectoryStore(out) as store:
         by_source = {row["source"]: row for row in store.sql("SELECT * FROM success_by_source").to_pylist()}

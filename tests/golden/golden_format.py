@@ -48,6 +48,8 @@ TRAIN_OVERRIDES = [
     "rl.iterations=3", "rl.tasks_per_iteration=4", "rl.group_size=4", "rl.minibatch_size=16",
     "rollout.max_turns=8", "eval.episodes=16", "eval.every=1", "checkpoint_every=1",
     "flywheel.rounds=0", "eval.bc_temperatures=[]",  # the recipe's flywheel off: the golden run is BC -> GRPO
+    # pass@k on (16 tasks x 8 samples, at the start and the end): it must change none of the recorded figures
+    "eval.pass_at_k_samples=8",
 ]
 
 

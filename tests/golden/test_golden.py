@@ -128,3 +128,9 @@ def test_training_run(tmp_path):
         torch.set_num_threads(threads)
     got, want = record_run(tmp_path / "run"), _golden("train")
     assert got == want
+    # pass@k ran at the start and the end (TRAIN_OVERRIDES) and moved none of the figures above
+    from turnforge.train.metrics import read_summary
+
+    summary = read_summary(tmp_path / "run")
+    assert summary.boundary_start is not None and summary.boundary_after is not None
+    assert summary.boundary_after.episodes == 16 * 8 and [p.k for p in summary.boundary_after.pass_at_k] == [1, 2, 4, 8]

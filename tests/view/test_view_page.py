@@ -132,6 +132,26 @@ def test_pass_at_k_and_diagnostics_are_shown(page, judged_run, tmp_path):
     assert page.locator("[data-testid=summary-after]").inner_text().startswith("50.0%")
 
 
+def test_the_runs_boundary_reports_are_shown(page, page_file, view_run):
+    """summary.json's boundary_start and boundary_after (pass@k, never-solved share, distinct
+    successes, entropy, I(A; O), malformed turns; issue 31) in the overview's diagnostics line."""
+    import json
+
+    summary = json.loads((view_run / "summary.json").read_text())
+    goto(page, page_file.as_uri(), "overview")
+    note = page.locator(".panel[data-run='0'] .note", has_text="pass@k and diagnostics").inner_text()
+    shown = dict(item.split(" = ") for item in note.split(": ", 1)[1].split(" · "))
+    for tag in ("boundary_start", "boundary_after"):
+        report = summary[tag]
+        assert report is not None and report["pass_at_k"]
+        for p in report["pass_at_k"]:
+            assert float(shown[f"{tag}.pass_at_k@{p['k']}"].replace(",", "")) == pytest.approx(p["value"], abs=1e-3)
+        assert report["infra_failures"] > 0  # task 0 of the echo env crashes: left out and counted
+        for key in ("never_solved_at_8", "entropy", "malformed_rate", "eval_malformed_rate", "samples_per_task", "infra_failures"):
+            assert float(shown[f"{tag}.{key}"].replace(",", "")) == pytest.approx(report[key], abs=1e-3, rel=1e-3)
+        assert f"{tag}.time" not in shown and f"{tag}.action_mi" not in shown  # a stamp; an open-text env (None)
+
+
 def test_filters_agree_with_duckdb(page, page_file, view_run):
     cases = [
         ("stage=flywheel", "stage = 'flywheel'"),

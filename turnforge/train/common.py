@@ -1,4 +1,5 @@
-"""Pieces the training stages share: learning-rate schedules, collation, a guarded optimizer step, event counts."""
+"""Pieces the training stages share: learning-rate schedules, collation, a guarded optimizer step, event counts,
+the policy's entropy on action tokens."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import numpy as np
 import torch
 
 from turnforge.errors import RunStopped
-from turnforge.policy.generate import pad_right
+from turnforge.policy.generate import pad_right, token_logprobs
+from turnforge.policy.model import Policy
 from turnforge.types import Sample, Trajectory
 
 
@@ -99,3 +101,21 @@ def event_counts(trajectories: Sequence[Trajectory]) -> dict[str, int]:
                 if key.startswith("n_") and isinstance(value, (int, bool)):
                     out[key] = out.get(key, 0) + int(value)
     return dict(sorted(out.items()))
+
+
+@torch.no_grad()
+def action_entropy(policy: Policy, samples: Sequence[Sample], limit: int = 512, batch_size: int = 128) -> float | None:
+    """Mean entropy (nats) of the policy's next-token distribution at temperature 1 on the action
+    tokens of the first ``limit`` samples (None for no sample): the flywheel's entropy per round
+    (on its plain samples, before the round's update) and the boundary's (on the pass@k samples)."""
+    if not samples:
+        return None
+    chunk = samples[:limit]
+    out, n = 0.0, 0
+    for b in range(0, len(chunk), batch_size):
+        batch = collate(chunk[b:b + batch_size], policy.pad_id)
+        _, ent = token_logprobs(policy.model, batch.ids, batch.attention, 1.0, with_entropy=True, positions=batch.mask)
+        m = batch.mask
+        out += float((ent * m).sum())
+        n += int(m.sum())
+    return out / max(n, 1)

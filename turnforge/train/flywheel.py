@@ -26,8 +26,9 @@ Each round, top to bottom (``flywheel`` section of the config):
 4. train: the stages in ``stages`` order: ``rft`` (supervised epochs on this round's kept
    samples plus the replay buffer), ``rl`` (one GRPO update on the round's plain groups,
    replayed samples added with the decoupled objective's truncated importance weights);
-5. evaluate on ``eval_episodes`` held-out tasks, log a ``FlywheelRound`` record, write the
-   round's episodes to ``trajectories/flywheel_RRRRR.parquet`` (``source`` column).
+5. evaluate on ``eval_episodes`` held-out tasks (and, with ``pass_at_k``, measure pass@k:
+   ``turnforge.train.boundary``), log a ``FlywheelRound`` record, write the round's episodes to
+   ``trajectories/flywheel_RRRRR.parquet`` (``source`` column).
 
 Every expert query is counted (``FlywheelRound.expert_queries``): hints that needed the
 env's solver. Departures from the papers: XRPO allocates by a bandit over uncertainty and
@@ -53,7 +54,7 @@ from turnforge.rollout.actors import PolicyActor
 from turnforge.rollout.context import rerender
 from turnforge.rollout.engine import EpisodeRequest, RolloutEngine, make_engine
 from turnforge.seeding import generator, rng, stable_hash
-from turnforge.train.common import GuardedStep, collate
+from turnforge.train.common import GuardedStep, action_entropy, collate
 from turnforge.train.credit import sample_advantage, turn_advantages
 from turnforge.train.metrics import FlywheelRound
 from turnforge.train.run_dir.failures import check_trajectories
@@ -189,7 +190,7 @@ def _round(s: Session, st: FlywheelState, guided: RolloutEngine | None, optimize
         st.replay = (st.replay + hard)[-fw.replay_size:]  # with their own source (guided ones keep their IS weights)
 
     # 4. train
-    entropy = _entropy(s, [x for group in plain.values() for t in group for x in t.samples])
+    entropy = action_entropy(s.policy, [x for group in plain.values() for t in group for x in t.samples])
     rft_samples = 0
     for stage in fw.stages:
         if stage == "rft":
@@ -209,7 +210,9 @@ def _round(s: Session, st: FlywheelState, guided: RolloutEngine | None, optimize
     write_trajectories(s.run_dir / "trajectories" / f"flywheel_{r:05d}.parquet", [t for t, _ in played],
                        stage="flywheel", iteration=r, sources=sources)
     s.state.env_steps += steps
-    result = s.evaluate(f"flywheel-{r + 1}", episodes=fw.eval_episodes)
+    prefills = s.prefills()
+    result = s.evaluate(f"flywheel-{r + 1}", episodes=fw.eval_episodes, prefills=prefills)
+    boundary = s.boundary(f"flywheel-{r + 1}", result, prefills) if fw.pass_at_k else None
 
     def count(src: str) -> tuple[int, int]:
         got = [t for t, x in played if x == src and t.infra_failure is None]
@@ -221,6 +224,7 @@ def _round(s: Session, st: FlywheelState, guided: RolloutEngine | None, optimize
         filters=counts, rft_samples=rft_samples, replay_size=len(st.replay), curriculum_depth=st.depth,
         curriculum_success=depth_success, evolved_live=len(st.evolved), evolved_retired=st.retired,
         expert_queries=st.expert_queries, entropy=entropy, eval=result, seconds=round(time.time() - t0, 2),
+        boundary=boundary,
     )
     s.metrics.log(record, s.state.env_steps)
     s.progress.message(
@@ -317,23 +321,6 @@ def _is_weights(s: Session, samples: list[Sample]) -> list[float]:
     return torch.exp(log_ratio).clamp(max=1.0).tolist()
 
 
-@torch.no_grad()
-def _entropy(s: Session, samples: list[Sample], limit: int = 512) -> float | None:
-    """Mean entropy of the policy's next-token distribution on the action tokens of (up to
-    ``limit`` of) the round's plain samples, before the round's update."""
-    if not samples:
-        return None
-    chunk = samples[:limit]
-    out, n = 0.0, 0
-    for b in range(0, len(chunk), 128):
-        batch = collate(chunk[b:b + 128], s.policy.pad_id)
-        _, ent = token_logprobs(s.policy.model, batch.ids, batch.attention, 1.0, with_entropy=True, positions=batch.mask)
-        m = batch.mask
-        out += float((ent * m).sum())
-        n += int(m.sum())
-    return out / max(n, 1)
-
-
 def _rft(s: Session, step: GuardedStep, samples: list[Sample], weights: list[float], r: int) -> None:
     """Supervised epochs on the kept samples' action tokens (weighted per sample)."""
     fw, policy = s.cfg.flywheel, s.policy
@@ -390,6 +377,7 @@ def write_flywheel_report(run_dir, summary) -> None:
     rounds = read_metrics(run_dir).flywheel
     if not rounds:
         return
+    per_round = any(x.boundary is not None for x in rounds)
     xs = [0] + [x.round for x in rounds]
     before = summary.eval_before_rl.success_rate
     fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(15, 4))
@@ -426,21 +414,58 @@ def write_flywheel_report(run_dir, summary) -> None:
              f"moves, {summary.expert_queries.hints} hints).", "",
              "![flywheel](flywheel.png)", "",
              "| round | env steps | plain | guided | curriculum | evolved | unsolved tasks | RFT samples | replay | depth | "
-             "entropy | held-out |", "|" + "---|" * 12]
+             "entropy | held-out |" + (" pass@1 | pass@N | never solved@8 |" if per_round else ""),
+             "|" + "---|" * (15 if per_round else 12)]
     for x in rounds:
         def pair(p: tuple[int, int]) -> str:
             return f"{p[1]}/{p[0]}"
         ent = "" if x.entropy is None else f"{x.entropy:.3f}"
         lines.append(f"| {x.round} | {x.round_env_steps} | {pair(x.plain)} | {pair(x.guided)} | {pair(x.curriculum)} | "
                      f"{pair(x.evolved)} | {x.unsolved_tasks} | {x.rft_samples} | {x.replay_size} | {x.curriculum_depth} | "
-                     f"{ent} | {x.eval.success_rate:.3f} ({x.eval.episodes}) |")
+                     f"{ent} | {x.eval.success_rate:.3f} ({x.eval.episodes}) |" + (_round_boundary(x.boundary) if per_round else ""))
     lines += ["", "Filters (episodes in -> out, kept turns in -> out, all rounds):", ""]
     for i, name in enumerate(names):
         f = [x.filters[i] for x in rounds]
         lines.append(f"- `{name}`: {sum(c.episodes_in for c in f)} -> {sum(c.episodes_out for c in f)} episodes, "
                      f"{sum(c.turns_in for c in f)} -> {sum(c.turns_out for c in f)} turns")
+    lines += boundary_lines(summary)
     lines += ["", "Query the episodes: `turnforge data RUN \"SELECT * FROM success_by_source\"`.", ""]
     write_atomic(run_dir / "flywheel_report.md", "\n".join(lines))
+
+
+def _round_boundary(b) -> str:
+    """A round's pass@1, pass@N and never-solved share as table cells (empty without a measurement)."""
+    if b is None or not b.pass_at_k:
+        return " | | |"
+    cells = [b.pass_at_k[0].value, b.pass_at_k[-1].value, b.never_solved_at_8]
+    return "".join(f" {'' if v is None else f'{v:.3f}'} |" for v in cells)
+
+
+def boundary_lines(summary) -> list[str]:
+    """The report's section on what the policy solves: pass@k of the start and after training
+    (``summary.json``'s ``boundary_start``, ``boundary_after``) and ``pass_at_k.png``."""
+    reports = [(name, r) for name, r in (("after BC", summary.boundary_start), ("final", summary.boundary_after)) if r is not None]
+    if not reports:
+        return []
+    ks = sorted({p.k for _, r in reports for p in r.pass_at_k})
+    first = reports[0][1]
+    lines = ["", f"## The boundary: pass@k on {first.tasks} {first.split} tasks x {first.samples_per_task} samples "
+             f"(T={first.temperature:g})", "",
+             "Sharpening (the policy concentrates on tasks it already solves) raises pass@1 only; expansion (it solves "
+             "tasks it never solved) raises pass@k at large k too and lowers the never-solved share.", "",
+             "![pass@k](pass_at_k.png)", "",
+             "| policy | " + " | ".join(f"pass@{k}" for k in ks) + " | never solved@8 | distinct successes | entropy | "
+             "I(A;O) | malformed (T={:g}) | malformed (eval) |".format(first.temperature),
+             "|" + "---|" * (len(ks) + 7)]
+
+    def fmt(x: float | None, digits: int = 3) -> str:
+        return "" if x is None else f"{x:.{digits}f}"
+
+    for name, r in reports:
+        lines.append(f"| {name} | " + " | ".join(fmt(r.at(k)) for k in ks) + f" | {fmt(r.never_solved_at_8)} | "
+                     f"{fmt(r.distinct_successes, 2)} | {fmt(r.entropy)} | {fmt(r.action_mi)} | {r.malformed_rate:.3f} | "
+                     f"{r.eval_malformed_rate:.3f} |")
+    return lines
 
 
 def summary_temperature(run_dir) -> float:

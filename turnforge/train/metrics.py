@@ -8,7 +8,7 @@ with a field its class does not have is an error, so schema drift shows.
 
 Kinds: ``bc_epoch`` (``BCEpoch``), ``bc_done`` (``BCStats``), ``eval`` (``EvalRecord``),
 ``value_pretrain`` (``ValuePretrainStats``), ``rl_iter`` (``IterationMetrics``), ``warning``
-(``RunWarning``), ``flywheel_round`` (``FlywheelRound``).
+(``RunWarning``), ``flywheel_round`` (``FlywheelRound``), ``boundary`` (``BoundaryReport``).
 """
 
 from __future__ import annotations
@@ -83,6 +83,54 @@ class EvalRecord:
 
 
 @dataclass(frozen=True)
+class PassAtK:
+    """pass@k at one k: the unbiased estimator (``turnforge.algos.boundary.pass_at_k``) averaged over tasks."""
+
+    k: int
+    value: float | None  # mean over the tasks with at least k scored samples; None when no task has k
+    tasks: int  # tasks averaged (a task whose samples infrastructure failures cut below k is left out)
+
+
+@dataclass(frozen=True)
+class BoundaryReport:
+    """The boundary of what the policy solves (``turnforge.train.boundary``): N samples on each of
+    T held-out tasks at a sampling temperature. Sharpening (concentrating on what it already
+    solves) raises pass@1 but not pass@k at large k; expansion (solving what it never solved)
+    raises both and lowers the never-solved share. Infrastructure failures are left out of
+    every rate and counted."""
+
+    tag: str  # "start" (after BC, or the model itself without BC), "after" (after training), "eval" (turnforge eval)
+    split: str  # the tasks' split (eval.split)
+    tasks: int  # T: held-out tasks 0..T-1 (the first of the evaluation's tasks)
+    samples_per_task: int  # N (eval.pass_at_k_samples)
+    temperature: float  # the samples' sampling temperature (eval.pass_at_k_temperature, default rollout.temperature)
+    pass_at_k: tuple[PassAtK, ...]  # one per k of eval.pass_at_k
+    never_solved_at_8: float | None  # expected share of the T tasks with no success among 8 samples: mean of
+    #   C(n-c, 8) / C(n, 8) = 1 - pass@8 (None when N < 8)
+    never_solved_at_64: float | None  # the same at 64 samples (None when N < 64)
+    solved_tasks: int  # tasks with at least one success among their N samples
+    distinct_successes: float | None  # distinct successful action sequences per task, over tasks with a success
+    entropy: float | None  # mean next-token entropy (nats, T=1) of the policy on the samples' action tokens
+    action_mi: float | None  # I(A; O) in nats of the first action over the action names across the T tasks'
+    #   first observations (None for open-text envs); 0 = the first action ignores the observation
+    action_mi_max: float | None  # log(number of action names): the most I(A; O) can be
+    malformed_rate: float  # invalid actions / actions in the samples (at ``temperature``)
+    eval_temperature: float  # eval.temperature
+    eval_malformed_rate: float  # invalid actions / actions of the evaluation of the same weights at eval.temperature
+    episodes: int  # samples scored (infrastructure failures left out)
+    infra_failures: int  # samples lost to infrastructure failures
+    turns: int  # env steps the samples played (not counted in the run's env steps)
+    seconds: float  # wall time of the measurement (sampling and scoring)
+    policy_version: int
+    env_steps: int = 0
+    time: float = 0.0
+
+    def at(self, k: int) -> float | None:
+        """pass@k at ``k`` (None when ``k`` was not reported)."""
+        return next((p.value for p in self.pass_at_k if p.k == k), None)
+
+
+@dataclass(frozen=True)
 class FlywheelRound:
     """One data-flywheel round (``turnforge.train.flywheel``). Episode counts are
     (scored episodes, successes) per source, infrastructure failures left out."""
@@ -106,6 +154,7 @@ class FlywheelRound:
     entropy: float | None  # mean next-token entropy on the round's plain action tokens, before the update
     eval: EvalResult
     seconds: float
+    boundary: BoundaryReport | None = None  # pass@k after the round (flywheel.pass_at_k)
     env_steps: int = 0
     time: float = 0.0
 
@@ -314,6 +363,8 @@ class RunSummary:
     gain_over_bc_best_points: float | None = None  # 100 x (after - the BC policy at its best temperature)
     trainable_parameters: int | None = None  # those the optimizer updated last (the adapters under model.lora)
     peak_memory: PeakMemory | None = None  # peak RSS of the run's process (the last one, if resumed) and its children
+    boundary_start: BoundaryReport | None = None  # pass@k and friends of the start (eval.pass_at_k_samples > 0)
+    boundary_after: BoundaryReport | None = None  # the same after training
 
 
 def read_summary(run_dir: str | Path) -> RunSummary:
@@ -323,7 +374,7 @@ def read_summary(run_dir: str | Path) -> RunSummary:
 
 EVENTS: dict[str, type] = {
     "bc_epoch": BCEpoch, "bc_done": BCStats, "eval": EvalRecord, "value_pretrain": ValuePretrainStats,
-    "rl_iter": IterationMetrics, "warning": RunWarning, "flywheel_round": FlywheelRound,
+    "rl_iter": IterationMetrics, "warning": RunWarning, "flywheel_round": FlywheelRound, "boundary": BoundaryReport,
 }
 KINDS: dict[type, str] = {cls: kind for kind, cls in EVENTS.items()}
 
@@ -339,6 +390,7 @@ class RunMetrics:
     iterations: list[IterationMetrics] = field(default_factory=list)
     warnings: list[RunWarning] = field(default_factory=list)
     flywheel: list[FlywheelRound] = field(default_factory=list)
+    boundaries: list[BoundaryReport] = field(default_factory=list)
 
 
 def to_json(record: Any) -> dict[str, Any]:
@@ -392,5 +444,5 @@ def read_metrics(run_dir: str | Path) -> RunMetrics:
             setattr(out, {"bc_done": "bc", "value_pretrain": "value_pretrain"}[kind], record)
         else:
             getattr(out, {"bc_epoch": "bc_epochs", "eval": "evals", "rl_iter": "iterations", "warning": "warnings",
-                          "flywheel_round": "flywheel"}[kind]).append(record)
+                          "flywheel_round": "flywheel", "boundary": "boundaries"}[kind]).append(record)
     return out

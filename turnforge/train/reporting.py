@@ -26,7 +26,7 @@ from rich.table import Table
 from turnforge.config import TrainConfig
 from turnforge.memory import peak_memory
 from turnforge.policy.lora import trainable_parameters
-from turnforge.train.metrics import KINDS, ExpertQueries, RunSummary, Software, read_metrics, to_json
+from turnforge.train.metrics import KINDS, BoundaryReport, ExpertQueries, RunSummary, Software, read_metrics, to_json
 from turnforge.types import EvalResult
 
 if TYPE_CHECKING:
@@ -216,15 +216,49 @@ def plot_learning_curve(run_dir: Path, title: str) -> Path:
     return out
 
 
+def plot_pass_at_k(run_dir: Path, summary: RunSummary, title: str) -> Path:
+    """``RUN/pass_at_k.png``: pass@k against k (log scale) for the start and after training, and
+    the never-solved share beside it: a curve raised at k=1 only is sharpening, one raised at
+    large k too is expansion."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = run_dir / "pass_at_k.png"
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    reports = [(label, r) for label, r in (("start", summary.boundary_start), ("after training", summary.boundary_after))
+               if r is not None]
+    for (label, r), color in zip(reports, ("tab:orange", "tab:green")):
+        points = [(x.k, x.value) for x in r.pass_at_k if x.value is not None]
+        ax1.plot([k for k, _ in points], [v for _, v in points], marker="o", color=color,
+                 label=f"{label} ({r.tasks} tasks x {r.samples_per_task}, T={r.temperature:g})")
+        never = [(k, v) for k, v in ((8, r.never_solved_at_8), (64, r.never_solved_at_64)) if v is not None]
+        ax2.bar([f"{label}\n@{k}" for k, _ in never], [v for _, v in never], color=color)
+    ax1.set_xscale("log", base=2)
+    ks = sorted({x.k for _, r in reports for x in r.pass_at_k})
+    ax1.set_xticks(ks, [str(k) for k in ks])
+    ax1.set(xlabel="k (samples per task)", ylabel="pass@k (unbiased)", ylim=(-0.02, 1.02), title="pass@k on held-out tasks")
+    ax1.grid(alpha=0.3)
+    ax1.legend(loc="lower right")
+    ax2.set(ylabel="expected share of tasks never solved", ylim=(0, 1), title="never solved in k samples")
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out
+
+
 def start_name(cfg: TrainConfig) -> str:
     """What RL starts from, in messages: the BC policy, or the model itself without BC."""
     return "BC policy" if cfg.bc.enabled else "starting policy (no BC)"
 
 
-def run_summary(s: Session, after: EvalResult, rl_seconds: float | None) -> RunSummary:
+def run_summary(s: Session, after: EvalResult, rl_seconds: float | None,
+                boundary_after: BoundaryReport | None = None) -> RunSummary:
     """The ``RunSummary`` of a finished run: its evaluations before and after RL, the gains
-    (against the evaluation before RL, and against the start at its best temperature), counters,
-    the engine and software it ran with."""
+    (against the evaluation before RL, and against the start at its best temperature), pass@k of
+    the start and the end, counters, the engine and software it ran with."""
     cfg, state, policy, engine = s.cfg, s.state, s.policy, s.engine
     before, best = state.eval_before_rl, state.bc_temperatures
     agent = cfg.agent.entrypoint is not None
@@ -245,6 +279,7 @@ def run_summary(s: Session, after: EvalResult, rl_seconds: float | None) -> RunS
         eval_bc_best_temperature=best, flywheel_rounds=cfg.flywheel.rounds,
         gain_over_bc_best_points=None if best is None else round(100 * (after.success_rate - best.eval.success_rate), 2),
         expert_queries=ExpertQueries(demos, state.hints, demos + state.hints),
+        boundary_start=state.boundary_start, boundary_after=boundary_after,
     )
 
 

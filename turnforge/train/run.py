@@ -1,10 +1,11 @@
-"""One training run, top to bottom: set-up -> BC warm start -> eval -> flywheel -> critic -> RL -> eval -> save.
+"""One training run, top to bottom: set-up -> BC warm start -> eval, pass@k -> flywheel -> critic -> RL -> eval, pass@k -> save.
 
 Run directory layout::
 
     DIR/config.yaml             the full resolved config
     DIR/metrics.jsonl, DIR/tb/  typed records (``turnforge.train.metrics``) and TensorBoard
     DIR/learning_curve.png      held-out success and return vs env steps, stages marked
+    DIR/pass_at_k.png           pass@k of the start and after training (eval.pass_at_k_samples > 0)
     DIR/summary.json            headline numbers (``turnforge.train.metrics.RunSummary``)
     DIR/trajectories/*.parquet  one row per training sample (see turnforge.data.store)
     DIR/base_model/             the initial model (tiny recipes build it here)
@@ -29,12 +30,13 @@ import torch
 
 from turnforge.config import TrainConfig
 from turnforge.paths import write_atomic
+from turnforge.policy.generate import PrefillCache
 from turnforge.policy.lora import trainable_parameters
 from turnforge.policy.model import quiet_hf
 from turnforge.train.bc import run_bc
 from turnforge.train.flywheel import run_flywheel, write_flywheel_report
 from turnforge.train.metrics import BestTemperature, RunSummary, TemperatureEval, to_json
-from turnforge.train.reporting import final_line, plot_learning_curve, run_summary, start_name
+from turnforge.train.reporting import final_line, plot_learning_curve, plot_pass_at_k, run_summary, start_name
 from turnforge.train.rl import budget_spent, run_rl
 from turnforge.train.run_dir.checkpoint import TrainingState, save_model, save_resumable
 from turnforge.train.run_dir.session import Session
@@ -67,11 +69,14 @@ def train(cfg: TrainConfig, out: str | Path, *, resume: bool = False, live: bool
         s, state, policy = run.session, run.session.state, run.session.policy
 
         # 2. behaviour cloning warm start, then the reference evaluations: at eval.temperature and
-        #    at each of eval.bc_temperatures (the best of them is the baseline learning is stated against)
+        #    at each of eval.bc_temperatures (the best of them is the baseline learning is stated against),
+        #    then pass@k of the start (eval.pass_at_k_samples; its own random stream, after the evaluations)
         if run.resumed is None:
             state.bc = run_bc(s) if cfg.bc.enabled else None
             freeze_bc(s)
-            state.eval_before_rl, state.bc_temperatures = evaluate_start(s)
+            prefills = s.prefills()
+            state.eval_before_rl, state.bc_temperatures = evaluate_start(s, prefills)
+            state.boundary_start = s.boundary("start", state.eval_before_rl, prefills)
             state.wall_seconds = s.wall_seconds()
             save_resumable(run_dir, policy, state, TrainingState(version=policy.version))
 
@@ -101,26 +106,31 @@ def train(cfg: TrainConfig, out: str | Path, *, resume: bool = False, live: bool
         if state.iteration < cfg.rl.iterations and not budget_spent(s):
             return None
 
-        # 6. final evaluation, checkpoint, summary, plot, flywheel report
-        after = s.evaluate("after-rl")
+        # 6. final evaluation and pass@k, checkpoint, summary, plots, flywheel report
+        prefills = s.prefills()
+        after = s.evaluate("after-rl", prefills=prefills)
+        boundary_after = s.boundary("after", after, prefills)
         save_model(policy, run_dir / "checkpoints" / "final")
         state.wall_seconds = s.wall_seconds()
-        summary = run_summary(s, after, rl_seconds)
+        summary = run_summary(s, after, rl_seconds, boundary_after)
         write_atomic(run_dir / "summary.json", json.dumps(to_json(summary), indent=2) + "\n")
         plot_learning_curve(run_dir, f"{cfg.recipe} (seed {cfg.seed})")
+        if summary.boundary_start is not None or summary.boundary_after is not None:
+            plot_pass_at_k(run_dir, summary, f"{cfg.recipe} (seed {cfg.seed})")
         if cfg.flywheel.rounds > 0:
             write_flywheel_report(run_dir, summary)
         s.progress.message(final_line(summary, cfg, run_dir))
     return summary
 
 
-def evaluate_start(s: Session) -> tuple[EvalResult, BestTemperature | None]:
+def evaluate_start(s: Session, prefills: PrefillCache | None = None) -> tuple[EvalResult, BestTemperature | None]:
     """The policy RL starts from (the BC policy, or the model without BC) evaluated at
     ``eval.temperature`` (the run's evaluation before RL) and at each other of
     ``eval.bc_temperatures``; the best success rate wins, the lower temperature on a tie.
     They play the same tasks with the same weights, so they share one ``PrefillCache``: a
-    prompt is prefilled once, whichever evaluation meets it first (same results, bit for bit)."""
-    prefills = s.prefills()
+    prompt is prefilled once, whichever evaluation meets it first (same results, bit for bit);
+    ``prefills``: that cache, to share it further (default: one of its own)."""
+    prefills = prefills if prefills is not None else s.prefills()
     before = s.evaluate("before-rl", prefills=prefills)
     temps = s.cfg.eval.bc_temperatures
     if not temps:

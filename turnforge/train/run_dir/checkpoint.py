@@ -28,7 +28,7 @@ from turnforge.errors import UserError
 from turnforge.policy.lora import ADAPTER_DIR, is_lora, merged_copy
 from turnforge.policy.manifest import fsync, seal, verify
 from turnforge.policy.model import Policy
-from turnforge.train.metrics import BCStats, BestTemperature, ValuePretrainStats, from_json
+from turnforge.train.metrics import BCStats, BestTemperature, BoundaryReport, ValuePretrainStats, from_json
 from turnforge.types import EvalResult
 
 STAGES = ("bc", "rl")  # order of the stages a resumable checkpoint can close
@@ -52,6 +52,7 @@ class TrainerState:
     value_pretrain: ValuePretrainStats | None = None
     bc_temperatures: BestTemperature | None = None  # the BC policy at eval.bc_temperatures
     hints: int = 0  # solver-backed hints of the flywheel stage
+    boundary_start: BoundaryReport | None = None  # pass@k and friends of the start (eval.pass_at_k_samples > 0)
 
 
 @dataclass

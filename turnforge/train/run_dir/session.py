@@ -10,8 +10,9 @@ from turnforge.config import TrainConfig
 from turnforge.policy.generate import PrefillCache
 from turnforge.policy.model import Policy
 from turnforge.rollout.engine import Engine, EngineEnv, RolloutEngine
+from turnforge.train.boundary import format_boundary, measure_boundary, plan
 from turnforge.train.evaluate import evaluate, prefill_cache
-from turnforge.train.metrics import EvalRecord
+from turnforge.train.metrics import BoundaryReport, EvalRecord
 from turnforge.train.reporting import MetricsLog, Progress
 from turnforge.train.run_dir.checkpoint import TrainerState
 from turnforge.train.run_dir.interrupts import Interrupts
@@ -78,3 +79,20 @@ class Session:
             f"{'' if temperature == e.temperature else f', T={temperature}'}{failures})"
         )
         return result
+
+    def boundary(self, tag: str, evaluation: EvalResult, prefills: PrefillCache | None = None) -> BoundaryReport | None:
+        """pass@k and the other boundary figures of the current weights (``turnforge.train.boundary``;
+        None with ``eval.pass_at_k_samples=0``), logged as a ``boundary`` event. Run after the
+        evaluations of these weights (``evaluation``: the one at ``eval.temperature``); ``prefills``:
+        their cache (default: one of its own)."""
+        p = plan(self.cfg)
+        if p is None:
+            return None
+        with self.progress.activity(f"pass@k {tag}", p.tasks * p.samples) as advance:
+            report = measure_boundary(self.engine, self.policy, p, tag=tag, evaluation=evaluation,
+                                      eval_temperature=self.cfg.eval.temperature,
+                                      prefills=prefills if prefills is not None else self.prefills(),
+                                      max_failure_share=self.cfg.max_failure_share, on_progress=advance)
+        report = self.metrics.log(report, self.state.env_steps)
+        self.progress.message(format_boundary(report))
+        return report

@@ -318,13 +318,17 @@ function table(columns, rows, opts = {}) {
   return t;
 }
 function findDiagnostics(obj, prefix = "", out = [], within = false) {
-  // summary.json numbers about what the policy can solve (pass@k, never-solved share, ...),
-  // whatever their exact names: a matching key, or any number under one
+  // summary.json numbers about what the policy can solve (pass@k, never-solved share, the
+  // boundary reports boundary_start/boundary_after, ...), whatever their exact names: a matching
+  // key, or any number under one (but the event stamps time and env_steps); a list of {k, value}
+  // under one as KEY@k (BoundaryReport.pass_at_k)
   if (!obj || typeof obj !== "object") return out;
   for (const [k, v] of Object.entries(obj)) {
-    const key = prefix + k, match = within || /pass|never_solved|distinct_succ/i.test(k);
-    if (v && typeof v === "object" && !Array.isArray(v)) findDiagnostics(v, key + ".", out, match);
-    else if (match && typeof v === "number") out.push([key, v]);
+    const key = prefix + k, match = within || /pass|never_solved|distinct_succ|boundary/i.test(k);
+    if (Array.isArray(v)) {
+      if (match) for (const x of v) if (x && typeof x.k === "number" && typeof x.value === "number") out.push([`${key}@${x.k}`, x.value]);
+    } else if (v && typeof v === "object") findDiagnostics(v, key + ".", out, match);
+    else if (match && typeof v === "number" && !(within && /^(time|env_steps)$/.test(k))) out.push([key, v]);
   }
   return out;
 }

@@ -1,0 +1,80 @@
+"""The boundary of what a policy solves: pass@k, never-solved share, distinct successes, and
+whether actions depend on the observation. Pure functions on counts and probability arrays,
+unit-tested against hand-computed values (``tests/algos/test_boundary_math.py``).
+
+Sharpening (the policy concentrates on what it already solves) and expansion (it solves tasks it
+never solved) look the same at pass@1; pass@k for large k and the never-solved share tell them
+apart: sharpening raises pass@1 and leaves pass@k at large k (or lowers it), expansion raises both.
+"""
+
+from __future__ import annotations
+
+from typing import Hashable, Sequence
+
+import numpy as np
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """The unbiased estimator of pass@k for one task from ``n`` samples, ``c`` of them correct
+    (Chen et al. 2021, "Evaluating Large Language Models Trained on Code"):
+    ``1 - C(n - c, k) / C(n, k)``, the chance that ``k`` of the ``n`` samples drawn without
+    replacement hold at least one success. Computed in the paper's numerically stable product
+    form ``1 - prod_{i = n - c + 1}^{n} (1 - k / i)`` (no binomials of large numbers)."""
+    if not 0 <= c <= n or not 1 <= k <= n:
+        raise ValueError(f"pass@k needs 0 <= c <= n and 1 <= k <= n; got n={n}, c={c}, k={k}")
+    if n - c < k:  # every draw of k samples holds a success
+        return 1.0
+    return 1.0 - float(np.prod(1.0 - k / np.arange(n - c + 1, n + 1, dtype=np.float64)))
+
+
+def mean_pass_at_k(counts: Sequence[tuple[int, int]], k: int) -> tuple[float | None, int]:
+    """pass@k averaged over tasks, each given as ``(n, c)`` (samples scored, successes); a task
+    with fewer than ``k`` scored samples (infrastructure failures left out) is left out.
+    Returns ``(mean, tasks averaged)``; the mean is None when no task has ``k`` samples."""
+    values = [pass_at_k(n, c, k) for n, c in counts if n >= k]
+    return (float(np.mean(values)) if values else None), len(values)
+
+
+def never_solved_share(counts: Sequence[tuple[int, int]], k: int) -> float | None:
+    """The expected share of tasks with no success among ``k`` samples: the mean over tasks of
+    ``C(n - c, k) / C(n, k)``, i.e. ``1 - pass@k`` (unbiased, the same estimator and the same
+    tasks as ``mean_pass_at_k``). None when no task has ``k`` scored samples."""
+    mean, _ = mean_pass_at_k(counts, k)
+    return None if mean is None else 1.0 - mean
+
+
+def distinct_successes(successes: Sequence[Sequence[Hashable]]) -> float | None:
+    """Distinct successful solutions per task: for each task, the list of its successful
+    episodes' action sequences (any hashable, e.g. a tuple of action texts); the number of
+    distinct ones, averaged over the tasks with at least one success (None when none has)."""
+    counts = [len(set(xs)) for xs in successes if len(xs)]
+    return float(np.mean(counts)) if counts else None
+
+
+def entropy(p: np.ndarray) -> np.ndarray:
+    """Shannon entropy in nats of each distribution along the last axis (0 log 0 = 0)."""
+    p = np.asarray(p, dtype=np.float64)
+    logs = np.log(np.where(p > 0, p, 1.0))
+    return -(p * logs).sum(axis=-1)
+
+
+def mutual_information(probs: np.ndarray) -> float:
+    """I(A; O) in nats between the observation O (uniform over the rows) and the action A drawn
+    from the row's distribution: ``H(mean_o p(a|o)) - mean_o H(p(a|o))``. ``probs`` ``[O, A]``,
+    each row a distribution over the action set. 0 when every row is the same distribution (the
+    action does not depend on the input); ``log(A)`` at most, reached when the rows are one-hot
+    on distinct actions, each action as often."""
+    probs = np.asarray(probs, dtype=np.float64)
+    if probs.ndim != 2 or probs.shape[0] < 1 or probs.shape[1] < 1:
+        raise ValueError(f"mutual_information needs a [observations, actions] array; got shape {probs.shape}")
+    if not np.allclose(probs.sum(axis=1), 1.0, atol=1e-6) or (probs < 0).any():
+        raise ValueError("each row of probs must be a probability distribution (non-negative, summing to 1)")
+    mi = float(entropy(probs.mean(axis=0)) - entropy(probs).mean())
+    return max(mi, 0.0)  # (float rounding only: the mutual information is never negative)
+
+
+def softmax_rows(scores: np.ndarray) -> np.ndarray:
+    """Each row of log-scores ``[O, A]`` normalised into a distribution (a stable softmax)."""
+    scores = np.asarray(scores, dtype=np.float64)
+    z = np.exp(scores - scores.max(axis=1, keepdims=True))
+    return z / z.sum(axis=1, keepdims=True)
