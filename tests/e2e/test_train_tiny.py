@@ -156,7 +156,7 @@ def test_calculator_recipe_trains_with_tool_calls(tmp_path):
     """The tool recipe end to end: tool schemas and hermes calls, tool messages, counters."""
     overrides = [*[f"model.tiny.{k}={v}" for k, v in TINY_TEST_SHAPE.items()], "model.tiny.corpus_episodes=20",
                  "bc.num_demos=16", "bc.epochs=1", "rl.iterations=2", "rl.tasks_per_iteration=2", "rl.group_size=2",
-                 "eval.episodes=4", "eval.every=1"]
+                 "eval.episodes=4", "eval.every=1", "eval.pass_at_k_samples=0"]
     summary = train(load_config("calculator-tiny", overrides), tmp_path / "run", live=False)
     assert summary.env_id == "calculator" and summary.eval_after_rl.episodes == 4
     iters = read_metrics(tmp_path / "run").iterations

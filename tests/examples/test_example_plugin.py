@@ -25,6 +25,7 @@ TASKS = EXAMPLE / "turnforge_example_envs" / "guess_number_tasks.jsonl"
 SMALL = [
     *[f"model.tiny.{k}={v}" for k, v in TINY_TEST_SHAPE.items()], "threads=1", "bc.num_demos=40", "bc.epochs=1",
     "rl.iterations=2", "rl.tasks_per_iteration=2", "rl.group_size=4", "eval.episodes=10", "eval.every=0",
+    "eval.pass_at_k_samples=0",
 ]
 
 

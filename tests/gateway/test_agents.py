@@ -26,7 +26,8 @@ from turnforge.train.setup import load_run_config
 REPO = Path(__file__).resolve().parents[2]
 TASKS = REPO / "examples" / "agents" / "moves.jsonl"
 SMALL = [f"model.tiny.{k}={v}" for k, v in TINY_TEST_SHAPE.items()] + [
-    "rl.iterations=2", "rl.tasks_per_iteration=2", "rl.group_size=2", "eval.episodes=4", f"agent.tasks={TASKS}"]
+    "rl.iterations=2", "rl.tasks_per_iteration=2", "rl.group_size=2", "eval.episodes=4", f"agent.tasks={TASKS}",
+    "eval.pass_at_k_samples=0"]
 
 
 @pytest.fixture()

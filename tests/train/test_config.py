@@ -36,7 +36,7 @@ def test_default_recipe_loads_and_overrides_apply():
         (["rl.advantage=mc_grpo", "rollout.context=full_history"], r"rl.advantage=mc_grpo .* rollout.context=window"),
         (["rl.advantage=mc_grpo", "rl.kl_mode=reward"], r"rl.kl_mode=reward penalises episode turns"),
         (["rl.advantage=mc_grpo", "rl.shaping=potential"], r"rl.shaping=potential does not apply to rl.advantage=mc_grpo"),
-        (["rl.advantage=ppo"], r"bad value for 'rl.advantage': .*'gae' or 'mc_grpo'"),
+        (["rl.advantage=ppo"], r"bad value for 'rl.advantage': .*'mc_grpo', 'pass_at_k' or 'w_reinforce'"),
         # asynchronous engine: invalid eta / batch / cluster combinations name both options
         (["engine.eta=3"], r"engine.eta=3 needs engine.mode=async"),
         (["engine.mode=async", "engine.partial_rollouts=true"], r"partial_rollouts=true needs engine.eta >= 1"),

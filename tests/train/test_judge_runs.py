@@ -16,7 +16,8 @@ from turnforge.train.run import train
 REPO = Path(__file__).resolve().parents[2]
 SHAPE = [f"model.tiny.{k}={v}" for k, v in TINY_TEST_SHAPE.items()]
 CALC = [*SHAPE, "model.tiny.corpus_episodes=20", "bc.num_demos=16", "bc.epochs=1", "rl.iterations=2",
-        "rl.tasks_per_iteration=2", "rl.group_size=2", "eval.episodes=4", "eval.every=2"]
+        "rl.tasks_per_iteration=2", "rl.group_size=2", "eval.episodes=4", "eval.every=2",
+        "eval.pass_at_k_samples=0"]
 
 
 def _rl_rows(run: Path) -> list[dict]:
@@ -58,7 +59,7 @@ def test_a_judge_that_gives_no_score_stops_the_run_instead_of_scoring_zero(tmp_p
 @pytest.mark.slow
 def test_an_agent_run_with_agent_reward_judge(tmp_path, monkeypatch):
     monkeypatch.chdir(REPO)
-    args = [*SHAPE, "rl.iterations=1", "rl.tasks_per_iteration=2", "rl.group_size=2", "eval.episodes=4",
+    args = [*SHAPE, "rl.iterations=1", "rl.tasks_per_iteration=2", "rl.group_size=2", "eval.episodes=4", "eval.pass_at_k_samples=0",
             "agent.reward=judge", "reward.judge.mode=yes_no", "reward.judge.rubric=Is this a move? {final}"]
     summary = train(load_config("agent-tiny", args), tmp_path / "run", live=False)
     assert summary.rl_iterations == 1
