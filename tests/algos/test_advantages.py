@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from turnforge.algos import grpo, pass_at_k, w_reinforce
+from turnforge.algos import grpo, pass_at_k_advantage, w_reinforce
 
 
 def test_grpo_golden_values():
@@ -38,7 +38,7 @@ def test_pass_at_k_hand_computed():
     # group 2: no success (pass@k = 0), group 3: n - c = 1 < k, so pass@2 = 1: no signal in either
     s = torch.tensor([1, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 1, 1, 1, 0])
     g = torch.tensor([0] * 4 + [1] * 4 + [2] * 4 + [3] * 4)
-    got = pass_at_k(s, g, 2)
+    got = pass_at_k_advantage(s, g, 2)
     r5 = 1 / 5 ** 0.5
     want = torch.tensor([1, -1 / 3, -1 / 3, -1 / 3, r5, r5, -r5, -r5] + [0] * 8, dtype=torch.float32)
     torch.testing.assert_close(got, want)
@@ -50,15 +50,15 @@ def test_pass_at_1_is_grpo_with_the_population_std():
     # n=4, c=1: mean 1/4, population std sqrt(3)/4: success 3/sqrt(3) = sqrt(3), failure -1/sqrt(3)
     # n=3, c=2: mean 2/3, population std sqrt(2)/3: success 1/sqrt(2), failure -2/sqrt(2) = -sqrt(2)
     want = torch.tensor([3 ** 0.5, -(3 ** -0.5), -(3 ** -0.5), -(3 ** -0.5), 2 ** -0.5, 2 ** -0.5, -(2 ** 0.5)])
-    torch.testing.assert_close(pass_at_k(s, g, 1), want)
+    torch.testing.assert_close(pass_at_k_advantage(s, g, 1), want)
 
 
 def test_pass_at_k_group_smaller_than_k_and_bad_input():
-    assert pass_at_k(torch.tensor([1, 0]), torch.tensor([0, 0]), 4).tolist() == [0.0, 0.0]
+    assert pass_at_k_advantage(torch.tensor([1, 0]), torch.tensor([0, 0]), 4).tolist() == [0.0, 0.0]
     with pytest.raises(ValueError, match="binary"):
-        pass_at_k(torch.tensor([0.5, 1.0]), torch.tensor([0, 0]), 1)
+        pass_at_k_advantage(torch.tensor([0.5, 1.0]), torch.tensor([0, 0]), 1)
     with pytest.raises(ValueError, match="k >= 1"):
-        pass_at_k(torch.tensor([1, 0]), torch.tensor([0, 0]), 0)
+        pass_at_k_advantage(torch.tensor([1, 0]), torch.tensor([0, 0]), 0)
 
 
 def test_w_reinforce_hand_computed():

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import torch
 
+from turnforge.algos.boundary import pass_at_k
+
 
 def _check_rewards(rewards: torch.Tensor, group_ids: torch.Tensor) -> None:
     if rewards.ndim != 1 or group_ids.shape != rewards.shape:
@@ -62,44 +64,37 @@ def rloo(rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
     return torch.where(n > 1, r - others, torch.zeros_like(r)).to(torch.float32)
 
 
-def _comb_ratio(a: torch.Tensor, b: torch.Tensor, k: int) -> torch.Tensor:
-    """``C(a, k) / C(b, k)`` for ``a <= b`` (0 where ``a < k``), as the stable product
-    ``prod_{i<k} (a - i) / (b - i)``; float64."""
-    out = torch.ones_like(a, dtype=torch.float64)
-    for i in range(k):
-        out = out * ((a - i).clamp(min=0) / (b - i).clamp(min=1))
-    return out
-
-
-def pass_at_k(successes: torch.Tensor, group_ids: torch.Tensor, k: int) -> torch.Tensor:
+def pass_at_k_advantage(successes: torch.Tensor, group_ids: torch.Tensor, k: int) -> torch.Tensor:
     """Pass@k advantage per episode in closed form for binary success (Chen et al. 2025,
     "Pass@k Training for Adaptively Balancing Exploration and Exploitation"; the binary case of
     PKPO, Walder & Karkhanis 2025). In a group of ``n`` episodes with ``c`` successes the
-    group's reward is the unbiased pass@k, ``R = 1 - C(n - c, k) / C(n, k)``, with
-    ``sigma = sqrt(R (1 - R))``; a success gets ``(1 - R) / sigma`` and a failure
-    ``(1 - R - C(n - c - 1, k - 1) / C(n - 1, k - 1)) / sigma``, the expected gain in the group's
-    pass@k credited to it. ``k = 1`` is GRPO with the population std. A group whose pass@k is
-    0 or 1 (``sigma = 0``), or smaller than ``k``, gets 0.
+    group's reward is the unbiased pass@k, ``R = 1 - C(n - c, k) / C(n, k)``
+    (``turnforge.algos.boundary.pass_at_k``), with ``sigma = sqrt(R (1 - R))``; a success gets
+    ``(1 - R) / sigma`` and a failure ``(1 - R - C(n - c - 1, k - 1) / C(n - 1, k - 1)) / sigma``
+    = ``(pass@(k-1) of the other n - 1 - R) / sigma``: what the group's pass@k gains from it. ``k = 1``
+    is GRPO with the population std. A group whose pass@k is 0 or 1 (``sigma = 0``), or with
+    fewer than ``k`` episodes, gets 0.
 
     ``successes`` [N] (bool or 0/1), ``group_ids`` [N] int; returns float32 [N]. Departs from the
     paper only in taking the env's success flag, not a reward, as "correct"."""
     if k < 1:
-        raise ValueError(f"pass_at_k needs k >= 1; got {k}")
+        raise ValueError(f"pass_at_k_advantage needs k >= 1; got {k}")
     s = successes.to(torch.float64)
     _check_rewards(s, group_ids)
     if ((s != 0) & (s != 1)).any():
-        raise ValueError("pass_at_k needs binary successes (0 or 1)")
+        raise ValueError("pass_at_k_advantage needs binary successes (0 or 1)")
     inverse, counts = _group_index(group_ids)
-    c = torch.zeros(len(counts), dtype=torch.float64).index_add_(0, inverse, s)[inverse]
-    n = counts[inverse].to(torch.float64)
-    r = 1 - _comb_ratio(n - c, n, k)
-    sigma = torch.sqrt(r * (1 - r))
-    ok = (sigma > 0) & (n >= k)
-    safe = torch.where(ok, sigma, torch.ones_like(sigma))
-    positive = (1 - r) / safe
-    negative = (1 - r - _comb_ratio(n - c - 1, n - 1, k - 1)) / safe
-    adv = torch.where(s == 1, positive, negative)
-    return torch.where(ok, adv, torch.zeros_like(adv)).to(torch.float32)
+    wins = torch.zeros(len(counts), dtype=torch.float64).index_add_(0, inverse, s)
+    positive, negative = torch.zeros(len(counts), dtype=torch.float64), torch.zeros(len(counts), dtype=torch.float64)
+    for g, (n, c) in enumerate(zip(counts.tolist(), wins.long().tolist())):
+        if n < k:
+            continue
+        r = pass_at_k(n, c, k)
+        sigma = (r * (1 - r)) ** 0.5
+        if sigma > 0:
+            others = pass_at_k(n - 1, c, k - 1) if k > 1 else 0.0  # a failure's k-1 companions among the others
+            positive[g], negative[g] = (1 - r) / sigma, (others - r) / sigma
+    return torch.where(s == 1, positive[inverse], negative[inverse]).to(torch.float32)
 
 
 def w_reinforce(successes: torch.Tensor, lam: float = 0.1) -> torch.Tensor:

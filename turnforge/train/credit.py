@@ -38,7 +38,7 @@ import numpy as np
 import torch
 
 from turnforge.algos import (
-    decoupled_gae, discounted_returns, gigpo, grpo, kl_estimate, length_adaptive_lam, pass_at_k, reinforce_pp, rloo,
+    decoupled_gae, discounted_returns, gigpo, grpo, kl_estimate, length_adaptive_lam, pass_at_k_advantage, reinforce_pp, rloo,
     w_reinforce,
 )
 from turnforge.config import CriticConfig, RLConfig, TrainConfig
@@ -94,7 +94,7 @@ def turn_advantages(trajs: Sequence[Trajectory], rl: RLConfig, penalties: Penalt
         return out
     if rl.advantage in ("pass_at_k", "w_reinforce"):  # binary: the env's success flag, not the return
         success = torch.tensor([t.success for t in trajs])
-        per_episode = pass_at_k(success, group_of, rl.pass_k) if rl.advantage == "pass_at_k" else \
+        per_episode = pass_at_k_advantage(success, group_of, rl.pass_k) if rl.advantage == "pass_at_k" else \
             w_reinforce(success, rl.w_reinforce_lambda)
         return {t.trajectory_id: np.full(t.num_turns, float(a), np.float32) for t, a in zip(trajs, per_episode)}
     returns = torch.tensor([turn_rewards(t, rl, 1.0, penalties).sum() for t in trajs], dtype=torch.float64)
