@@ -220,6 +220,11 @@ class RLConfig(Section):
         "pass_at_k (the closed-form pass@k advantage of the group's successes, k = rl.pass_k), "
         "w_reinforce (+rl.w_reinforce_lambda for a success, -1 for a failure, no baseline)",
     )
+    malformed: Literal["penalty", "void"] = Field(
+        "penalty", description="Episodes with a malformed turn (an invalid action): 'penalty' trains on them with the "
+        "env's invalid_action_penalty in their return; 'void' leaves them out of the advantages and the update, "
+        "counted per iteration (SimpleTIR's void turns: a format slip is not a wrong answer)"
+    )
     pass_k: int = Field(
         4, ge=1, description="k of rl.advantage=pass_at_k: the group is scored by its unbiased pass@k, each episode by "
         "what it adds to it (at most rl.group_size; 1 = grpo with the population std)"

@@ -74,3 +74,17 @@ def test_resume_with_a_critic_matches_an_uninterrupted_run(tmp_path):
     b = load_file(str(tmp_path / "b" / "checkpoints" / "final" / "model.safetensors"))
     for k in a:
         assert torch.equal(a[k], b[k]), k
+
+
+def test_malformed_void_counts_the_episodes_it_leaves_out(tmp_path):
+    """rl.malformed=void: episodes with an invalid action are left out of the update and counted;
+    a batch of nothing but malformed episodes trains on nothing and the run goes on."""
+    summary = train(load_config("sokoban-tiny", FAST + ["rl.malformed=void"]), tmp_path / "run", live=False)
+    assert summary.rl_iterations == 3
+    for m in read_metrics(tmp_path / "run").iterations:
+        assert 0 <= m.void_episodes <= m.rollout.episodes - m.rollout.infra_failures
+        if m.invalid_action_rate == 0:
+            assert m.void_episodes == 0
+        if m.void_episodes == m.rollout.episodes - m.rollout.infra_failures:
+            assert m.samples == 0
+    assert any(m.void_episodes > 0 for m in read_metrics(tmp_path / "run").iterations)  # the tiny BC start slips

@@ -13,7 +13,9 @@ from helpers import inline_engine
 from turnforge.rollout.actors import ExpertActor
 from turnforge.rollout.engine import EpisodeRequest
 from turnforge.train.common import collate
-from turnforge.train.credit import gae_turn_advantages, monte_carlo_returns, sample_advantage, turn_advantages, turn_rewards
+from turnforge.train.credit import (
+    drop_void, gae_turn_advantages, monte_carlo_returns, sample_advantage, turn_advantages, turn_rewards,
+)
 from turnforge.types import Task, Trajectory, Turn
 
 
@@ -151,3 +153,12 @@ def test_kl_reward_penalty_is_summed_per_turn_and_subtracted(tiny_policy):
         assert np.all(pen[t.trajectory_id] != 0)
         rewards = np.array([turn.reward for turn in t.turns])
         np.testing.assert_allclose(turn_rewards(t, RLConfig(), 1.0, pen), rewards - pen[t.trajectory_id])
+
+
+def test_malformed_void_leaves_out_episodes_with_an_invalid_turn():
+    clean = _traj("A", "g0", [1.0], "s")
+    slipped = replace(_traj("B", "g0", [0.0, 1.0], "st"),
+                      turns=(Turn("obs", "?", -0.1, True, "s"), Turn("obs", "a", 1.0, False, "t")))
+    assert slipped.num_invalid == 1
+    assert drop_void([clean, slipped], RLConfig(malformed="void")) == ([clean], 1)
+    assert drop_void([clean, slipped], RLConfig()) == ([clean, slipped], 0)  # penalty: trained with the env's penalty

@@ -179,6 +179,16 @@ def sample_advantage(sample: Sample, per_turn: np.ndarray) -> float | np.ndarray
     return np.where(turn >= 0, np.asarray(per_turn, np.float32)[np.clip(turn, 0, None)], 0.0).astype(np.float32)
 
 
+def drop_void(trajs: Sequence[Trajectory], rl: RLConfig) -> tuple[list[Trajectory], int]:
+    """``rl.malformed=void``: the trajectories without an invalid action, and how many were left
+    out (SimpleTIR filters whole trajectories with a void turn; this departs from it only in
+    what counts as void, the env's ``invalid_action`` flag). ``penalty``: all of them, 0."""
+    if rl.malformed != "void":
+        return list(trajs), 0
+    kept = [t for t in trajs if t.num_invalid == 0]
+    return kept, len(trajs) - len(kept)
+
+
 @dataclass(frozen=True)
 class Credit:
     """One RL iteration's credit assignment (``assign_credit``)."""
@@ -192,6 +202,7 @@ class Credit:
     critic_values: dict[str, np.ndarray] | None = None  # gae with a learned critic: its values at rollout time
     mc: MCStats | None = None  # counters of the Monte-Carlo rollouts (gae with critic.mc_weight > 0, mc_grpo)
     kl_penalty: float | None = None  # rl.kl_mode=reward: mean KL penalty per turn
+    void_episodes: int = 0  # rl.malformed=void: episodes with a malformed turn, left out
 
 
 def assign_credit(
@@ -210,6 +221,7 @@ def assign_credit(
     ``mc``: Monte-Carlo estimates from env snapshots (``gae`` with ``critic.mc_weight > 0``,
     ``mc_grpo``)."""
     rl = cfg.rl
+    trajs, void = drop_void(trajs, rl)
     penalties = critic_values = values = targets = mc_stats = None
     if reference is not None and rl.kl_mode == "reward":
         penalties = kl_penalties(reference, trajs, pad_id, cfg.rollout.temperature, rl.kl_estimator, rl.kl_coef)
@@ -230,7 +242,7 @@ def assign_credit(
     groups = set(group_of.values())
     flat = {g for g in groups if all(np.all(np.abs(a) < 1e-8) for x, a in pairs if group_of[x.trajectory_id] == g)}
     kept = [(x, a) for x, a in pairs if not (rl.skip_zero_variance_groups and group_of[x.trajectory_id] in flat)]
-    return Credit(kept, per_turn, len(groups), len(flat), values, targets, critic_values, mc_stats, kl_penalty)
+    return Credit(kept, per_turn, len(groups), len(flat), values, targets, critic_values, mc_stats, kl_penalty, void)
 
 
 def state_values(

@@ -55,7 +55,7 @@ from turnforge.rollout.context import rerender
 from turnforge.rollout.engine import EpisodeRequest, RolloutEngine, make_engine
 from turnforge.seeding import generator, rng, stable_hash
 from turnforge.train.common import GuardedStep, action_entropy, collate
-from turnforge.train.credit import sample_advantage, turn_advantages
+from turnforge.train.credit import drop_void, sample_advantage, turn_advantages
 from turnforge.train.metrics import FlywheelRound
 from turnforge.train.run_dir.failures import check_trajectories
 from turnforge.train.run_dir.session import Session
@@ -345,10 +345,10 @@ def _rft(s: Session, step: GuardedStep, samples: list[Sample], weights: list[flo
 
 def _grpo(s: Session, optimizer: torch.optim.Optimizer, step: GuardedStep, trajs: list[Trajectory],
           replayed: list[Candidate], r: int) -> None:
-    """One GRPO update on the round's plain groups (rl section's advantage settings); the
+    """One GRPO update on the round's plain groups (rl section's advantage settings, rl.malformed); the
     replayed successes join with advantage 1 and the decoupled objective's truncated
     importance weights (they were sampled by older policies)."""
-    ok = [t for t in trajs if t.infra_failure is None]
+    ok, _ = drop_void([t for t in trajs if t.infra_failure is None], s.cfg.rl)
     per_turn = turn_advantages(ok, s.cfg.rl)
     pairs = [(x, sample_advantage(x, per_turn[t.trajectory_id])) for t in ok for x in t.samples]
     pairs += [(x, 1.0) for c in replayed for x in kept_samples([c])]

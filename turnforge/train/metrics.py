@@ -282,6 +282,7 @@ class IterationMetrics:
     critic: CriticStats | None = None
     mc: MCStats | None = None
     kl_penalty_per_turn: float | None = None  # rl.kl_mode=reward: mean KL penalty per turn
+    void_episodes: int = 0  # rl.malformed=void: episodes with a malformed turn, left out of the update
     env_steps: int = 0
     time: float = 0.0
 

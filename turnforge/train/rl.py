@@ -171,6 +171,7 @@ def run_rl(
                 critic=critic_stats,
                 mc=credit.mc,
                 kl_penalty_per_turn=credit.kl_penalty,
+                void_episodes=credit.void_episodes,
             )
             s.metrics.log(record, s.state.env_steps)
             if rstats.turns and rstats.generation_truncations > rstats.turns / 2 and not warned:
