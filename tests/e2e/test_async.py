@@ -25,9 +25,12 @@ def _events(run_dir):
 
 def test_async_eta0_is_on_policy(tmp_path):
     """eta=0: every token was sampled by the weights being updated, so all importance
-    weights are 1 (up to float error between the KV-cache sampler and the trainer)."""
+    weights are 1 (up to float error between the KV-cache sampler and the trainer). Sampled at
+    a tempered T = 0.7: the proximal policy scores the tokens at the temperature they were drawn
+    at (scored at T = 1 the largest IS weight is 1.15), so the update trains the distribution it sampled."""
     summary = train(
-        load_config("sokoban-tiny", FAST + ["engine.mode=async", "engine.eta=0", "rl.skip_zero_variance_groups=false"]),
+        load_config("sokoban-tiny", FAST + ["engine.mode=async", "engine.eta=0", "rl.skip_zero_variance_groups=false",
+                                            "rollout.temperature=0.7"]),
         tmp_path / "r", live=False,
     )
     assert summary.rl_iterations == 3 and summary.engine_mode == "async"

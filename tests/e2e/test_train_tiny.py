@@ -197,3 +197,15 @@ def test_a_log_without_a_tty_has_lines_per_stage_not_per_step(tmp_path, capsys):
     assert lines[-1].startswith(f"done in {summary.wall_seconds:.0f}s: held-out success {summary.eval_after_rl.success_rate:.3f}")
     assert (f"points against the BC policy at its best temperature (T={best.temperature:g}: {best.eval.success_rate:.3f})"
             in lines[-1])
+
+
+def test_tempered_collection_trains_the_distribution_it_sampled(tmp_path):
+    """Episodes sampled at T = 0.7 are scored at T = 0.7 by the update: with one minibatch step
+    per iteration and a negligible learning rate the PPO ratio is 1 on every token (nothing
+    clipped, KL ~0); scored at T = 1 instead, the KL of this nearly uniform tiny start is 1.5e-3
+    (checked by breaking the update that way)."""
+    over = FAST + ["rollout.temperature=0.7", "rl.epochs=1", "rl.minibatch_size=4096", "rl.lr=1e-9",
+                   "rl.skip_zero_variance_groups=false"]
+    train(load_config("sokoban-tiny", over), tmp_path / "run", live=False)
+    for m in read_metrics(tmp_path / "run").iterations:
+        assert m.update.clip_fraction == 0 and abs(m.update.approx_kl) < 1e-4, m.update
