@@ -46,14 +46,15 @@ from _runs import RESULTS, Job, bc_starts, from_bc, run_all
 from turnforge.config import load_config
 from turnforge.train.metrics import RunSummary, read_metrics, read_summary
 
-VARIANTS = ("flywheel", "guidance", "guidance_is", "no_replay", "curriculum", "evolve", "adaptive", "rl_stage", "grpo",
-            "bc_labels")
+VARIANTS = ("flywheel", "guidance", "guidance_is", "no_replay", "curriculum", "anchor", "evolve", "adaptive", "rl_stage",
+            "grpo", "bc_labels")
 LABELS = {
     "flywheel": "flywheel (recipe)",
     "guidance": "with guidance (level 1), guided successes as RFT",
     "guidance_is": "with guidance (level 1), guided successes importance-weighted",
     "no_replay": "without replay (this round's successes only)",
     "curriculum": "with start-state curriculum",
+    "anchor": "with solver-anchored rollouts (reverse curriculum per task)",
     "evolve": "with self-evolving tasks",
     "adaptive": "adaptive allocation (2 probes, up to 4 rollouts)",
     "rl_stage": "RFT, then a GRPO update per round",
@@ -71,7 +72,7 @@ def variant_overrides(variant: str, recipe: str, rounds: int, extra: list[str]) 
     out = [f"flywheel.rounds={rounds}", "rl.iterations=0"]
     if variant == "no_replay":
         out.append(f"flywheel.mechanisms=[{','.join(m for m in mech if m != 'replay')}]")
-    elif variant in ("guidance", "guidance_is", "curriculum", "evolve"):
+    elif variant in ("guidance", "guidance_is", "curriculum", "anchor", "evolve"):
         name = variant.removesuffix("_is")
         out.append(f"flywheel.mechanisms=[{','.join(dict.fromkeys([*mech, name]))}]")
         if variant == "guidance_is":
@@ -85,10 +86,12 @@ def variant_overrides(variant: str, recipe: str, rounds: int, extra: list[str]) 
 
 def bc_labels_job(work: Path, recipe: str, extra: list[str], seed: int, temps: str, flywheel: RunSummary,
                   start: RunSummary) -> Job:
-    """BC from scratch with as many demonstrations as give it the flywheel run's expert labels
-    (a demonstration gives on average the start's expert moves per demonstration)."""
+    """BC from scratch with as many demonstrations as give it the flywheel run's expert labels (its
+    start's demonstrations, hints and expert moves along anchored tasks; a demonstration gives on
+    average the start's expert moves per demonstration)."""
     demo_labels = start.expert_queries.demonstration_actions
-    n = math.ceil((demo_labels + flywheel.expert_queries.hints) / (demo_labels / start.bc.demonstrations))
+    added = flywheel.expert_queries.hints + flywheel.expert_queries.anchor_moves
+    n = math.ceil((demo_labels + added) / (demo_labels / start.bc.demonstrations))
     return Job(recipe, (*extra, f"seed={seed}", f"bc.num_demos={n}", "rl.iterations=0", "flywheel.rounds=0", temps),
                work / f"bc_labels-{seed}")
 
@@ -101,6 +104,7 @@ def record(variant: str, seed: int, summary: RunSummary, start: RunSummary, run_
     rounds = [{"round": x.round, "success": x.eval.success_rate, "entropy": x.entropy, "env_steps": x.env_steps}
               for x in metrics.flywheel]
     grpo_entropy = [{"iteration": x.iteration, "entropy": x.update.entropy} for x in metrics.iterations if x.update]
+    end = summary.boundary_after if variant != "bc_labels" else summary.boundary_start
     return {
         "variant": variant, "seed": seed,
         "heldout_success": after,
@@ -110,15 +114,26 @@ def record(variant: str, seed: int, summary: RunSummary, start: RunSummary, run_
         "bc_t1": start.eval_before_rl.success_rate,
         "gain_over_bc_best_points": round(100 * (after - best.eval.success_rate), 1),
         "env_steps": summary.env_steps,
-        # the flywheel's own runs start from the BC checkpoint: their expert labels are the start's plus their hints
-        "expert_queries": (start.expert_queries.total + summary.expert_queries.hints
+        # the flywheel's own runs start from the BC checkpoint: their expert labels are the start's plus their own
+        "expert_queries": (start.expert_queries.total + summary.expert_queries.hints + summary.expert_queries.anchor_moves
                            if variant != "bc_labels" and summary is not start and summary.expert_queries else
                            summary.expert_queries.total if summary.expert_queries else None),
         "hints": (summary.expert_queries.hints if summary.expert_queries else None),
+        "anchor_moves": (summary.expert_queries.anchor_moves if summary.expert_queries else None),
         "wall_seconds": summary.wall_seconds,
         "rounds": rounds,
         "rl_entropy": grpo_entropy[:: max(len(grpo_entropy) // 12, 1)],
+        # pass@k of the final policy (bc_labels: of its BC policy) at the pass@k temperature, and of the BC start
+        "boundary": _boundary(end), "boundary_start": _boundary(start.boundary_start),
     }
+
+
+def _boundary(b) -> dict | None:
+    if b is None or not b.pass_at_k:
+        return None
+    return {"temperature": b.temperature, "tasks": b.tasks, "samples": b.samples_per_task,
+            "pass_at_k": {str(p.k): p.value for p in b.pass_at_k}, "never_solved_at_8": b.never_solved_at_8,
+            "entropy": b.entropy, "action_mi": b.action_mi}
 
 
 def never_solved(run: Path, checkpoint: str, levels: int, samples: int) -> float:
@@ -183,8 +198,8 @@ def main() -> None:
         if "flywheel" in args.variants:
             summaries[("flywheel", s)] = starts[s]
     run_dir = {k: reused[k[1]] if k[0] == "flywheel" and k[1] in reused else work / f"{k[0]}-{k[1]}" for k in summaries}
-    if "bc_labels" in args.variants:  # as many labels as the variant that asked the expert most (guidance)
-        basis = "guidance" if "guidance" in args.variants else "flywheel"
+    if "bc_labels" in args.variants:  # as many labels as the variant that asked the expert most (anchor or guidance)
+        basis = next(v for v in ("anchor", "guidance", "flywheel") if v in args.variants or v == "flywheel")
         pairs = [(s, summaries.get((basis, s))) for s in starts]
         pairs = [(s, f) for s, f in pairs if f is not None and f.expert_queries is not None]
         label_jobs = [bc_labels_job(work, args.recipe, [threads, *args.extra], s, temps, f, starts[s]) for s, f in pairs]
@@ -252,10 +267,38 @@ def report(records: list[dict], out: Path, args: argparse.Namespace) -> None:
         first = statistics.mean(r["rl_entropy"][0]["entropy"] for r in grpo)
         last = statistics.mean(r["rl_entropy"][-1]["entropy"] for r in grpo)
         lines += ["", f"Plain GRPO's update entropy: {first:.3f} at its first iteration, {last:.3f} at its last."]
+    lines += _boundary_table(runs)
     table = "\n".join(lines) + "\n"
     (out / "flywheel_ablation.md").write_text(table)
     print(table)
     _plot(runs, out / "flywheel_ablation.png")
+
+
+def _boundary_table(runs: list[dict]) -> list[str]:
+    """pass@1, pass@N, the never-solved share at k=8 and the entropy of each variant's final policy
+    (mean over seeds), beside the BC start's: sharpening raises pass@1 only, expansion pass@N too."""
+    got = [r for r in runs if r.get("boundary")]
+    if not got:
+        return []
+    b0 = got[0]["boundary"]
+    n = max(int(k) for k in b0["pass_at_k"])
+    lines = ["", f"What the policies solve: pass@k on {b0['tasks']} held-out tasks x {b0['samples']} samples at "
+             f"T={b0['temperature']:g} (mean over seeds):", "",
+             f"| policy | pass@1 | pass@8 | pass@{n} | never solved@8 | entropy |", "|---|---|---|---|---|---|"]
+
+    def row(name: str, bs: list[dict]) -> str:
+        def m(f):
+            xs = [f(b) for b in bs if f(b) is not None]
+            return f"{statistics.mean(xs):.3f}" if xs else ""
+        return (f"| {name} | {m(lambda b: b['pass_at_k'].get('1'))} | {m(lambda b: b['pass_at_k'].get('8'))} | "
+                f"{m(lambda b: b['pass_at_k'].get(str(n)))} | {m(lambda b: b['never_solved_at_8'])} | {m(lambda b: b['entropy'])} |")
+
+    starts = {r["seed"]: r["boundary_start"] for r in got if r.get("boundary_start")}
+    if starts:
+        lines.append(row("BC start (T=1)", list(starts.values())))
+    for v in dict.fromkeys(r["variant"] for r in got):
+        lines.append(row(LABELS[v], [r["boundary"] for r in got if r["variant"] == v]))
+    return lines
 
 
 def _std(xs: list[float]) -> float:

@@ -400,7 +400,7 @@ class EvalConfig(Section):
 
 FLYWHEEL_FILTERS = ("infra", "success", "reward", "truncation", "loops", "length", "dedup", "task_cap")
 FLYWHEEL_STAGES = ("rft", "rl")
-FLYWHEEL_MECHANISMS = ("guidance", "curriculum", "evolve", "replay")
+FLYWHEEL_MECHANISMS = ("guidance", "curriculum", "anchor", "evolve", "replay")
 
 
 class FlywheelConfig(Section):
@@ -440,6 +440,20 @@ class FlywheelConfig(Section):
     curriculum_starts: int = Field(64, ge=1, description="curriculum: start states per round (from successes on hard tasks)")
     curriculum_advance: float = Field(
         0.5, gt=0, le=1, description="curriculum: success at the current depth that moves the start one turn further back")
+    anchor_tasks: int = Field(64, ge=1, description="anchor: anchored tasks played per round (round robin over the pool)")
+    anchor_rollouts: int = Field(2, ge=1, description="anchor: policy rollouts from each task's anchor state")
+    anchor_start: float = Field(
+        0.5, ge=0, lt=1, description="anchor: share of the expert's moves played before the policy takes over, for a task "
+        "entering the pool (at least one move is left to the policy)")
+    anchor_step: float = Field(
+        0.25, gt=0, le=1, description="anchor: share of the expert's moves (at least one) the anchor moves back when "
+        "success at it reaches anchor_advance, or forward when no rollout succeeded")
+    anchor_advance: float = Field(
+        0.5, gt=0, le=1, description="anchor: success at the anchor that moves it back (at the real start: the task "
+        "graduates and leaves the pool)")
+    anchor_pool: int = Field(256, ge=1, description="anchor: the most tasks in the pool (unsolved tasks wait for a free place)")
+    anchor_patience: int = Field(
+        3, ge=1, description="anchor: rounds without any success at the most help (one move left) before a task is dropped")
     evolve_per_task: int = Field(2, ge=1, description="evolve: derived tasks per failed task")
     evolve_pool: int = Field(256, ge=1, description="evolve: the most live derived tasks")
     replay_size: int = Field(2000, ge=1, description="replay: the most episodes the buffer keeps (oldest out first)")
@@ -448,6 +462,11 @@ class FlywheelConfig(Section):
     rft_epochs: int = Field(2, ge=1, description="rft: passes over the round's training samples")
     rft_lr: LearningRate = Field(3e-4, description="rft: AdamW learning rate")
     rft_batch_size: int = Field(64, ge=1, description="rft: samples per gradient step")
+    entropy_floor: float = Field(
+        0.0, ge=0, le=1, description="rft entropy guard: share of the starting policy's action entropy (round 1's, "
+        "measured before its update) below which each fine-tuning step adds entropy_guard_coef x (floor - the batch's "
+        "mean action entropy) to the loss (0 = off)")
+    entropy_guard_coef: float = Field(1.0, ge=0, description="rft entropy guard: weight of the hinge below the floor")
     eval_episodes: int = Field(200, ge=1, description="Held-out episodes of the evaluation after each round")
     pass_at_k: bool = Field(
         False, description="Also measure pass@k after each round (the eval.pass_at_k_* settings; FlywheelRound.boundary): "

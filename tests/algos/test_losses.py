@@ -97,3 +97,18 @@ def test_entropy_bonus_is_subtracted():
     ent = torch.tensor([[1.0, 3.0]])
     out = ppo_clip_loss(z, z, z, torch.tensor([[0.0, 1.0]]), entropy=ent, entropy_coef=0.1)
     assert math.isclose(out.loss.item(), -0.3, rel_tol=1e-6)
+
+
+def test_entropy_floor_penalty_hand_computed():
+    from turnforge.algos import entropy_floor_penalty
+
+    ent = torch.tensor([[9.0, 0.2, 0.4], [9.0, 9.0, 0.9]], requires_grad=True)
+    mask = torch.tensor([[0.0, 1.0, 1.0], [0.0, 0.0, 1.0]])  # mean entropy over the actions: (0.2 + 0.4 + 0.9) / 3 = 0.5
+    out = entropy_floor_penalty(ent, mask, floor=0.8, coef=2.0)
+    assert math.isclose(out.item(), 2.0 * (0.8 - 0.5), rel_tol=1e-6)
+    out.backward()  # d/dH_i = -coef / 3 on the masked positions, 0 elsewhere
+    torch.testing.assert_close(ent.grad, torch.tensor([[0.0, -2 / 3, -2 / 3], [0.0, 0.0, -2 / 3]]))
+    above = torch.tensor([[0.0, 0.9, 0.9]], requires_grad=True)
+    zero = entropy_floor_penalty(above, torch.tensor([[0.0, 1.0, 1.0]]), floor=0.8, coef=2.0)
+    zero.backward()
+    assert zero.item() == 0.0 and not above.grad.any()  # at or above the floor: no pull at all

@@ -24,12 +24,12 @@ FLY = [
     "bc.num_demos=30", "bc.epochs=2", "bc.batch_size=16", "rollout.max_turns=8", "eval.episodes=10",
     "eval.bc_temperatures=[1.0,0.5]", "rl.iterations=1", "rl.tasks_per_iteration=2", "rl.group_size=2",
     "flywheel.rounds=2", "flywheel.env_steps_per_round=150", "flywheel.tasks_per_wave=8", "flywheel.eval_episodes=10",
-    "flywheel.mechanisms=[guidance,curriculum,evolve,replay]", "flywheel.stages=[rft,rl]", "flywheel.guidance_level=2",
+    "flywheel.mechanisms=[guidance,curriculum,anchor,evolve,replay]", "flywheel.stages=[rft,rl]", "flywheel.guidance_level=2",
     "flywheel.group_size=3", "flywheel.replay_max_success=1.0", "flywheel.allocation=adaptive",
     "eval.pass_at_k_samples=4", "eval.pass_at_k_tasks=3",  # pass@k at the start and the end (and after each round: flywheel.pass_at_k), cheap
 ]
 # a model this small solves nothing: the smoke run trains on every episode the machinery played
-EVERYTHING = ["flywheel.filters=[infra,loops,dedup]"]
+EVERYTHING = ["flywheel.filters=[infra,loops,dedup]", "flywheel.entropy_floor=0.9"]  # and the entropy guard
 
 
 @pytest.mark.slow
@@ -47,7 +47,12 @@ def test_flywheel_run_records_every_mechanism(tmp_path):
     # level 2 hints need the solver: each is counted, and the summary adds the demonstrations' expert moves
     assert summary.expert_queries.hints == rounds[-1].expert_queries > 0
     assert summary.expert_queries.demonstration_actions == summary.bc.demo_env_steps - summary.bc.demo_random_actions
-    assert summary.expert_queries.total == summary.expert_queries.hints + summary.expert_queries.demonstration_actions
+    # round 1's unsolved tasks went to the expert (each move counted) and were played from anchor states in round 2
+    assert rounds[0].anchor == (0, 0) and rounds[1].anchor[0] > 0 and rounds[1].anchor_expert_moves > 0
+    assert rounds[1].anchor_live + rounds[1].anchor_graduated + rounds[1].anchor_dropped > 0
+    assert summary.expert_queries.anchor_moves == rounds[-1].anchor_expert_moves
+    q = summary.expert_queries
+    assert q.total == q.hints + q.demonstration_actions + q.anchor_moves
     best = summary.eval_bc_best_temperature
     assert [e.temperature for e in best.all] == [1.0, 0.5] and best.all[0].result == summary.eval_before_rl
     assert best.eval.success_rate == max(e.result.success_rate for e in best.all)
@@ -58,9 +63,11 @@ def test_flywheel_run_records_every_mechanism(tmp_path):
 
     with TrajectoryStore(out) as store:
         by_source = {row["source"]: row for row in store.sql("SELECT * FROM success_by_source").to_pylist()}
-        assert {"demo", "plain", "guided"} <= set(by_source)
-        played = store.sql("SELECT count(*) AS n FROM trajectories WHERE stage = 'flywheel'").to_pylist()[0]["n"]
-        assert played == sum(sum(getattr(r, s)[0] for s in ("plain", "guided", "curriculum", "evolved")) for r in rounds)
+        assert {"demo", "plain", "guided", "anchor"} <= set(by_source)
+        played = store.sql("SELECT count(*) AS n FROM trajectories WHERE stage = 'flywheel' AND source != 'demo'").to_pylist()[0]["n"]
+        assert played == sum(sum(getattr(r, s)[0] for s in ("plain", "guided", "curriculum", "anchor", "evolved")) for r in rounds)
+        expert = store.sql("SELECT sum(num_turns) AS n FROM trajectories WHERE stage = 'flywheel' AND source = 'demo'")
+        assert expert.to_pylist()[0]["n"] == rounds[1].anchor_expert_moves  # the expert's anchor-finding episodes are stored
 
 
 @pytest.mark.slow

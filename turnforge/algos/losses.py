@@ -127,6 +127,13 @@ def sft_loss(logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return -masked_mean(logprobs, mask.to(logprobs.dtype))
 
 
+def entropy_floor_penalty(entropy: torch.Tensor, mask: torch.Tensor, floor: float, coef: float) -> torch.Tensor:
+    """The entropy guard of fine-tuning on the policy's own successes: ``coef * max(0, floor - H)``
+    with ``H`` the token-level mean entropy over the masked positions; zero (and no gradient)
+    while the batch's entropy is at or above ``floor``."""
+    return coef * torch.relu(floor - masked_mean(entropy, mask.to(entropy.dtype)))
+
+
 def value_loss(
     values: torch.Tensor,  # [B, T] current critic
     old_values: torch.Tensor,  # [B, T] critic at rollout time

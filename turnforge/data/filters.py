@@ -27,10 +27,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
+from turnforge.data.store import SOURCES
 from turnforge.types import Trajectory
-
-#: Where an episode came from (the ``source`` column of the trajectory store).
-SOURCES = ("plain", "guided", "curriculum", "evolved", "replay", "demo")
 
 
 @dataclass(frozen=True)

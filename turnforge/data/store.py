@@ -25,7 +25,8 @@ paid per turn). In DuckDB::
 ``source`` says where an episode came from (one of ``SOURCES``): ``demo`` (expert
 demonstrations), ``plain`` (the policy on a task's real start), ``guided`` (the policy with env
 guidance or hints in its prompt), ``curriculum`` (started from a snapshot state along an
-earlier trajectory), ``evolved`` (a task derived from a failed one), ``replay``. Files written
+earlier trajectory), ``anchor`` (started from a state along the expert's solution of a task the
+policy never solved), ``evolved`` (a task derived from a failed one), ``replay``. Files written
 before the column existed lack it: ``read_trajectories`` gives them a null ``source``;
 ``turnforge.data.query.TrajectoryStore``, which reads all of a run's files as one dataset with
 views per trajectory and success rates by task, round and source (``turnforge data RUN SQL`` on
@@ -81,7 +82,7 @@ SCHEMA = pa.schema(
 )
 
 #: Where an episode came from: the values of the ``source`` column.
-SOURCES: tuple[str, ...] = ("demo", "plain", "guided", "curriculum", "evolved", "replay")
+SOURCES: tuple[str, ...] = ("demo", "plain", "guided", "curriculum", "anchor", "evolved", "replay")
 
 
 def default_source(stage: str) -> str:

@@ -53,6 +53,10 @@ def check_options(cfg: TrainConfig, env: Env) -> None:
         if "curriculum" in mech:
             caps.require("snapshot", env_id, "the start-state curriculum (flywheel.mechanisms has curriculum)",
                          "drop curriculum from flywheel.mechanisms")
+        if "anchor" in mech:
+            for cap in ("snapshot", "expert"):
+                caps.require(cap, env_id, "solver-anchored rollouts (flywheel.mechanisms has anchor)",
+                             "drop anchor from flywheel.mechanisms")
         if "evolve" in mech:
             caps.require("derive", env_id, "self-evolving tasks (flywheel.mechanisms has evolve)",
                          "drop evolve from flywheel.mechanisms")

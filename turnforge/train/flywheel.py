@@ -16,6 +16,10 @@ Each round, top to bottom (``flywheel`` section of the config):
    - ``curriculum`` (start-state curriculum): unguided episodes started from env snapshots
      along earlier successes on hard tasks, ``depth`` turns before their end; the depth grows
      by one when the success at it reaches ``curriculum_advance``;
+   - ``anchor`` (BREAD / R3): tasks no plain rollout solved are solved once by the env's
+     expert; the policy plays on from a state along that solution, an anchor that moves back
+     toward the real start, per task, as the policy's success at it rises
+     (``turnforge.train.anchors``);
    - ``evolve`` (WebRL): the env derives easier tasks from each failed one
      (``Env.derive_tasks``); they are played in later rounds while informative and retired
      when a round solves all of their rollouts (or, unsolved, after three rounds);
@@ -30,8 +34,9 @@ Each round, top to bottom (``flywheel`` section of the config):
    ``turnforge.train.boundary``), log a ``FlywheelRound`` record, write the round's episodes to
    ``trajectories/flywheel_RRRRR.parquet`` (``source`` column).
 
-Every expert query is counted (``FlywheelRound.expert_queries``): hints that needed the
-env's solver. Departures from the papers: XRPO allocates by a bandit over uncertainty and
+Every expert query is counted: hints that needed the env's solver
+(``FlywheelRound.expert_queries``) and the expert's moves along anchored tasks
+(``FlywheelRound.anchor_expert_moves``). Departures from the papers: XRPO allocates by a bandit over uncertainty and
 novelty, here by a two-stage probe; WebRL derives tasks with an LLM, here with an env hook;
 Agent-RLVR trains guided trajectories with RL, here with RFT (or importance-weighted RFT).
 """
@@ -44,16 +49,18 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import torch
 
+from turnforge.algos import entropy_floor_penalty
 from turnforge.config import TrainConfig
 from turnforge.data.filters import Candidate, FilterCount, FilterParams, apply_filters, kept_samples
 from turnforge.data.store import write_trajectories
 from turnforge.envs.base import strip_guidance
 from turnforge.errors import RunStopped
 from turnforge.policy.generate import token_logprobs
-from turnforge.rollout.actors import PolicyActor
+from turnforge.rollout.actors import Actor, ExpertActor, PolicyActor
 from turnforge.rollout.context import rerender
 from turnforge.rollout.engine import EpisodeRequest, RolloutEngine, make_engine
 from turnforge.seeding import generator, rng, stable_hash
+from turnforge.train import anchors
 from turnforge.train.common import GuardedStep, action_entropy, collate
 from turnforge.train.credit import drop_void, sample_advantage, turn_advantages
 from turnforge.train.metrics import FlywheelRound
@@ -81,6 +88,8 @@ class FlywheelState:
     evolved: dict[str, tuple[Task, int]] = field(default_factory=dict)  # task id -> (task, rounds played unsolved)
     retired: int = 0
     expert_queries: int = 0
+    start_entropy: float | None = None  # round 1's action entropy before its update (the entropy guard's reference)
+    anchors: anchors.AnchorPool = field(default_factory=anchors.AnchorPool)
 
 
 def guided_config(cfg: TrainConfig) -> TrainConfig:
@@ -117,11 +126,12 @@ def _round(s: Session, st: FlywheelState, guided: RolloutEngine | None, optimize
     played: list[tuple[Trajectory, str]] = []
     steps = 0
 
-    def play(engine: RolloutEngine, requests: list[EpisodeRequest], source: str) -> list[Trajectory]:
+    def play(engine: RolloutEngine, requests: list[EpisodeRequest], source: str, by: Actor = actor,
+             snapshots: bool = keep) -> list[Trajectory]:
         nonlocal steps
         if not requests:
             return []
-        trajs, stats = engine.play(requests, actor, keep_snapshots=keep)
+        trajs, stats = engine.play(requests, by, keep_snapshots=snapshots)
         check_trajectories(f"flywheel round {r + 1}", env.env_id, trajs, cfg.max_failure_share, kind=f"{source} episodes")
         steps += stats.turns
         played.extend((t, source) for t in trajs)
@@ -147,6 +157,10 @@ def _round(s: Session, st: FlywheelState, guided: RolloutEngine | None, optimize
             depth_success = _successes(ok) / max(len(ok), 1)
             if depth_success >= fw.curriculum_advance:
                 st.depth += 1
+        if "anchor" in fw.mechanisms:  # last round's unsolved tasks to the expert, then the anchored episodes
+            anchors.admit(st.anchors, cfg, lambda reqs: play(engine, reqs, "demo", ExpertActor(), True), r)
+            got = play(engine, anchors.requests(st.anchors, cfg, r, engine.caps.reseed), "anchor")
+            anchors.update(st.anchors, got, cfg)
         pool = [t for t, _ in st.evolved.values()]
         evolved = [pool[int(i)] for i in rng(cfg.seed, "flywheel-evolved", r).permutation(len(pool))[:fw.tasks_per_wave]]
         wave = 0
@@ -171,12 +185,14 @@ def _round(s: Session, st: FlywheelState, guided: RolloutEngine | None, optimize
                 guided_trajs += got
                 st.expert_queries += sum(int(turn.info.get("n_expert_queries", 0)) for t in got for turn in t.turns)
     rate = {k: _successes(v) / max(sum(t.infra_failure is None for t in v), 1) for k, v in plain.items()}
+    if "anchor" in fw.mechanisms:
+        anchors.wait(st.anchors, unsolved, cfg)
     if "evolve" in fw.mechanisms:
         _evolve(s, st, plain, unsolved, r)
 
     # 3. filter and route
     params = FilterParams(fw.min_reward, fw.max_length, fw.per_task_cap)
-    candidates = [Candidate.of(t, src) for t, src in played if src != "guided"]
+    candidates = [Candidate.of(t, src) for t, src in played if src not in ("guided", "demo")]
     candidates += [c for c in (_unguided(s, t) for t in guided_trajs) if c is not None]
     kept, counts = apply_filters(candidates, fw.filters, params)
     hard = [c for c in kept if c.trajectory.success and c.source != "curriculum"
@@ -191,6 +207,8 @@ def _round(s: Session, st: FlywheelState, guided: RolloutEngine | None, optimize
 
     # 4. train
     entropy = action_entropy(s.policy, [x for group in plain.values() for t in group for x in t.samples])
+    if st.start_entropy is None:
+        st.start_entropy = entropy
     rft_samples = 0
     for stage in fw.stages:
         if stage == "rft":
@@ -200,7 +218,8 @@ def _round(s: Session, st: FlywheelState, guided: RolloutEngine | None, optimize
                 raise RunStopped(f"flywheel round {r + 1}: no episode passed the filters ({_funnel(counts)}); "
                                  "nothing to train on (loosen flywheel.filters or raise flywheel.env_steps_per_round)")
             rft_samples = len(samples)
-            _rft(s, step, samples, weights, r)
+            floor = fw.entropy_floor * (st.start_entropy or 0.0)
+            _rft(s, step, samples, weights, r, floor)
         else:
             _grpo(s, optimizer, step, [t for v in plain.values() for t in v], replayed, r)
         policy.version += 1
@@ -224,13 +243,18 @@ def _round(s: Session, st: FlywheelState, guided: RolloutEngine | None, optimize
         filters=counts, rft_samples=rft_samples, replay_size=len(st.replay), curriculum_depth=st.depth,
         curriculum_success=depth_success, evolved_live=len(st.evolved), evolved_retired=st.retired,
         expert_queries=st.expert_queries, entropy=entropy, eval=result, seconds=round(time.time() - t0, 2),
-        boundary=boundary,
+        boundary=boundary, anchor=count("anchor"), anchor_live=len(st.anchors.anchors),
+        anchor_graduated=st.anchors.graduated, anchor_dropped=st.anchors.dropped,
+        anchor_expert_share=st.anchors.expert_share(), anchor_expert_moves=st.anchors.expert_moves,
     )
     s.metrics.log(record, s.state.env_steps)
     s.progress.message(
         f"flywheel round {r + 1}: {steps} env steps, plain {record.plain[1]}/{record.plain[0]}, guided "
         f"{record.guided[1]}/{record.guided[0]}, curriculum {record.curriculum[1]}/{record.curriculum[0]}, evolved "
-        f"{record.evolved[1]}/{record.evolved[0]}; kept {len(kept)} episodes, {rft_samples} samples; "
+        f"{record.evolved[1]}/{record.evolved[0]}"
+        + (f", anchored {record.anchor[1]}/{record.anchor[0]} ({record.anchor_live} tasks in the pool, "
+           f"{record.anchor_graduated} graduated)" if "anchor" in fw.mechanisms else "")
+        + f"; kept {len(kept)} episodes, {rft_samples} samples; "
         f"held-out success {result.success_rate:.3f}"
     )
     return record
@@ -321,8 +345,12 @@ def _is_weights(s: Session, samples: list[Sample]) -> list[float]:
     return torch.exp(log_ratio).clamp(max=1.0).tolist()
 
 
-def _rft(s: Session, step: GuardedStep, samples: list[Sample], weights: list[float], r: int) -> None:
-    """Supervised epochs on the kept samples' action tokens (weighted per sample)."""
+def _rft(s: Session, step: GuardedStep, samples: list[Sample], weights: list[float], r: int, floor: float = 0.0) -> None:
+    """Supervised epochs on the kept samples' action tokens (weighted per sample). With an
+    entropy ``floor`` > 0 (the guard), a batch whose mean action entropy is below it adds
+    ``entropy_guard_coef x (floor - entropy)`` to the loss: fine-tuning on the policy's own
+    successes then sharpens it only down to the floor (an entropy-targeting hinge, in the spirit
+    of clip-higher and Clip-Cov, which act on the PPO ratio instead)."""
     fw, policy = s.cfg.flywheel, s.policy
     for group in step.optimizer.param_groups:
         group["lr"] = fw.rft_lr
@@ -335,9 +363,13 @@ def _rft(s: Session, step: GuardedStep, samples: list[Sample], weights: list[flo
             for k, b in enumerate(range(0, len(samples), fw.rft_batch_size)):
                 idx = order[b:b + fw.rft_batch_size]
                 batch = collate([samples[i] for i in idx], policy.pad_id)
-                lp, _ = token_logprobs(policy.model, batch.ids, batch.attention, positions=batch.mask)
+                lp, ent = token_logprobs(policy.model, batch.ids, batch.attention, with_entropy=floor > 0,
+                                         positions=batch.mask)
                 mask = batch.mask * w_all[idx][:, None]
-                step(-(lp * mask).sum() / batch.mask.sum().clamp(min=1))
+                loss = -(lp * mask).sum() / batch.mask.sum().clamp(min=1)
+                if floor > 0:
+                    loss = loss + entropy_floor_penalty(ent, batch.mask, floor, fw.entropy_guard_coef)
+                step(loss)
                 s.state.train_tokens += batch.num_tokens
                 report(epoch * per_epoch + k + 1)
     policy.model.eval()
@@ -389,7 +421,7 @@ def write_flywheel_report(run_dir, summary) -> None:
     ax1.set(xlabel="round (0 = after BC)", ylabel="held-out success", ylim=(-0.02, 1.02), title="held-out success per round")
     ax1.legend(loc="lower right")
     bottom = np.zeros(len(rounds))
-    for src in ("plain", "guided", "curriculum", "evolved"):
+    for src in ("plain", "guided", "curriculum", "anchor", "evolved"):
         ys = np.array([getattr(x, src)[1] for x in rounds], dtype=float)
         ax2.bar(xs[1:], ys, bottom=bottom, label=src)
         bottom += ys
@@ -411,7 +443,7 @@ def write_flywheel_report(run_dir, summary) -> None:
              + f", final {summary.eval_after_rl.success_rate:.3f}"
              + (f" ({summary.gain_over_bc_best_points:+.1f} points over BC at its best temperature)" if best else "") + ".",
              f"Expert queries: {summary.expert_queries.total} ({summary.expert_queries.demonstration_actions} demonstration "
-             f"moves, {summary.expert_queries.hints} hints).", "",
+             f"moves, {summary.expert_queries.hints} hints, {summary.expert_queries.anchor_moves} moves along anchored tasks).", "",
              "![flywheel](flywheel.png)", "",
              "| round | env steps | plain | guided | curriculum | evolved | unsolved tasks | RFT samples | replay | depth | "
              "entropy | held-out |" + (" pass@1 | pass@N | never solved@8 |" if per_round else ""),
@@ -423,6 +455,13 @@ def write_flywheel_report(run_dir, summary) -> None:
         lines.append(f"| {x.round} | {x.round_env_steps} | {pair(x.plain)} | {pair(x.guided)} | {pair(x.curriculum)} | "
                      f"{pair(x.evolved)} | {x.unsolved_tasks} | {x.rft_samples} | {x.replay_size} | {x.curriculum_depth} | "
                      f"{ent} | {x.eval.success_rate:.3f} ({x.eval.episodes}) |" + (_round_boundary(x.boundary) if per_round else ""))
+    last = rounds[-1]
+    if any(x.anchor[0] for x in rounds):
+        share = "" if last.anchor_expert_share is None else f", the expert's share of their solutions {last.anchor_expert_share:.2f}"
+        lines += ["", f"Anchored tasks (never solved by plain rollouts; the policy plays on from a state along the expert's "
+                  f"solution): {sum(x.anchor[1] for x in rounds)}/{sum(x.anchor[0] for x in rounds)} anchored episodes "
+                  f"succeeded; {last.anchor_graduated} tasks graduated (solved from their real start), {last.anchor_live} "
+                  f"left in the pool{share}, {last.anchor_dropped} dropped; {last.anchor_expert_moves} expert moves."]
     lines += ["", "Filters (episodes in -> out, kept turns in -> out, all rounds):", ""]
     for i, name in enumerate(names):
         f = [x.filters[i] for x in rounds]

@@ -155,6 +155,12 @@ class FlywheelRound:
     eval: EvalResult
     seconds: float
     boundary: BoundaryReport | None = None  # pass@k after the round (flywheel.pass_at_k)
+    anchor: tuple[int, int] = (0, 0)  # episodes from anchor states along the expert's solutions
+    anchor_live: int = 0  # tasks in the anchor pool after the round
+    anchor_graduated: int = 0  # anchored tasks solved from their real start at anchor_advance, so far
+    anchor_dropped: int = 0  # anchored tasks given up (no success at the most help), so far
+    anchor_expert_share: float | None = None  # mean share of the expert's moves played before the policy's, over the pool
+    anchor_expert_moves: int = 0  # expert moves played to find anchor states, so far
     env_steps: int = 0
     time: float = 0.0
 
@@ -184,6 +190,7 @@ class ExpertQueries:
     demonstration_actions: int  # expert moves in the BC demonstrations (random moves of a noisy one left out)
     hints: int  # solver-backed hints shown in guided flywheel episodes
     total: int
+    anchor_moves: int = 0  # expert moves played to find the flywheel's anchor states
 
 
 @dataclass(frozen=True)

@@ -278,7 +278,7 @@ def run_summary(s: Session, after: EvalResult, rl_seconds: float | None,
         env_pool=engine.pool_stats(), software=Software.current(), peak_memory=peak_memory(),
         eval_bc_best_temperature=best, flywheel_rounds=cfg.flywheel.rounds,
         gain_over_bc_best_points=None if best is None else round(100 * (after.success_rate - best.eval.success_rate), 2),
-        expert_queries=ExpertQueries(demos, state.hints, demos + state.hints),
+        expert_queries=ExpertQueries(demos, state.hints, demos + state.hints + state.anchor_moves, state.anchor_moves),
         boundary_start=state.boundary_start, boundary_after=boundary_after,
     )
 

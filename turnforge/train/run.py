@@ -85,6 +85,7 @@ def train(cfg: TrainConfig, out: str | Path, *, resume: bool = False, live: bool
         if cfg.flywheel.rounds > 0 and state.stage == "bc":
             rounds = run_flywheel(s, optimizer)
             state.hints = rounds[-1].expert_queries
+            state.anchor_moves = rounds[-1].anchor_expert_moves
             state.stage = "flywheel"
             state.wall_seconds = s.wall_seconds()
             save_resumable(run_dir, policy, state, TrainingState(version=policy.version, optimizer=optimizer.state_dict()))

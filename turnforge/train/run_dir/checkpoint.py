@@ -52,6 +52,7 @@ class TrainerState:
     value_pretrain: ValuePretrainStats | None = None
     bc_temperatures: BestTemperature | None = None  # the BC policy at eval.bc_temperatures
     hints: int = 0  # solver-backed hints of the flywheel stage
+    anchor_moves: int = 0  # expert moves of the flywheel's anchor states
     boundary_start: BoundaryReport | None = None  # pass@k and friends of the start (eval.pass_at_k_samples > 0)
 
 
