@@ -499,6 +499,7 @@ async function viewOverview() {
     { label: "guided", n: 1, get: (r) => `${r["guided.0"]} / ${r["guided.1"]}` },
     { label: "curriculum", n: 1, get: (r) => `${r["curriculum.0"]} / ${r["curriculum.1"]}` },
     { label: "evolved", n: 1, get: (r) => `${r["evolved.0"]} / ${r["evolved.1"]}` },
+    { label: "anchored (graduated)", n: 1, get: (r) => r["anchor.0"] === undefined ? "" : `${r["anchor.0"]} / ${r["anchor.1"]} (${r.anchor_graduated})` },
     { label: "unsolved tasks", n: 1, get: (r) => r.unsolved_tasks }, { label: "RFT samples", n: 1, get: (r) => r.rft_samples },
     { label: "entropy", n: 1, get: (r) => num(r.entropy) },
   ], seriesRows(o, "flywheel_round")), (o) => seriesRows(o, "flywheel_round").length > 0);
