@@ -58,6 +58,9 @@ def test_requests_round_robin_start_states_and_turn_budget():
     assert len({r.trajectory_id for r in reqs}) == 6 and len({r.env_seed for r in reqs[:3]}) == 3
     assert list(pool.anchors) == [_id(2), _id(0), _id(1)]  # played tasks went to the back
     assert [r.task.task_id for r in anchors.requests(pool, CFG, 1, reseed=True)] == [_id(2)] * 3 + [_id(0)] * 3
+    small = CFG.model_copy(update={"flywheel": CFG.flywheel.model_copy(update={"env_steps_per_round": 2 * 3 * CFG.rollout.max_turns})})
+    pool = AnchorPool({_id(i): Anchor(_task(i), _snaps(6), 1, 1) for i in range(3)})
+    assert len(anchors.requests(pool, small, 0, reseed=False)) == 3  # one task: its worst case is half the budget
     again = anchors.requests(AnchorPool({_id(0): Anchor(_task(0), _snaps(6), 3, 1)}), CFG, 1, reseed=True)
     assert all(r.reseed == r.env_seed for r in again)  # a fresh future per rollout where the env can reseed
 

@@ -122,9 +122,12 @@ def admit(pool: AnchorPool, cfg: TrainConfig, play_expert: Callable[[list[Episod
 
 def requests(pool: AnchorPool, cfg: TrainConfig, r: int, reseed: bool) -> list[EpisodeRequest]:
     """This round's anchored episodes: ``anchor_rollouts`` from each of the next ``anchor_tasks``
-    tasks of the pool (round robin: played tasks move to the back)."""
+    tasks of the pool (round robin: played tasks move to the back), but no more tasks than keep
+    their worst case (every episode to ``rollout.max_turns``) within half of the round's env-step
+    budget, so plain collection always has the other half."""
     fw = cfg.flywheel
-    picked = list(pool.anchors)[:fw.anchor_tasks]
+    cap = max(1, fw.env_steps_per_round // (2 * fw.anchor_rollouts * cfg.rollout.max_turns))
+    picked = list(pool.anchors)[:min(fw.anchor_tasks, cap)]
     for key in picked:  # to the back of the round robin
         pool.anchors[key] = pool.anchors.pop(key)
     out = []
