@@ -440,7 +440,7 @@ class FlywheelConfig(Section):
     curriculum_starts: int = Field(64, ge=1, description="curriculum: start states per round (from successes on hard tasks)")
     curriculum_advance: float = Field(
         0.5, gt=0, le=1, description="curriculum: success at the current depth that moves the start one turn further back")
-    anchor_tasks: int = Field(64, ge=1, description="anchor: anchored tasks played per round (round robin over the pool)")
+    anchor_tasks: int = Field(64, ge=1, description="anchor: anchored tasks played per round (round robin over the pool; fewer where their worst case would pass half of env_steps_per_round)")
     anchor_rollouts: int = Field(4, ge=1, description="anchor: policy rollouts from each task's anchor state")
     anchor_start: float = Field(
         0.5, ge=0, lt=1, description="anchor: share of the expert's moves played before the policy takes over, for a task "
