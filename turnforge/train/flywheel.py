@@ -22,7 +22,9 @@ Each round, top to bottom (``flywheel`` section of the config):
 3. filter (``turnforge.data.filters``) and route: the kept episodes go to rejection-sampling
    fine-tuning (``rft``: the loss on the policy's own action tokens); a kept success on a
    task the plain policy mostly fails (plain success <= ``replay_max_success``) also enters
-   the replay buffer (``replay``), trained on again in later rounds;
+   the replay buffer (``replay``), trained on again in later rounds; with ``weighting=mc_awr`` (for
+   stochastic envs) every turn of the round's episodes is trained on instead, weighted by its
+   Monte-Carlo advantage from env-snapshot restarts made after each wave (``turnforge.train.awr``);
 4. train: the stages in ``stages`` order: ``rft`` (supervised epochs on this round's kept
    samples plus the replay buffer), ``rl`` (one GRPO update on the round's plain groups,
    replayed samples added with the decoupled objective's truncated importance weights);
@@ -54,6 +56,7 @@ from turnforge.rollout.actors import PolicyActor
 from turnforge.rollout.context import rerender
 from turnforge.rollout.engine import EpisodeRequest, RolloutEngine, make_engine
 from turnforge.seeding import generator, rng, stable_hash
+from turnforge.train.awr import AWRRound
 from turnforge.train.common import GuardedStep, action_entropy, collate
 from turnforge.train.credit import drop_void, sample_advantage, turn_advantages
 from turnforge.train.metrics import FlywheelRound
@@ -113,7 +116,8 @@ def _round(s: Session, st: FlywheelState, guided: RolloutEngine | None, optimize
     env = engine.env
     t0 = time.time()
     actor = PolicyActor(policy, cfg.rollout.max_new_tokens, fw.temperature, generator(cfg.seed, "flywheel", r))
-    keep = "curriculum" in fw.mechanisms  # snapshots of every episode: later curriculum starts
+    keep = "curriculum" in fw.mechanisms or fw.weighting == "mc_awr"  # snapshots: curriculum starts, mc_awr restarts
+    awr = AWRRound.start(s, r) if fw.weighting == "mc_awr" else None
     played: list[tuple[Trajectory, str]] = []
     steps = 0
 
@@ -164,6 +168,9 @@ def _round(s: Session, st: FlywheelState, guided: RolloutEngine | None, optimize
                 unsure = [t for t in tasks if 0 < _successes(plain[t.task_id]) < len(plain[t.task_id])]
                 for t in play(engine, requests(unsure, fw.group_size - first, "p", first), source):
                     plain[t.task.task_id].append(t)
+            if awr is not None:  # Q and V of the wave's states; the restarts count in the round's budget
+                steps += awr.estimate([x for t in tasks for x in plain[t.task_id]])
+                report(min(steps, fw.env_steps_per_round))
             failed = [t for t in tasks if _successes(plain[t.task_id]) == 0 and any(x.infra_failure is None for x in plain[t.task_id])]
             unsolved += failed
             if guided is not None and failed:
@@ -191,11 +198,14 @@ def _round(s: Session, st: FlywheelState, guided: RolloutEngine | None, optimize
 
     # 4. train
     entropy = action_entropy(s.policy, [x for group in plain.values() for t in group for x in t.samples])
-    rft_samples = 0
+    rft_samples, awr_stats = 0, None
     for stage in fw.stages:
         if stage == "rft":
             data = kept + replayed
-            samples, weights = _rft_data(s, data)
+            if awr is not None:  # every turn of the round's episodes, weighted by its Monte-Carlo advantage
+                samples, weights, awr_stats = awr.training_data()
+            else:
+                samples, weights = _rft_data(s, data)
             if not samples:
                 raise RunStopped(f"flywheel round {r + 1}: no episode passed the filters ({_funnel(counts)}); "
                                  "nothing to train on (loosen flywheel.filters or raise flywheel.env_steps_per_round)")
@@ -224,14 +234,15 @@ def _round(s: Session, st: FlywheelState, guided: RolloutEngine | None, optimize
         filters=counts, rft_samples=rft_samples, replay_size=len(st.replay), curriculum_depth=st.depth,
         curriculum_success=depth_success, evolved_live=len(st.evolved), evolved_retired=st.retired,
         expert_queries=st.expert_queries, entropy=entropy, eval=result, seconds=round(time.time() - t0, 2),
-        boundary=boundary,
+        boundary=boundary, awr=awr_stats,
     )
     s.metrics.log(record, s.state.env_steps)
     s.progress.message(
         f"flywheel round {r + 1}: {steps} env steps, plain {record.plain[1]}/{record.plain[0]}, guided "
         f"{record.guided[1]}/{record.guided[0]}, curriculum {record.curriculum[1]}/{record.curriculum[0]}, evolved "
         f"{record.evolved[1]}/{record.evolved[0]}; kept {len(kept)} episodes, {rft_samples} samples; "
-        f"held-out success {result.success_rate:.3f}"
+        + (f"mc_awr: {awr_stats.states} states, {awr_stats.env_steps} restart steps, ESS {awr_stats.ess:.2f}; " if awr_stats else "")
+        + f"held-out success {result.success_rate:.3f}"
     )
     return record
 

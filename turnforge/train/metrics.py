@@ -131,6 +131,25 @@ class BoundaryReport:
 
 
 @dataclass(frozen=True)
+class AWRStats:
+    """A flywheel round's advantage-weighted regression (``flywheel.weighting=mc_awr``,
+    ``turnforge.train.awr``): Monte-Carlo restarts and the weights they gave."""
+
+    states: int  # distinct states whose V(s) was estimated
+    actions: int  # distinct (state, action) pairs whose Q(s, a) was estimated
+    restarts: int  # Monte-Carlo episodes played (failed ones included)
+    failed: int  # restarts lost to infrastructure failures (left out of the means)
+    env_steps: int  # env steps of the restarts (part of the round's env_steps)
+    samples: int  # turns weighted (every turn of the round's scored episodes)
+    value_stderr: float  # mean standard error of the V and Q estimates
+    mean_abs_advantage: float  # mean |Q(s, a) - V(s)| over the samples
+    positive_share: float  # share of samples with A > 0
+    mean_weight: float
+    clipped_share: float  # share of samples at flywheel.awr_max_weight
+    ess: float  # Kish's effective sample size of the weights, as a share of the samples
+
+
+@dataclass(frozen=True)
 class FlywheelRound:
     """One data-flywheel round (``turnforge.train.flywheel``). Episode counts are
     (scored episodes, successes) per source, infrastructure failures left out."""
@@ -155,6 +174,7 @@ class FlywheelRound:
     eval: EvalResult
     seconds: float
     boundary: BoundaryReport | None = None  # pass@k after the round (flywheel.pass_at_k)
+    awr: AWRStats | None = None  # flywheel.weighting=mc_awr: the round's Monte-Carlo advantages and weights
     env_steps: int = 0
     time: float = 0.0
 
@@ -334,7 +354,7 @@ class RunSummary:
     recipe: str
     seed: int
     wall_seconds: float  # the whole run, interrupted parts included
-    env_steps: int  # turns played by the policy and the demonstrator (Monte-Carlo rollouts apart)
+    env_steps: int  # turns played by the policy and the demonstrator (and the flywheel's mc_awr restarts; the RL stage's Monte-Carlo rollouts apart)
     mc_env_steps: int
     train_tokens: int
     eval_before_rl: EvalResult
