@@ -466,23 +466,23 @@ class FlywheelConfig(Section):
         return value
 
     # step-level value instead of the success filter (turnforge.train.awr): advantage-weighted regression
-    # on Monte-Carlo Q values from restarts of env snapshots
-    weighting: Literal["success", "mc_awr"] = Field(
+    weighting: Literal["success", "mc_awr", "group_awr"] = Field(
         "success", description="What the rft stage trains on: 'success' the episodes that pass flywheel.filters (and "
-        "the replay buffer); 'mc_awr' every turn of the round's own episodes, failed ones included, weighted by "
-        "min(exp(A / awr_beta), awr_max_weight) with A = Q(s, a) - V(s) from mc_restarts restarts of the env's "
-        "snapshot of each state (filters and mechanisms are not used; for stochastic envs)")
+        "the replay buffer); for stochastic envs, every turn of the round's own episodes, failed ones included, weighted "
+        "by min(exp(A / awr_beta), awr_max_weight) (filters and mechanisms not used), with A = Q(s, a) - V(s) from "
+        "mc_restarts restarts of the env's snapshot of each state ('mc_awr'), or A = the turn's return minus the mean "
+        "return of the group's turns taken in the same state (GiGPO's anchor-state groups, no restarts: 'group_awr')")
     mc_restarts: int = Field(
         4, ge=1, description="mc_awr: restarts K from a visited state's snapshot per estimate, V(s) and Q(s, a) of each "
         "distinct action taken there, each with a fresh env future; their env steps count in env_steps_per_round")
     mc_tails: Literal["policy", "bc", "random"] = Field(
         "policy", description="mc_awr: who plays the restarts (after Q's first action): the policy being trained, at "
         "flywheel.temperature (Q and V of the collecting policy), the frozen BC policy, or uniform random actions")
-    mc_gamma: float = Field(1.0, ge=0, le=1, description="mc_awr: discount per turn of the restarts' returns (1: the "
-                            "chance of success within the turns the episode had left, for 0/1 success rewards)")
-    awr_beta: float = Field(0.1, gt=0, description="mc_awr: temperature beta of the weights exp(A / beta), in reward units")
-    awr_max_weight: float = Field(20.0, gt=0, description="mc_awr: the largest weight of a sample (AWR's clip)")
-
+    awr_gamma: float = Field(1.0, ge=0, le=1, description="mc_awr, group_awr: discount per turn of the returns (1: "
+                             "the chance of success within the turns the episode had left, for 0/1 success rewards)")
+    awr_beta: float = Field(0.1, gt=0, description="mc_awr, group_awr: temperature beta of the weights exp(A / beta), "
+                            "in reward units")
+    awr_max_weight: float = Field(20.0, gt=0, description="mc_awr, group_awr: the largest weight of a sample (AWR's clip)")
 
 class AgentConfig(Section):
     """Train an agent program through the OpenAI-compatible gateway (``turnforge.gateway``)
@@ -606,14 +606,16 @@ def incompatible_options(cfg: TrainConfig) -> str | None:
     if cfg.flywheel.pass_at_k and cfg.eval.pass_at_k_samples == 0:
         return "flywheel.pass_at_k=true measures pass@k after each round with eval.pass_at_k_samples samples per task; set it above 0"
     fw = cfg.flywheel
-    if fw.weighting == "mc_awr" and fw.rounds > 0:
+    if fw.weighting != "success" and fw.rounds > 0:
+        w = f"flywheel.weighting={fw.weighting}"
         if fw.mechanisms:
-            return (f"flywheel.weighting=mc_awr trains on the round's own episodes; flywheel.mechanisms={fw.mechanisms} "
-                    "add or replay others: set flywheel.mechanisms=[]")
+            return f"{w} trains on the round's own episodes; flywheel.mechanisms={fw.mechanisms} add or replay others: set flywheel.mechanisms=[]"
         if "rft" not in fw.stages:
-            return "flywheel.weighting=mc_awr weighs the samples of the rft stage: add rft to flywheel.stages"
+            return f"{w} weighs the samples of the rft stage: add rft to flywheel.stages"
         if cfg.rollout.context != "window":
-            return "flywheel.weighting=mc_awr weighs each turn's sample and needs rollout.context=window (got full_history)"
+            return f"{w} weighs each turn's sample and needs rollout.context=window (got full_history)"
+        if fw.weighting == "group_awr" and fw.group_size < 2:
+            return "flywheel.weighting=group_awr compares the turns of a task's group taken in one state: set flywheel.group_size >= 2"
     if critic.pretrain_episodes > 0 and not critic.enabled:
         return "critic.pretrain_episodes > 0 pretrains the learned critic, but critic.enabled=false"
     if rl.advantage == "mc_grpo" and cfg.rollout.context == "full_history":

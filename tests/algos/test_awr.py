@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from turnforge.algos.awr import awr_weights, effective_sample_size
+from turnforge.algos.awr import anchor_state_advantages, awr_weights, effective_sample_size
 
 
 def test_awr_weights_hand_computed():
@@ -41,3 +41,22 @@ def test_effective_sample_size_hand_computed():
     assert effective_sample_size(torch.tensor([0.0, 5.0, 0.0, 0.0])) == pytest.approx(0.25)
     with pytest.raises(ValueError, match=">= 0"):
         effective_sample_size(torch.tensor([1.0, -1.0]))
+
+
+def test_anchor_state_advantages_hand_computed():
+    # episode 0: states a, b, c, actions x, y, x, rewards 0, 0, 1 (success); episode 1: a, b, d with
+    # x, x, x and 0, 0, 0; episode 2: a, e with y, x and 0, -0.1.
+    # gamma = 0.5: returns 0.25, 0.5, 1 | 0, 0, 0 | -0.05, -0.1
+    # state a: V = (0.25 + 0 - 0.05) / 3 = 0.2 / 3; Q(a, x) = (0.25 + 0) / 2 = 0.125, Q(a, y) = -0.05
+    # state b: V = 0.25; Q(b, y) = 0.5, Q(b, x) = 0; c, d, e: visited once -> A = 0, visits 1
+    rewards = torch.tensor([0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, -0.1])
+    episodes = torch.tensor([0, 0, 0, 1, 1, 1, 2, 2])
+    a, b, c, d, e = range(5)
+    states = torch.tensor([a, b, c, a, b, d, a, e])
+    x, y = 0, 1
+    actions = torch.tensor([x, y, x, x, x, x, y, x])
+    adv, visits = anchor_state_advantages(rewards, episodes, states, actions, gamma=0.5)
+    v = 0.2 / 3
+    want = torch.tensor([0.125 - v, 0.25, 0.0, 0.125 - v, -0.25, 0.0, -0.05 - v, 0.0])
+    torch.testing.assert_close(adv, want)
+    assert visits.tolist() == [3, 2, 1, 3, 2, 1, 3, 1]

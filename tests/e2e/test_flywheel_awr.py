@@ -19,7 +19,8 @@ AWR = [
     "eval.episodes=4", "eval.bc_temperatures=[]", "eval.pass_at_k_samples=0", "rl.iterations=0",
     "flywheel.rounds=1", "flywheel.env_steps_per_round=40", "flywheel.tasks_per_wave=2", "flywheel.group_size=2",
     "flywheel.allocation=uniform", "flywheel.mechanisms=[]", "flywheel.eval_episodes=4",
-    "flywheel.weighting=mc_awr", "flywheel.mc_restarts=2", "flywheel.awr_beta=0.05", "threads=1",
+    "flywheel.weighting=mc_awr", "flywheel.mc_restarts=2", "flywheel.awr_beta=0.05",
+    "threads=1",  # the tiny model's kernels are faster on one thread than on two contended ones
 ]
 
 
@@ -41,3 +42,19 @@ def test_a_flywheel_round_with_mc_awr(tmp_path):
     # the weighted fine-tuning changed every parameter tensor of the BC policy
     before, after = (load_file(str(out / "checkpoints" / name / "model.safetensors")) for name in ("bc", "final"))
     assert before.keys() == after.keys() and not [k for k in before if torch.equal(before[k], after[k])]
+    assert "## Advantage-weighted regression" in (out / "flywheel_report.md").read_text()
+
+
+def test_a_flywheel_round_with_group_awr(tmp_path):
+    """No restarts: the advantages come from the group's other visits to a state; the turns of
+    states visited once are left out."""
+    out = tmp_path / "run"
+    overrides = [x for x in AWR if not x.startswith("flywheel.mc_restarts")]
+    summary = train(load_config("frozenlake-tiny", overrides + ["flywheel.weighting=group_awr", "flywheel.group_size=4"]),
+                    out, live=False)
+    (r,) = read_metrics(out).flywheel
+    a = r.awr
+    assert a is not None and a.restarts == a.env_steps == 0 and r.round_env_steps >= 40
+    assert summary.env_steps == summary.bc.demo_env_steps + r.round_env_steps
+    assert 0 < a.samples <= r.round_env_steps and a.samples == r.rft_samples  # every group shares its first state
+    assert 0 < a.states <= a.actions and a.mean_abs_advantage > 0

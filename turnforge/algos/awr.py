@@ -31,6 +31,8 @@ import math
 
 import torch
 
+from turnforge.algos.advantages import discounted_returns, grpo
+
 
 def awr_weights(advantages: torch.Tensor, beta: float, max_weight: float) -> torch.Tensor:
     """``min(exp(A / beta), max_weight)`` per element: ``advantages`` [N] float, out [N] float32.
@@ -48,6 +50,28 @@ def awr_weights(advantages: torch.Tensor, beta: float, max_weight: float) -> tor
     return torch.exp(z).to(torch.float32)
 
 
+def anchor_state_advantages(step_rewards: torch.Tensor, episode_ids: torch.Tensor, state_ids: torch.Tensor,
+                            action_ids: torch.Tensor, gamma: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Advantages from anchor-state groups, without restarts: ``A = Q(s, a) - V(s)`` with ``V(s)``
+    the mean return of the steps taken in state s (``state_ids``, e.g. task and anchor key) and
+    ``Q(s, a)`` the mean return of those that took action a there (``action_ids``); a return
+    ``R_t`` is discounted from step t to the end of its episode. Averaging per action (not
+    GiGPO's ``R_t - V(s)`` per step) gives every step of one (s, a) the same advantage, so one
+    lucky episode among them does not single its own step out. Flat per-step tensors ``[S]``,
+    the steps of an episode contiguous and in order. Returns ``(A [S] float32, visits [S] int64)``,
+    ``visits`` the size of the step's state group (a state visited once has A = 0 and nothing to
+    compare with; callers leave such steps out)."""
+    if not (step_rewards.shape == episode_ids.shape == state_ids.shape == action_ids.shape) or step_rewards.ndim != 1:
+        raise ValueError("step_rewards, episode_ids, state_ids and action_ids must be 1-D tensors of one length")
+    returns = discounted_returns(step_rewards, episode_ids, gamma)  # [S] float64
+    pair_ids = torch.unique(torch.stack([state_ids.long(), action_ids.long()], 1), dim=0, return_inverse=True)[1]
+    q = returns - grpo(returns, pair_ids, std_normalize=False).double()  # [S] the mean return of the step's (s, a)
+    adv = q - (returns - grpo(returns, state_ids, std_normalize=False).double())  # Q(s, a) - V(s)
+    _, inverse, counts = torch.unique(state_ids, return_inverse=True, return_counts=True)
+    adv = torch.where(counts[inverse] > 1, adv, torch.zeros_like(adv))
+    return adv.to(torch.float32), counts[inverse]
+
+
 def effective_sample_size(weights: torch.Tensor) -> float:
     """Kish's effective sample size of a weighted sample, as a share of its size:
     ``(sum w)^2 / (N sum w^2)``, in (0, 1] (1: equal weights; 1/N: one sample carries all)."""
@@ -60,4 +84,4 @@ def effective_sample_size(weights: torch.Tensor) -> float:
     return float(w.sum()) ** 2 / (len(w) * sq) if sq > 0 else 0.0
 
 
-__all__ = ["awr_weights", "effective_sample_size"]
+__all__ = ["anchor_state_advantages", "awr_weights", "effective_sample_size"]

@@ -63,6 +63,9 @@ def check_options(cfg: TrainConfig, env: Env) -> None:
             if fw.mc_tails == "random":
                 caps.require("random_action", env_id, f"{what} with random tails (flywheel.mc_tails=random)",
                              "set flywheel.mc_tails=policy")
+        if fw.weighting == "group_awr":
+            caps.require("anchor_key", env_id, "advantage-weighted regression on anchor-state groups (flywheel.weighting=group_awr)",
+                         "set flywheel.weighting=success")
         if "loops" in fw.filters:
             caps.require("anchor_key", env_id, "the flywheel filter 'loops'", "drop loops from flywheel.filters")
         if "rl" in fw.stages and rl.advantage not in ("grpo", "rloo", "reinforce_pp", "gigpo"):

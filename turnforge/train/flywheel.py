@@ -117,7 +117,7 @@ def _round(s: Session, st: FlywheelState, guided: RolloutEngine | None, optimize
     t0 = time.time()
     actor = PolicyActor(policy, cfg.rollout.max_new_tokens, fw.temperature, generator(cfg.seed, "flywheel", r))
     keep = "curriculum" in fw.mechanisms or fw.weighting == "mc_awr"  # snapshots: curriculum starts, mc_awr restarts
-    awr = AWRRound.start(s, r) if fw.weighting == "mc_awr" else None
+    awr = AWRRound.start(s, r) if fw.weighting != "success" else None
     played: list[tuple[Trajectory, str]] = []
     steps = 0
 
@@ -168,7 +168,7 @@ def _round(s: Session, st: FlywheelState, guided: RolloutEngine | None, optimize
                 unsure = [t for t in tasks if 0 < _successes(plain[t.task_id]) < len(plain[t.task_id])]
                 for t in play(engine, requests(unsure, fw.group_size - first, "p", first), source):
                     plain[t.task.task_id].append(t)
-            if awr is not None:  # Q and V of the wave's states; the restarts count in the round's budget
+            if awr is not None:  # mc_awr: Q and V of the wave's states; the restarts count in the round's budget
                 steps += awr.estimate([x for t in tasks for x in plain[t.task_id]])
                 report(min(steps, fw.env_steps_per_round))
             failed = [t for t in tasks if _successes(plain[t.task_id]) == 0 and any(x.infra_failure is None for x in plain[t.task_id])]
@@ -241,7 +241,7 @@ def _round(s: Session, st: FlywheelState, guided: RolloutEngine | None, optimize
         f"flywheel round {r + 1}: {steps} env steps, plain {record.plain[1]}/{record.plain[0]}, guided "
         f"{record.guided[1]}/{record.guided[0]}, curriculum {record.curriculum[1]}/{record.curriculum[0]}, evolved "
         f"{record.evolved[1]}/{record.evolved[0]}; kept {len(kept)} episodes, {rft_samples} samples; "
-        + (f"mc_awr: {awr_stats.states} states, {awr_stats.env_steps} restart steps, ESS {awr_stats.ess:.2f}; " if awr_stats else "")
+        + (f"{cfg.flywheel.weighting}: {awr_stats.states} states, {awr_stats.env_steps} restart steps, ESS {awr_stats.ess:.2f}; " if awr_stats else "")
         + f"held-out success {result.success_rate:.3f}"
     )
     return record
@@ -440,6 +440,13 @@ def write_flywheel_report(run_dir, summary) -> None:
         lines.append(f"- `{name}`: {sum(c.episodes_in for c in f)} -> {sum(c.episodes_out for c in f)} episodes, "
                      f"{sum(c.turns_in for c in f)} -> {sum(c.turns_out for c in f)} turns")
     lines += boundary_lines(summary)
+    if any(x.awr is not None for x in rounds):  # flywheel.weighting=mc_awr or group_awr
+        lines += ["", "## Advantage-weighted regression (turnforge.train.awr)", "",
+                  "| round | states | (s, a) pairs | restart steps | samples | mean abs A | A > 0 | mean weight | clipped | ESS |",
+                  "|" + "---|" * 10]
+        lines += [f"| {x.round} | {a.states} | {a.actions} | {a.env_steps} | {a.samples} | {a.mean_abs_advantage:.3f} | "
+                  f"{a.positive_share:.2f} | {a.mean_weight:.2f} | {a.clipped_share:.2f} | {a.ess:.2f} |"
+                  for x in rounds if (a := x.awr) is not None]
     lines += ["", "Query the episodes: `turnforge data RUN \"SELECT * FROM success_by_source\"`.", ""]
     write_atomic(run_dir / "flywheel_report.md", "\n".join(lines))
 

@@ -132,15 +132,15 @@ class BoundaryReport:
 
 @dataclass(frozen=True)
 class AWRStats:
-    """A flywheel round's advantage-weighted regression (``flywheel.weighting=mc_awr``,
-    ``turnforge.train.awr``): Monte-Carlo restarts and the weights they gave."""
+    """A flywheel round's advantage-weighted regression (``flywheel.weighting=mc_awr`` or
+    ``group_awr``, ``turnforge.train.awr``): the estimates and the weights they gave."""
 
-    states: int  # distinct states whose V(s) was estimated
+    states: int  # distinct states whose V(s) was estimated (group_awr: visited more than once)
     actions: int  # distinct (state, action) pairs whose Q(s, a) was estimated
-    restarts: int  # Monte-Carlo episodes played (failed ones included)
+    restarts: int  # Monte-Carlo episodes played, failed ones included (group_awr: 0)
     failed: int  # restarts lost to infrastructure failures (left out of the means)
     env_steps: int  # env steps of the restarts (part of the round's env_steps)
-    samples: int  # turns weighted (every turn of the round's scored episodes)
+    samples: int  # turns weighted (mc_awr: every turn of the round's scored episodes)
     value_stderr: float  # mean standard error of the V and Q estimates
     mean_abs_advantage: float  # mean |Q(s, a) - V(s)| over the samples
     positive_share: float  # share of samples with A > 0
