@@ -476,8 +476,12 @@ class FlywheelConfig(Section):
         4, ge=1, description="mc_awr: restarts K from a visited state's snapshot per estimate, V(s) and Q(s, a) of each "
         "distinct action taken there, each with a fresh env future; their env steps count in env_steps_per_round")
     mc_tails: Literal["policy", "bc", "random"] = Field(
-        "policy", description="mc_awr: who plays the restarts (after Q's first action): the policy being trained, at "
-        "flywheel.temperature (Q and V of the collecting policy), the frozen BC policy, or uniform random actions")
+        "policy", description="mc_awr: who plays the restarts (after Q's first action): the policy being trained, the "
+        "frozen BC policy, or uniform random actions")
+    mc_tail_temperature: float | None = Field(
+        None, gt=0, description="mc_awr: sampling temperature of the tails (None = flywheel.temperature, Q and V of the "
+        "collecting policy); a low one scores each action against the sharpened policy, and with the restarts' shared "
+        "env draws its Q and V restarts stay alike except where the action changed them (less variance)")
     awr_gamma: float = Field(1.0, ge=0, le=1, description="mc_awr, group_awr: discount per turn of the returns (1: "
                              "the chance of success within the turns the episode had left, for 0/1 success rewards)")
     awr_beta: float = Field(0.1, gt=0, description="mc_awr, group_awr: temperature beta of the weights exp(A / beta), "

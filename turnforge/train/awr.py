@@ -15,7 +15,8 @@ where the departures from the paper are listed). Two estimates of ``A(s, a)``:
   state), both for the turns the episode had left (``turnforge.critic.mc.estimate``). V and Q
   restarts of one state share their env draws (common random numbers), so their difference holds
   the action's effect, not the dice's. The tails are played by the policy being trained
-  (``mc_tails=policy``, at the collection temperature), the frozen BC policy, or random actions.
+  (``mc_tails=policy``, at the collection temperature or ``mc_tail_temperature``), the frozen
+  BC policy, or random actions.
   Every restart's env steps count in the round's budget (``env_steps_per_round``) and in the
   run's ``env_steps``: at one budget, mc_awr collects far fewer episodes than the success filter.
 - ``group_awr`` (GiGPO's anchor-state grouping, no restarts): over the turns of the task's
@@ -99,7 +100,8 @@ class AWRRound:
                     starts.append(MCStart(t.task, t.snapshots[k], cfg.rollout.max_turns - k, (turn.action_text,),
                                           noise_key=states.keys[i]))
         wave, stage = self.waves, f"flywheel round {self.round + 1}, mc_awr restarts"
-        actor = tail_actor(engine, fw.mc_tails, self.tails, cfg.rollout.max_new_tokens, fw.temperature,
+        temperature = fw.mc_tail_temperature if fw.mc_tail_temperature is not None else fw.temperature
+        actor = tail_actor(engine, fw.mc_tails, self.tails, cfg.rollout.max_new_tokens, temperature,
                            stable_hash(cfg.seed, "flywheel-awr-tails", self.round, wave))
         est = estimate(engine, starts, actor, rollouts=fw.mc_restarts, gamma=fw.awr_gamma,
                        seed=stable_hash(cfg.seed, "flywheel-awr", self.round, wave), prefix=f"awr-{self.round}-{wave}")
