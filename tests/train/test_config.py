@@ -37,6 +37,17 @@ def test_default_recipe_loads_and_overrides_apply():
         (["rl.advantage=mc_grpo", "rl.kl_mode=reward"], r"rl.kl_mode=reward penalises episode turns"),
         (["rl.advantage=mc_grpo", "rl.shaping=potential"], r"rl.shaping=potential does not apply to rl.advantage=mc_grpo"),
         (["rl.advantage=ppo"], r"bad value for 'rl.advantage': .*'mc_grpo', 'pass_at_k' or 'w_reinforce'"),
+        # flywheel.weighting=mc_awr: the round's own per-turn samples, in the rft stage
+        (["flywheel.rounds=1", "flywheel.weighting=mc_awr", "flywheel.mechanisms=[curriculum]"],
+         r"flywheel.weighting=mc_awr trains on the round's own episodes; flywheel.mechanisms=\['curriculum'\] .* set flywheel.mechanisms=\[\]"),
+        (["flywheel.rounds=1", "flywheel.weighting=mc_awr", "flywheel.mechanisms=[]", "flywheel.stages=[rl]"],
+         r"flywheel.weighting=mc_awr weighs the samples of the rft stage: add rft to flywheel.stages"),
+        (["flywheel.rounds=1", "flywheel.weighting=mc_awr", "flywheel.mechanisms=[]", "rollout.context=full_history"],
+         r"flywheel.weighting=mc_awr weighs each turn's sample and needs rollout.context=window"),
+        (["flywheel.weighting=awr"], r"bad value for 'flywheel.weighting': .*'success', 'mc_awr' or 'group_awr'"),
+        (["flywheel.awr_beta=0"], r"bad value for 'flywheel.awr_beta' \(0\)"),
+        (["flywheel.rounds=1", "flywheel.weighting=group_awr", "flywheel.mechanisms=[]", "flywheel.group_size=1"],
+         r"flywheel.weighting=group_awr compares the turns of a task's group taken in one state: set flywheel.group_size >= 2"),
         # asynchronous engine: invalid eta / batch / cluster combinations name both options
         (["engine.eta=3"], r"engine.eta=3 needs engine.mode=async"),
         (["engine.mode=async", "engine.partial_rollouts=true"], r"partial_rollouts=true needs engine.eta >= 1"),

@@ -137,10 +137,10 @@ def test_a_start_point_whose_monte_carlo_rollouts_all_failed_has_no_value_not_ze
     import numpy as np
 
     from turnforge.critic.mc import MCEstimate
-    from turnforge.train.mc import _known_values
+    from turnforge.train.mc import known_values
 
     ok = MCEstimate(np.array([0.5, -1.0]), np.array([0.1, 0.2]), env_steps=8, failed=1, episodes=8, first_error="boom")
-    assert _known_values(ok, "mc", "e").tolist() == [0.5, -1.0]
+    assert known_values(ok, "mc", "e").tolist() == [0.5, -1.0]
     lost = MCEstimate(np.array([0.5, np.nan]), np.array([0.1, np.nan]), env_steps=4, failed=4, episodes=8, first_error="boom")
     with pytest.raises(RunStopped, match=r"^mc: 1 of 2 start points on env 'e' have no value .*first error: boom$"):
-        _known_values(lost, "mc", "e")
+        known_values(lost, "mc", "e")

@@ -63,6 +63,7 @@ class MCStart:
     snapshot: EnvSnapshot
     max_turns: int
     first_actions: tuple[str, ...] = ()
+    noise_key: object = None  # starts with one key share their restarts' env draws (None: the start's own)
 
 
 def mc_values(
@@ -112,7 +113,10 @@ def estimate(
 ) -> MCEstimate:
     """The Monte-Carlo estimate of every start: ``rollouts`` episodes each, all played in one
     ``engine.play`` call. Rollout m of start i reseeds the env's dynamics from
-    ``stable_hash(seed, "mc", i, m)``; the actor's draws are its own."""
+    ``stable_hash(seed, "mc", i, m)``, or with ``MCStart.noise_key`` from
+    ``stable_hash(seed, "mc", ("key", noise_key), m)``: starts that share a key (V(s) and Q(s, a)
+    of one state) see the same env draws, common random numbers that take the dynamics' noise
+    out of their difference. The actor's draws are its own."""
     if rollouts < 1:
         raise ValueError(f"rollouts must be >= 1; got {rollouts}")
     if not 0.0 <= gamma <= 1.0:
@@ -125,7 +129,8 @@ def estimate(
         for m in range(rollouts):
             requests.append(EpisodeRequest(
                 st.task, -1, f"{prefix}-{i}", f"{prefix}-{i}-{m}", start=st.snapshot, max_turns=st.max_turns,
-                reseed=stable_hash(seed, "mc", i, m) if reseed else None, first_actions=st.first_actions,
+                reseed=stable_hash(seed, "mc", i if st.noise_key is None else ("key", st.noise_key), m) if reseed else None,
+                first_actions=st.first_actions,
             ))
             owner.append(i)
     trajectories, stats = engine.play(requests, actor, tokens=actor.needs_tokens)

@@ -60,6 +60,16 @@ def check_options(cfg: TrainConfig, env: Env) -> None:
         if "evolve" in mech:
             caps.require("derive", env_id, "self-evolving tasks (flywheel.mechanisms has evolve)",
                          "drop evolve from flywheel.mechanisms")
+        if fw.weighting == "mc_awr":  # restarts from env snapshots, each with a fresh future of the dynamics
+            what = "advantage-weighted regression on Monte-Carlo Q values (flywheel.weighting=mc_awr)"
+            for cap in ("snapshot", "reseed"):
+                caps.require(cap, env_id, what, "set flywheel.weighting=success")
+            if fw.mc_tails == "random":
+                caps.require("random_action", env_id, f"{what} with random tails (flywheel.mc_tails=random)",
+                             "set flywheel.mc_tails=policy")
+        if fw.weighting == "group_awr":
+            caps.require("anchor_key", env_id, "advantage-weighted regression on anchor-state groups (flywheel.weighting=group_awr)",
+                         "set flywheel.weighting=success")
         if "loops" in fw.filters:
             caps.require("anchor_key", env_id, "the flywheel filter 'loops'", "drop loops from flywheel.filters")
         if "rl" in fw.stages and rl.advantage not in ("grpo", "rloo", "reinforce_pp", "gigpo"):

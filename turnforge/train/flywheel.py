@@ -26,7 +26,9 @@ Each round, top to bottom (``flywheel`` section of the config):
 3. filter (``turnforge.data.filters``) and route: the kept episodes go to rejection-sampling
    fine-tuning (``rft``: the loss on the policy's own action tokens); a kept success on a
    task the plain policy mostly fails (plain success <= ``replay_max_success``) also enters
-   the replay buffer (``replay``), trained on again in later rounds;
+   the replay buffer (``replay``), trained on again in later rounds; with ``weighting=mc_awr`` (for
+   stochastic envs) every turn of the round's episodes is trained on instead, weighted by its
+   Monte-Carlo advantage from env-snapshot restarts made after each wave (``turnforge.train.awr``);
 4. train: the stages in ``stages`` order: ``rft`` (supervised epochs on this round's kept
    samples plus the replay buffer), ``rl`` (one GRPO update on the round's plain groups,
    replayed samples added with the decoupled objective's truncated importance weights);
@@ -61,6 +63,7 @@ from turnforge.rollout.context import rerender
 from turnforge.rollout.engine import EpisodeRequest, RolloutEngine, make_engine
 from turnforge.seeding import generator, rng, stable_hash
 from turnforge.train import anchors
+from turnforge.train.awr import AWRRound
 from turnforge.train.common import GuardedStep, action_entropy, collate
 from turnforge.train.credit import drop_void, sample_advantage, turn_advantages
 from turnforge.train.metrics import FlywheelRound
@@ -122,7 +125,8 @@ def _round(s: Session, st: FlywheelState, guided: RolloutEngine | None, optimize
     env = engine.env
     t0 = time.time()
     actor = PolicyActor(policy, cfg.rollout.max_new_tokens, fw.temperature, generator(cfg.seed, "flywheel", r))
-    keep = "curriculum" in fw.mechanisms  # snapshots of every episode: later curriculum starts
+    keep = "curriculum" in fw.mechanisms or fw.weighting == "mc_awr"  # snapshots: curriculum starts, mc_awr restarts
+    awr = AWRRound.start(s, r) if fw.weighting != "success" else None
     played: list[tuple[Trajectory, str]] = []
     steps = 0
 
@@ -178,6 +182,9 @@ def _round(s: Session, st: FlywheelState, guided: RolloutEngine | None, optimize
                 unsure = [t for t in tasks if 0 < _successes(plain[t.task_id]) < len(plain[t.task_id])]
                 for t in play(engine, requests(unsure, fw.group_size - first, "p", first), source):
                     plain[t.task.task_id].append(t)
+            if awr is not None:  # mc_awr: Q and V of the wave's states; the restarts count in the round's budget
+                steps += awr.estimate([x for t in tasks for x in plain[t.task_id]])
+                report(min(steps, fw.env_steps_per_round))
             failed = [t for t in tasks if _successes(plain[t.task_id]) == 0 and any(x.infra_failure is None for x in plain[t.task_id])]
             unsolved += failed
             if guided is not None and failed:
@@ -209,11 +216,14 @@ def _round(s: Session, st: FlywheelState, guided: RolloutEngine | None, optimize
     entropy = action_entropy(s.policy, [x for group in plain.values() for t in group for x in t.samples])
     if st.start_entropy is None:
         st.start_entropy = entropy
-    rft_samples = 0
+    rft_samples, awr_stats = 0, None
     for stage in fw.stages:
         if stage == "rft":
             data = kept + replayed
-            samples, weights = _rft_data(s, data)
+            if awr is not None:  # every turn of the round's episodes, weighted by its Monte-Carlo advantage
+                samples, weights, awr_stats = awr.training_data()
+            else:
+                samples, weights = _rft_data(s, data)
             if not samples:
                 raise RunStopped(f"flywheel round {r + 1}: no episode passed the filters ({_funnel(counts)}); "
                                  "nothing to train on (loosen flywheel.filters or raise flywheel.env_steps_per_round)")
@@ -243,7 +253,7 @@ def _round(s: Session, st: FlywheelState, guided: RolloutEngine | None, optimize
         filters=counts, rft_samples=rft_samples, replay_size=len(st.replay), curriculum_depth=st.depth,
         curriculum_success=depth_success, evolved_live=len(st.evolved), evolved_retired=st.retired,
         expert_queries=st.expert_queries, entropy=entropy, eval=result, seconds=round(time.time() - t0, 2),
-        boundary=boundary, anchor=count("anchor"), anchor_live=len(st.anchors.anchors),
+        boundary=boundary, awr=awr_stats, anchor=count("anchor"), anchor_live=len(st.anchors.anchors),
         anchor_graduated=st.anchors.graduated, anchor_dropped=st.anchors.dropped,
         anchor_expert_share=st.anchors.expert_share(), anchor_expert_moves=st.anchors.expert_moves,
     )
@@ -255,7 +265,9 @@ def _round(s: Session, st: FlywheelState, guided: RolloutEngine | None, optimize
         + (f", anchored {record.anchor[1]}/{record.anchor[0]} ({record.anchor_live} tasks in the pool, "
            f"{record.anchor_graduated} graduated)" if "anchor" in fw.mechanisms else "")
         + f"; kept {len(kept)} episodes, {rft_samples} samples; "
-        f"held-out success {result.success_rate:.3f}"
+        + (f"{cfg.flywheel.weighting}: {awr_stats.states} states, {awr_stats.env_steps} restart steps, "
+           f"ESS {awr_stats.ess:.2f}; " if awr_stats else "")
+        + f"held-out success {result.success_rate:.3f}"
     )
     return record
 
@@ -468,6 +480,13 @@ def write_flywheel_report(run_dir, summary) -> None:
         lines.append(f"- `{name}`: {sum(c.episodes_in for c in f)} -> {sum(c.episodes_out for c in f)} episodes, "
                      f"{sum(c.turns_in for c in f)} -> {sum(c.turns_out for c in f)} turns")
     lines += boundary_lines(summary)
+    if any(x.awr is not None for x in rounds):  # flywheel.weighting=mc_awr or group_awr
+        lines += ["", "## Advantage-weighted regression (turnforge.train.awr)", "",
+                  "| round | states | (s, a) pairs | restart steps | samples | mean abs A | A > 0 | mean weight | clipped | ESS |",
+                  "|" + "---|" * 10]
+        lines += [f"| {x.round} | {a.states} | {a.actions} | {a.env_steps} | {a.samples} | {a.mean_abs_advantage:.3f} | "
+                  f"{a.positive_share:.2f} | {a.mean_weight:.2f} | {a.clipped_share:.2f} | {a.ess:.2f} |"
+                  for x in rounds if (a := x.awr) is not None]
     lines += ["", "Query the episodes: `turnforge data RUN \"SELECT * FROM success_by_source\"`.", ""]
     write_atomic(run_dir / "flywheel_report.md", "\n".join(lines))
 

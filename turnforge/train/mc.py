@@ -55,43 +55,28 @@ class MonteCarlo:
     def actor(self, tag: object) -> Actor:
         """Who plays Monte-Carlo rollouts (``critic.mc_policy``): uniform random actions or the frozen BC policy."""
         cfg = self.cfg
-        if cfg.critic.mc_policy == "random":
-            return RandomActor(stable_hash(cfg.seed, "mc-actor", tag), self.engine.env.action_names)
-        if self.bc_policy is None:
-            raise ValueError("critic.mc_policy=bc needs the frozen BC policy")
-        return PolicyActor(self.bc_policy, cfg.rollout.max_new_tokens, cfg.rollout.temperature, generator(cfg.seed, "mc", tag))
+        seed = stable_hash(cfg.seed, "mc-actor", tag) if cfg.critic.mc_policy == "random" else stable_hash(cfg.seed, "mc", tag)
+        return tail_actor(self.engine, cfg.critic.mc_policy, self.bc_policy, cfg.rollout.max_new_tokens, cfg.rollout.temperature, seed)
 
     def turn_values(self, trajs: Sequence[Trajectory], it: int) -> tuple[dict[str, np.ndarray], MCStats]:
         """``V_MC(s_k)`` per turn (``trajectory_id -> [num_turns]``) and counters to log.
         With potential shaping the values are of the shaped return: ``V - c * Phi(s)``."""
         cfg = self.cfg
-        dedup = self.engine.caps.anchor_key
-        unique: dict[tuple[str, str, int], int] = {}
-        starts: list[MCStart] = []
-        index = {}
-        for t in trajs:
-            if len(t.snapshots) != t.num_turns:
-                raise ValueError(f"trajectory {t.trajectory_id!r} has no env snapshots; roll out with keep_snapshots=True")
-            idx = []
-            for k, (turn, snap) in enumerate(zip(t.turns, t.snapshots)):
-                key = (t.task.task_id, turn.anchor_key, k) if dedup else (t.trajectory_id, "", k)
-                if key not in unique:
-                    unique[key] = len(starts)
-                    starts.append(MCStart(t.task, snap, cfg.rollout.max_turns - k))
-                idx.append(unique[key])
-            index[t.trajectory_id] = np.asarray(idx, dtype=np.int64)
+        states = distinct_states(trajs, dedup=self.engine.caps.anchor_key)
+        starts = [MCStart(t.task, t.snapshots[k], cfg.rollout.max_turns - k) for t, k in states.first]
+        index = states.index
         est = estimate(self.engine, starts, self.actor(("values", it)), rollouts=cfg.critic.mc_rollouts,
                        gamma=cfg.rl.gamma, seed=stable_hash(cfg.seed, "mc", ("values", it)), prefix=f"mc-{it}")
         check_failures(f"rl iteration {it + 1}, Monte-Carlo values", self.engine.env.env_id, est.failed, est.episodes, est.first_error,
                        cfg.max_failure_share, kind="Monte-Carlo rollouts")
-        v = _known_values(est, f"rl iteration {it + 1}, Monte-Carlo values", self.engine.env.env_id)
+        v = known_values(est, f"rl iteration {it + 1}, Monte-Carlo values", self.engine.env.env_id)
         out = {}
         for t in trajs:
             values = v[index[t.trajectory_id]].astype(np.float32)
             if cfg.rl.shaping == "potential":
                 values = values - cfg.rl.shaping_coef * np.array([turn.potential for turn in t.turns], np.float32)
             out[t.trajectory_id] = values
-        return out, _stats(est, len(starts))
+        return out, mc_stats(est, len(starts))
 
     def grpo_batch(self, trajs: Sequence[Trajectory], it: int) -> tuple[list[tuple[Sample, float]], dict[str, str], MCStats]:
         """MC-GRPO samples with their advantages, each sample's group, and counters to log."""
@@ -121,7 +106,7 @@ class MonteCarlo:
                        seed=stable_hash(cfg.seed, "mc-q", it), prefix=f"mcq-{it}")
         check_failures(f"rl iteration {it + 1}, MC-GRPO Q values", self.engine.env.env_id, est.failed, est.episodes, est.first_error,
                        cfg.max_failure_share, kind="Monte-Carlo rollouts")
-        q = _known_values(est, f"rl iteration {it + 1}, MC-GRPO Q values", self.engine.env.env_id)[np.concatenate(where)]  # [states * G]
+        q = known_values(est, f"rl iteration {it + 1}, MC-GRPO Q values", self.engine.env.env_id)[np.concatenate(where)]  # [states * G]
         adv = grpo(torch.from_numpy(q), torch.arange(len(texts)) // g, std_normalize=rl.std_normalize).numpy()
 
         out_samples, group_of = [], {}
@@ -140,12 +125,54 @@ class MonteCarlo:
             )
             out_samples.append((x, float(adv[j])))
             group_of[tid] = f"mcg-{it}-{i}"
-        stats = _stats(est, len(states), distinct_actions=len(starts) / max(len(states), 1),
+        stats = mc_stats(est, len(states), distinct_actions=len(starts) / max(len(states), 1),
                        q_std=float(np.mean([np.std(q[i * g:(i + 1) * g]) for i in range(len(states))])))
         return out_samples, group_of, stats
 
 
-def _known_values(est: MCEstimate, stage: str, env_id: str) -> np.ndarray:
+@dataclass(frozen=True)
+class DistinctStates:
+    """The distinct states of a set of episodes (``distinct_states``)."""
+
+    keys: list[tuple[str, str, int]]  # per state: (task id, anchor key, turn), or (trajectory id, "", turn)
+    first: list[tuple[Trajectory, int]]  # per state: the first (episode, turn) found in it
+    index: dict[str, np.ndarray]  # trajectory id -> [num_turns] int64, the state of each turn
+
+
+def distinct_states(trajs: Sequence[Trajectory], *, dedup: bool) -> DistinctStates:
+    """The states the episodes' turns were taken in, each once: with ``dedup`` (envs with an
+    ``anchor_key``) turns of one task with equal anchor keys at one turn index are one state
+    (the G episodes of a group share their first state), without it every turn is its own.
+    The turn index stays in the key: it sets the turns left of the episode's budget."""
+    unique: dict[tuple[str, str, int], int] = {}
+    keys, first, index = [], [], {}
+    for t in trajs:
+        if len(t.snapshots) != t.num_turns:
+            raise ValueError(f"trajectory {t.trajectory_id!r} has no env snapshots; roll out with keep_snapshots=True")
+        idx = []
+        for k, turn in enumerate(t.turns):
+            key = (t.task.task_id, turn.anchor_key, k) if dedup else (t.trajectory_id, "", k)
+            if key not in unique:
+                unique[key] = len(keys)
+                keys.append(key)
+                first.append((t, k))
+            idx.append(unique[key])
+        index[t.trajectory_id] = np.asarray(idx, dtype=np.int64)
+    return DistinctStates(keys, first, index)
+
+
+def tail_actor(engine: RolloutEngine, who: str, policy: Policy | None, max_new_tokens: int, temperature: float,
+               seed: int) -> Actor:
+    """The actor of Monte-Carlo rollouts: ``who`` is 'random' (uniform random actions of the env's
+    ``action_names``) or names a policy ('bc', 'policy'): ``policy``, sampled at ``temperature``."""
+    if who == "random":
+        return RandomActor(seed, engine.env.action_names)
+    if policy is None:
+        raise ValueError(f"Monte-Carlo rollouts played by {who!r} need that policy")
+    return PolicyActor(policy, max_new_tokens, temperature, torch.Generator().manual_seed(seed))
+
+
+def known_values(est: MCEstimate, stage: str, env_id: str) -> np.ndarray:
     """``est.values``, after refusing any start point whose rollouts all failed: its value is
     unknown, and scoring it 0 would be silently wrong, so the run stops (``RunStopped``)."""
     unknown = int(np.isnan(est.values).sum())
@@ -155,6 +182,6 @@ def _known_values(est: MCEstimate, stage: str, env_id: str) -> np.ndarray:
     return est.values
 
 
-def _stats(est: MCEstimate, states: int, **extra: float) -> MCStats:
+def mc_stats(est: MCEstimate, states: int, **extra: float) -> MCStats:
     stderr = float(np.nanmean(est.stderr)) if len(est.stderr) and not np.all(np.isnan(est.stderr)) else 0.0
     return MCStats(states=states, env_steps=est.env_steps, failed=est.failed, value_stderr=stderr, rollouts=est.episodes, **extra)

@@ -131,6 +131,25 @@ class BoundaryReport:
 
 
 @dataclass(frozen=True)
+class AWRStats:
+    """A flywheel round's advantage-weighted regression (``flywheel.weighting=mc_awr`` or
+    ``group_awr``, ``turnforge.train.awr``): the estimates and the weights they gave."""
+
+    states: int  # distinct states whose V(s) was estimated (group_awr: visited more than once)
+    actions: int  # distinct (state, action) pairs whose Q(s, a) was estimated
+    restarts: int  # Monte-Carlo episodes played, failed ones included (group_awr: 0)
+    failed: int  # restarts lost to infrastructure failures (left out of the means)
+    env_steps: int  # env steps of the restarts (part of the round's env_steps)
+    samples: int  # turns weighted (mc_awr: every turn of the round's scored episodes)
+    value_stderr: float  # mean standard error of the V and Q estimates
+    mean_abs_advantage: float  # mean |Q(s, a) - V(s)| over the samples
+    positive_share: float  # share of samples with A > 0
+    mean_weight: float
+    clipped_share: float  # share of samples at flywheel.awr_max_weight
+    ess: float  # Kish's effective sample size of the weights, as a share of the samples
+
+
+@dataclass(frozen=True)
 class FlywheelRound:
     """One data-flywheel round (``turnforge.train.flywheel``). Episode counts are
     (scored episodes, successes) per source, infrastructure failures left out."""
@@ -161,6 +180,7 @@ class FlywheelRound:
     anchor_dropped: int = 0  # anchored tasks given up (no success at the most help), so far
     anchor_expert_share: float | None = None  # mean share of the expert's moves played before the policy's, over the pool
     anchor_expert_moves: int = 0  # expert moves played to find anchor states, so far
+    awr: AWRStats | None = None  # flywheel.weighting=mc_awr|group_awr: the round's advantages and weights
     env_steps: int = 0
     time: float = 0.0
 
@@ -341,7 +361,7 @@ class RunSummary:
     recipe: str
     seed: int
     wall_seconds: float  # the whole run, interrupted parts included
-    env_steps: int  # turns played by the policy and the demonstrator (Monte-Carlo rollouts apart)
+    env_steps: int  # turns played by the policy and the demonstrator (and the flywheel's mc_awr restarts; the RL stage's Monte-Carlo rollouts apart)
     mc_env_steps: int
     train_tokens: int
     eval_before_rl: EvalResult
