@@ -34,8 +34,10 @@ train: setup
 
 # two pytest workers (pytest-xdist): most of a test is single-threaded Python (tiny models, envs,
 # process start-up), so two cores run the suite in about two thirds of the time
+# --maxschedchunk 4: hand tests out a few at a time, so the slow modules collected first spread
+# over both workers (xdist's default first chunk is a quarter of the suite per worker)
 test: setup
-	$(BIN)/python -m pytest -q -n 2 $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -n 2 --maxschedchunk 4 $(PYTEST_ARGS)
 
 # vLLM's CPU build pins torch 2.13.0+cpu and needs transformers < 5.20: a venv of its own (about 3.4 GB)
 VVENV := .venv-vllm

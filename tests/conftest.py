@@ -10,6 +10,9 @@ import pytest
 from turnforge.kernels import pin_cpu_kernels
 
 pin_cpu_kernels()  # the golden files were recorded on ATen's AVX2 path (before torch is imported)
+# as the CLI does: idle OpenMP threads sleep instead of spinning (two pytest workers, each with
+# torch's two threads and the processes tests start, share two cores)
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import torch  # noqa: E402
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 #: The shape of the tiny test model (built once per session by the ``tiny_model_dir`` fixture).
 TINY_TEST_SHAPE = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1)
 
@@ -21,3 +23,21 @@ def inline_engine(policy, env, cfg, n: int = 1, **env_kwargs):
     if isinstance(env, str):
         return RolloutEngine(InlineEnvs(env, n, env_kwargs), cfg, policy, make(env, **env_kwargs))
     return RolloutEngine(InlineEnvs.from_envs(env), cfg, policy, env[0])
+
+
+def run_main(args, cwd, monkeypatch, capsys):
+    """``turnforge.cli.main()`` with ``args`` in ``cwd``, in this process: (exit code, stdout,
+    stderr). The same code as ``python -m turnforge.cli``, without a process's ~4 s of imports;
+    a few cases per module still go through a real process (the entry point itself)."""
+    import pytest
+
+    from turnforge import cli, errors
+
+    monkeypatch.chdir(cwd)
+    monkeypatch.setattr(errors, "current_run_dir", [])
+    monkeypatch.setattr(sys, "argv", ["turnforge", *map(str, args)])
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_:
+        cli.main()
+    out, err = capsys.readouterr()
+    return exit_.value.code, out, err

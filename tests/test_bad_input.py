@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from helpers import NO_FLYWHEEL, TINY_TEST_SHAPE
+from helpers import NO_FLYWHEEL, TINY_TEST_SHAPE, run_main
 from turnforge.errors import Interrupted, RunStopped, UserError
 
 UNWRITABLE = "/sys"  # EACCES for every user, root included (chmod does not stop root)
@@ -162,21 +162,7 @@ CASES = [
 
 #: Cases that also go through a real ``python -m turnforge.cli`` process (the entry point itself);
 #: the others call ``cli.main()`` in this process (the same code, without ~4 s of imports each).
-IN_A_PROCESS = {"no-command", "unknown-command", "unknown-flag-eval", "eval-episodes-0", "bool-as-int", "train-out-is-a-file"}
-
-
-def run_main(args, cwd, monkeypatch, capsys):
-    """``cli.main()`` with ``args`` in ``cwd``: (exit code, stdout, stderr)."""
-    from turnforge import cli, errors
-
-    monkeypatch.chdir(cwd)
-    monkeypatch.setattr(errors, "current_run_dir", [])
-    monkeypatch.setattr(sys, "argv", ["turnforge", *map(str, args)])
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as exit_:
-        cli.main()
-    out, err = capsys.readouterr()
-    return exit_.value.code, out, err
+IN_A_PROCESS = {"unknown-command", "eval-episodes-0", "train-out-is-a-file"}
 
 
 @pytest.mark.parametrize("args, expected, case", [pytest.param(a, e, i, id=i) for i, a, e in CASES])
@@ -305,7 +291,7 @@ class Coin(Env):
 
 
 @pytest.mark.slow
-def test_eval_of_a_run_checkpoint_repeats_the_runs_final_evaluation(tmp_path):
+def test_eval_of_a_run_checkpoint_repeats_the_runs_final_evaluation(tmp_path, monkeypatch, capsys):
     plugin = tmp_path / "plugin"
     (plugin / "coinenv-0.dist-info").mkdir(parents=True)
     (plugin / "coinenv.py").write_text(COIN_ENV)
@@ -334,23 +320,30 @@ def test_eval_of_a_run_checkpoint_repeats_the_runs_final_evaluation(tmp_path):
     assert (settings["seed"], settings["temperature"], settings["episodes"]) == (3, 1.0, 8)
     assert settings["config"] == str((run / "config.yaml").resolve())
 
+    # the rest in this process (the same code, without a process's imports), the plugin on sys.path
+    from turnforge.envs import registry
+
+    monkeypatch.syspath_prepend(str(plugin))
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+    monkeypatch.setattr(registry, "_entry_points_loaded", False)
+
     # a copy outside the run directory: --env is required ...
     copy = Path(shutil.copytree(run / "checkpoints" / "final", tmp_path / "copy", ignore=shutil.ignore_patterns("eval_*")))
-    refused = run_cli("eval", copy, cwd=tmp_path, pythonpath=plugin)
-    lines = [line for line in refused.stderr.splitlines() if line.strip()]
-    assert refused.returncode == 2 and len(lines) == 1 and "is not inside a run directory" in lines[0], refused.stderr
+    code, _, stderr = run_main(["eval", copy], tmp_path, monkeypatch, capsys)
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1 and "is not inside a run directory" in lines[0], stderr
     assert "give --env" in lines[0] and "turnforge envs" in lines[0] and not list(copy.glob("eval_*"))
 
     # ... and with the run's settings as flags (or --config) it scores the same
     cfg = yaml.safe_load((run / "config.yaml").read_text())
     rollout = [f"rollout.{k}={json.dumps(v)}" for k, v in cfg["rollout"].items()]
-    by_flags = run_cli("eval", copy, "--env", "coin", "--episodes", 8, "--temperature", 1, "--seed", 3, *rollout,
-                       "--out", tmp_path / "flags.json", cwd=tmp_path, pythonpath=plugin)
-    by_config = run_cli("eval", copy, "--config", run / "config.yaml", "--out", tmp_path / "config.json",
-                        cwd=tmp_path, pythonpath=plugin)
-    for proc, name in ((by_flags, "flags.json"), (by_config, "config.json")):
-        assert proc.returncode == 0, proc.stderr
-        assert proc.stdout.startswith("eval settings (")  # outside a run the settings used are printed
+    by_flags = run_main(["eval", copy, "--env", "coin", "--episodes", 8, "--temperature", 1, "--seed", 3, *rollout,
+                         "--out", tmp_path / "flags.json"], tmp_path, monkeypatch, capsys)
+    by_config = run_main(["eval", copy, "--config", run / "config.yaml", "--out", tmp_path / "config.json"],
+                         tmp_path, monkeypatch, capsys)
+    for (code, stdout, stderr), name in ((by_flags, "flags.json"), (by_config, "config.json")):
+        assert code == 0, stderr
+        assert stdout.startswith("eval settings (")  # outside a run the settings used are printed
         data = json.loads((tmp_path / name).read_text())
         assert (data["success_rate"], data["mean_return"]) == (final["success_rate"], final["mean_return"])
 

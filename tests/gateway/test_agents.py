@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from helpers import TINY_TEST_SHAPE
+from helpers import TINY_TEST_SHAPE, run_main
 from turnforge.config import load_config
 from turnforge.errors import RunStopped, UserError
 from turnforge.gateway import server as gateway_server
@@ -180,16 +180,17 @@ def _cli(*args, cwd=REPO):
     (["bc.enabled=true"], "bc.enabled=true needs an env's expert"),
     (["reward.judge.enabled=true"], "reward.judge.enabled=true is for env runs; an agent run sets agent.reward=judge"),
 ])
-def test_bad_agent_input_is_one_line_before_training(args, expected):
-    r = _cli("train", "agent-tiny", *args, "--out", "/tmp/never-written-agent-run")
-    assert r.returncode == 2 and expected in r.stderr and "Traceback" not in r.stderr, r.stderr
-    assert not Path("/tmp/never-written-agent-run").exists()
+def test_bad_agent_input_is_one_line_before_training(args, expected, tmp_path, monkeypatch, capsys):
+    code, _, stderr = run_main(["train", "agent-tiny", *args, "--out", tmp_path / "run"], REPO, monkeypatch, capsys)
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1 and expected in lines[0] and "Traceback" not in stderr, stderr
+    assert not (tmp_path / "run").exists()
 
 
 def test_a_tasks_file_without_heldout_tasks_is_one_line(tmp_path):
     f = tmp_path / "t.jsonl"
     f.write_text('{"move": "Up", "split": "train"}\n')
-    r = _cli("train", "agent-tiny", f"agent.tasks={f}", "--out", str(tmp_path / "run"))
+    r = _cli("train", "agent-tiny", f"agent.tasks={f}", "--out", str(tmp_path / "run"))  # a real process, the entry point
     assert r.returncode == 2 and "has no heldout tasks" in r.stderr and not (tmp_path / "run").exists()
 
 
