@@ -211,6 +211,18 @@ class RLConfig(Section):
         None, gt=1, description="Dual-clip bound c > 1 on the loss of negative-advantage tokens (None = off)"
     )
     entropy_coef: float = Field(0.0, ge=0, description="Weight of the entropy bonus (0 = none; entropy is logged anyway)")
+    rehearsal_coef: float = Field(
+        0.0, ge=0, description="Rehearsal toward the policy RL starts from: each minibatch step adds this weight times "
+        "the mean NLL of its own cached well-formed samples (a forward-KL estimate; turnforge.train.rehearsal; 0 = off)"
+    )
+    rehearsal_episodes: int = Field(
+        64, ge=1, description="rehearsal: train episodes the starting policy plays once before the first update; "
+        "those without a malformed turn are the cache (RUN/rehearsal.parquet; the turns count as env steps)"
+    )
+    rehearsal_temperature: float | None = Field(
+        None, gt=0, description="rehearsal: sampling temperature of those episodes and of the term's logprobs "
+        "(None = rollout.temperature); the starting policy's competent one, e.g. its best of eval.bc_temperatures"
+    )
     advantage: Literal["grpo", "rloo", "reinforce_pp", "gigpo", "gae", "mc_grpo", "pass_at_k", "w_reinforce"] = Field(
         "grpo",
         description="Credit assignment: grpo (group-normalised episode return), rloo (leave-one-out baseline), "

@@ -241,6 +241,7 @@ class UpdateStats:
     tokens: int  # tokens trained on (repeated samples counted once per copy)
     merged_row_fraction: float  # rows after merging repeated samples / samples (1 = nothing merged)
     offpolicy: OffPolicyStats | None = None  # asynchronous or vLLM rollouts only
+    rehearsal_nll: float | None = None  # rl.rehearsal_coef > 0: mean NLL of the rehearsed samples (per action token)
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,7 @@ from turnforge.seeding import generator, rng, stable_hash
 from turnforge.train.common import GuardedStep, event_counts, lr_factor
 from turnforge.train.credit import assign_credit, monte_carlo_returns
 from turnforge.train.mc import MonteCarlo
+from turnforge.train.rehearsal import load_or_play
 from turnforge.train.metrics import CriticStats, IterationMetrics, RunWarning, ValuePretrainStats
 from turnforge.train.rollouts import make_rollouts
 from turnforge.train.run_dir.checkpoint import TrainingState, save_resumable
@@ -77,6 +78,11 @@ def run_rl(
     s.rl_started = time.time()
     uses_mc = rl.advantage == "mc_grpo" or (rl.advantage == "gae" and cfg.critic.mc_weight > 0)
     mc = MonteCarlo(s.rollout_engine, cfg, policy, bc_policy) if uses_mc else None
+
+    # rehearsal toward the starting policy: its well-formed episodes, played once before the first update
+    rehearsal = load_or_play(s) if rl.rehearsal_coef > 0 else None
+    if rehearsal is not None and s.state.iteration == 0:
+        s.state.env_steps += rehearsal.env_steps
 
     end = rl.iterations if stop_after is None else min(rl.iterations, stop_after)
     warned = False  # the generation-truncation warning is printed once
@@ -114,7 +120,8 @@ def run_rl(
             t2 = time.time()
             update = ppo_update(policy, credit.samples, step, rl, temperature=cfg.rollout.temperature,
                                 shuffle=rng(cfg.seed, "rl-shuffle", it), reference=reference if rl.kl_mode == "loss" else None,
-                                decoupled=cfg.engine.mode == "async" or cfg.rollout.backend == "vllm", is_cap=cfg.engine.is_cap)
+                                decoupled=cfg.engine.mode == "async" or cfg.rollout.backend == "vllm", is_cap=cfg.engine.is_cap,
+                                rehearsal=rehearsal)
             policy.version += 1
             rollouts.after_update()  # weight sync to the rollout worker (nothing to do when it shares the model)
 

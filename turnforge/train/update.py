@@ -18,6 +18,7 @@ from turnforge.policy.model import Policy
 from turnforge.train.common import GuardedStep, collate
 from turnforge.train.merge import MergedSample, merge_samples, minibatches
 from turnforge.train.metrics import OffPolicyStats, UpdateStats
+from turnforge.train.rehearsal import Rehearsal, rehearsal_loss
 from turnforge.types import Sample
 
 
@@ -32,6 +33,7 @@ def ppo_update(
     reference: torch.nn.Module | None = None,
     decoupled: bool = False,
     is_cap: float | None = None,
+    rehearsal: Rehearsal | None = None,
 ) -> UpdateStats:
     """``rl.epochs`` passes of PPO-clip minibatch steps on ``policy`` over ``(sample, advantage)``
     pairs, each step through ``step`` (the optimizer with its NaN guard); minibatches in the order
@@ -42,6 +44,9 @@ def ppo_update(
     around the proximal policy, the weights before this update, whose logprobs are recomputed
     here once; the gap to the behaviour policy (the sampling logprobs of whatever version
     sampled each token) is a truncated importance weight, capped at ``is_cap`` (None: untruncated).
+
+    ``rehearsal`` (``rl.rehearsal_coef``): each minibatch step also adds its weight times the NLL
+    of ``rl.minibatch_size`` of the starting policy's cached samples (in an order ``shuffle`` draws).
 
     With ``rl.merge_duplicates`` repeated samples are scored once (``turnforge.train.merge``);
     minibatches still hold ``rl.minibatch_size`` sampled copies each."""
@@ -60,7 +65,8 @@ def ppo_update(
     prox, offpolicy = (proximal_logprobs(policy, [r.sample for r in rows], temperature, is_cap) if decoupled else (None, None))
     policy.model.train()
     order = shuffle.permutation(len(rows)).tolist()
-    losses, clip_fracs, kls, norms, entropies, ref_kls, tokens = [], [], [], [], [], [], 0
+    rehearsal_order = shuffle.permutation(len(rehearsal.samples)) if rehearsal is not None else None
+    losses, clip_fracs, kls, norms, entropies, ref_kls, tokens, nlls = [], [], [], [], [], [], 0, []
     for _ in range(rl.epochs):
         for idx in minibatches(rows, order, rl.minibatch_size):
             chunk = [rows[i] for i in idx]
@@ -85,10 +91,16 @@ def ppo_update(
                     prox_b[r, : len(prox[i])] = prox[i]
                 out, _ = decoupled_ppo_loss(logprobs, prox_b, batch.old_logprobs, batch.advantages, batch.mask,
                                             is_cap=is_cap, **ppo_kwargs)
-            norm = step(out.loss)
+            loss = out.loss
+            if rehearsal is not None:
+                nll = rehearsal_loss(policy.model, rehearsal.batch(len(losses), rl.minibatch_size, rehearsal_order),
+                                     policy.pad_id, rehearsal.temperature)
+                loss = loss + rehearsal.coef * nll
+                nlls.append(float(nll.detach()))
+            norm = step(loss)
             if norm is not None:
                 norms.append(norm)
-            losses.append(out.loss.item())
+            losses.append(loss.item())
             clip_fracs.append(out.clip_fraction)
             kls.append(out.approx_kl)
             entropies.append(float(masked_mean(entropy.detach(), batch.mask * counts[:, None])))
@@ -103,6 +115,7 @@ def ppo_update(
         loss=mean(losses), clip_fraction=mean(clip_fracs), approx_kl=mean(kls), kl_ref=mean(ref_kls),
         entropy=mean(entropies), grad_norm=mean(norms), tokens=tokens,
         merged_row_fraction=len(rows) / max(len(samples), 1), offpolicy=offpolicy,
+        rehearsal_nll=mean(nlls) if rehearsal is not None else None,
     )
 
 
