@@ -99,6 +99,8 @@ CASES = [
     # pass@k (issue 31): checked before any work
     ("pass-at-k-above-n", ["train", "eval.pass_at_k_samples=8", "eval.pass_at_k=[1,2,4,8,16]", "--out", "run"],
      "bad value for 'eval.pass_at_k' ([1, 2, 4, 8, 16]): k=16 is above eval.pass_at_k_samples=8; every k must be in 1..8"),
+    ("rehearsal-greedy", ["train", "rl.rehearsal_temperature=0", "--out", "run"],
+     "bad value for 'rl.rehearsal_temperature' (0)"),
     ("pass-at-k-greedy", ["train", "eval.pass_at_k_temperature=0", "--out", "run"],
      "bad value for 'eval.pass_at_k_temperature' (0): pass@k needs sampling: a temperature > 0, or null for rollout.temperature"),
     ("pass-at-k-negative-n", ["train", "eval.pass_at_k_samples=-1", "--out", "run"],
