@@ -42,8 +42,8 @@ from turnforge.seeding import generator, rng, stable_hash
 from turnforge.train.common import GuardedStep, event_counts, lr_factor
 from turnforge.train.credit import assign_credit, monte_carlo_returns
 from turnforge.train.mc import MonteCarlo
-from turnforge.train.rehearsal import load_or_play
 from turnforge.train.metrics import CriticStats, IterationMetrics, RunWarning, ValuePretrainStats
+from turnforge.train.rehearsal import load_or_play
 from turnforge.train.rollouts import make_rollouts
 from turnforge.train.run_dir.checkpoint import TrainingState, save_resumable
 from turnforge.train.run_dir.failures import check_trajectories
