@@ -217,7 +217,7 @@ class RLConfig(Section):
     )
     rehearsal_episodes: int = Field(
         64, ge=1, description="rehearsal: train episodes the starting policy plays once before the first update; "
-        "those without a malformed turn are the cache (RUN/rehearsal.parquet; the turns count as env steps)"
+        "their well-formed samples (valid actions) are the cache (RUN/rehearsal.parquet; the turns count as env steps)"
     )
     rehearsal_temperature: float | None = Field(
         None, gt=0, description="rehearsal: sampling temperature of those episodes and of the term's logprobs "
