@@ -482,6 +482,9 @@ class FlywheelConfig(Section):
         "measured before its update) below which each fine-tuning step adds entropy_guard_coef x (floor - the batch's "
         "mean action entropy) to the loss (0 = off)")
     entropy_guard_coef: float = Field(1.0, ge=0, description="rft entropy guard: weight of the hinge below the floor")
+    entropy_samples: int = Field(
+        512, ge=1, description="The round's first N plain samples scored for its action entropy (one forward pass each, "
+        "before the update; the entropy guard's reference): lower it for large models with long contexts")
     eval_episodes: int = Field(200, ge=1, description="Held-out episodes of the evaluation after each round")
     pass_at_k: bool = Field(
         False, description="Also measure pass@k after each round (the eval.pass_at_k_* settings; FlywheelRound.boundary): "

@@ -197,6 +197,7 @@ class EvalResult:
     invalid_action_rate: float  # invalid actions / all actions
     mean_turns: float
     infra_failures: int = 0
+    tool_call_rate: float | None = None  # episodes with at least one tool call / episodes; None for envs without tools
 
     def as_dict(self) -> dict[str, Scalar]:
         return {
@@ -208,4 +209,5 @@ class EvalResult:
             "invalid_action_rate": self.invalid_action_rate,
             "mean_turns": self.mean_turns,
             "infra_failures": self.infra_failures,
+            "tool_call_rate": self.tool_call_rate,
         }

@@ -104,9 +104,10 @@ def test_the_smollm2_flywheel_recipe_is_the_arithmetic_recipe_plus_the_measured_
     overrides = [
         "eval.temperature=0.1", "eval.bc_temperatures=[0.0,0.1]", "eval.episodes=100", "eval.pass_at_k_samples=4",
         "eval.pass_at_k_tasks=16", "eval.pass_at_k_temperature=0.3", "flywheel.rounds=2", "flywheel.temperature=0.3",
-        "flywheel.env_steps_per_round=400", "flywheel.tasks_per_wave=32", "flywheel.group_size=4",
+        "flywheel.env_steps_per_round=150", "flywheel.tasks_per_wave=24", "flywheel.group_size=4",
         "flywheel.allocation=uniform", "flywheel.mechanisms=[]", "flywheel.per_task_cap=2", "flywheel.rft_lr=1e-4",
-        "flywheel.rft_epochs=2", "flywheel.rft_batch_size=8", "flywheel.eval_episodes=50", "rl.iterations=0",
+        "flywheel.rft_epochs=2", "flywheel.rft_batch_size=8", "flywheel.eval_episodes=50", "flywheel.entropy_samples=64",
+        "rl.iterations=0",
     ]
     measured = load_config("smollm2-arithmetic", overrides).model_dump()
     recipe = load_config("smollm2-arithmetic-flywheel", []).model_dump()

@@ -133,6 +133,18 @@ def test_summarize_refuses_an_empty_evaluation():
         summarize("e", "heldout", [])
 
 
+def test_the_tool_call_rate_counts_scored_episodes_with_a_call():
+    def episode(tid, calls, failure=None):
+        turns = tuple(Turn("obs", "a", 0.0, False, "", info={"n_tool_calls": c}) for c in calls)
+        return Trajectory(trajectory_id=tid, task=Task("t", "heldout", 0), group_id="g", env_seed=0, turns=turns, samples=(),
+                          episode_return=0.0, success=False, terminated=True, truncated=False, truncation_reason=None,
+                          policy_version=0, infra_failure=failure)
+    # 4 scored episodes, 2 of them call the tool (once in their second turn, twice in the first); the failed one is left out
+    episodes = [episode("a", [0, 1]), episode("b", [2, 0]), episode("c", [0]), episode("d", []), episode("e", [1], ERR)]
+    assert summarize("calc", "heldout", episodes, has_tools=True).tool_call_rate == 0.5
+    assert summarize("calc", "heldout", episodes).tool_call_rate is None  # an env without tools: not counted
+
+
 def test_a_start_point_whose_monte_carlo_rollouts_all_failed_has_no_value_not_zero():
     import numpy as np
 

@@ -105,6 +105,16 @@ def test_the_last_line_names_the_baseline_of_each_gain(tmp_path):
             "(set eval.bc_temperatures)") in line
 
 
+def test_the_last_line_of_a_tool_env_says_how_often_the_tool_was_called(tmp_path):
+    ev = lambda rate, tools: EvalResult("arithmetic", "heldout", 100, rate, 0.0, 0.0, 2.0, tool_call_rate=tools)  # noqa: E731
+    summary = SimpleNamespace(wall_seconds=60.0, eval_before_rl=ev(0.73, 0.74), eval_after_rl=ev(0.99, 1.0),
+                              success_gain_points=26.0, eval_bc_best_temperature=BestTemperature(0.0, ev(0.76, 0.77), []),
+                              gain_over_bc_best_points=23.0)
+    line = final_line(summary, load_config("smollm2-arithmetic", ["bc.enabled=false"]), tmp_path)
+    assert ("; episodes calling a tool 1.000 (the starting policy (no BC) at T=0: 0.770); run dir ") in line
+    assert "calling a tool" not in final_line(_summary(best=True), load_config("sokoban-tiny"), tmp_path)
+
+
 def test_live_panel_renders_the_fields():
     p, buf = _live()
     with p:

@@ -213,7 +213,8 @@ def _round(s: Session, st: FlywheelState, guided: RolloutEngine | None, optimize
         st.replay = (st.replay + hard)[-fw.replay_size:]  # with their own source (guided ones keep their IS weights)
 
     # 4. train
-    entropy = action_entropy(s.policy, [x for group in plain.values() for t in group for x in t.samples])
+    entropy = action_entropy(s.policy, [x for group in plain.values() for t in group for x in t.samples],
+                             limit=fw.entropy_samples)
     if st.start_entropy is None:
         st.start_entropy = entropy
     rft_samples, awr_stats = 0, None

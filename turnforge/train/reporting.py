@@ -287,7 +287,8 @@ def final_line(summary: RunSummary, cfg: TrainConfig, run_dir: Path) -> str:
     """The run's last line: held-out success at the end, and each gain with the baseline it is
     measured against, named with its temperature and score: the start (BC policy, or the model
     without BC) at its best of ``eval.bc_temperatures`` first, then the start at ``eval.temperature``.
-    Without ``eval.bc_temperatures`` it says that the start's best temperature was not measured."""
+    Without ``eval.bc_temperatures`` it says that the start's best temperature was not measured.
+    In a tool env it adds the share of episodes that called a tool, at the end and at that baseline."""
     before, after, best = summary.eval_before_rl, summary.eval_after_rl, summary.eval_bc_best_temperature
     start, t = start_name(cfg), cfg.eval.temperature
     at_t = f"{summary.success_gain_points:+.1f} points against the {start} at T={t:g} ({before.success_rate:.3f})"
@@ -296,5 +297,9 @@ def final_line(summary: RunSummary, cfg: TrainConfig, run_dir: Path) -> str:
     else:
         gains = (f"{summary.gain_over_bc_best_points:+.1f} points against the {start} at its best temperature "
                  f"(T={best.temperature:g}: {best.eval.success_rate:.3f}), {at_t}")
+    if after.tool_call_rate is not None:  # a tool env: does the policy still call its tools?
+        ref = before if best is None else best.eval
+        gains += (f"; episodes calling a tool {after.tool_call_rate:.3f} (the {start}"
+                  f"{'' if best is None else f' at T={best.temperature:g}'}: {ref.tool_call_rate:.3f})")
     return (f"done in {summary.wall_seconds:.0f}s: held-out success {after.success_rate:.3f} at the end "
             f"(T={t:g}, {after.episodes} episodes), {gains}; run dir {run_dir}")

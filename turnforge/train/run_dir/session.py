@@ -75,7 +75,8 @@ class Session:
         failures = f", {result.infra_failures} infrastructure failures left out" if result.infra_failures else ""
         self.progress.message(
             f"eval {tag}: success {result.success_rate:.3f}  return {result.mean_return:.2f}  "
-            f"invalid {result.invalid_action_rate:.3f}  turns {result.mean_turns:.1f}  ({result.episodes} {e.split} episodes"
+            f"invalid {result.invalid_action_rate:.3f}  turns {result.mean_turns:.1f}  "
+            f"{'' if result.tool_call_rate is None else f'tool calls {result.tool_call_rate:.3f}  '}({result.episodes} {e.split} episodes"
             f"{'' if temperature == e.temperature else f', T={temperature}'}{failures})"
         )
         return result
