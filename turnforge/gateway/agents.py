@@ -91,6 +91,7 @@ class AgentTasks:
 
     env_id = AGENT_ENV_ID
     action_names: tuple[str, ...] = ()
+    tools: tuple[dict, ...] = ()  # an agent's tools are its own (no env tools to count calls of)
 
     def __init__(self, path: str, heldout_fraction: float | None = None) -> None:
         self.dataset = TaskDataset.from_jsonl(path, heldout_fraction=heldout_fraction)
