@@ -373,6 +373,10 @@ class EvalConfig(Section):
         None, description="pass@k: the k reported, each at most pass_at_k_samples (None = 1, 2, 4, ... and N itself: "
         "[1, 2, 4, 8, 16] at N=16)"
     )
+    pass_at_k_entropy_samples: int = Field(
+        2048, ge=1, description="pass@k: how many of the samples (spread evenly over the tasks) the policy's action "
+        "entropy is scored on; each is a forward pass, which on a pretrained model costs more than playing its turn"
+    )
     pass_at_k_temperature: float | None = Field(
         None, description="pass@k: sampling temperature, > 0 (None = rollout.temperature, the collection temperature; "
         "greedy decoding would give every sample one episode)"
@@ -412,7 +416,7 @@ class EvalConfig(Section):
 
 FLYWHEEL_FILTERS = ("infra", "success", "reward", "truncation", "loops", "length", "dedup", "task_cap")
 FLYWHEEL_STAGES = ("rft", "rl")
-FLYWHEEL_MECHANISMS = ("guidance", "curriculum", "anchor", "evolve", "replay")
+FLYWHEEL_MECHANISMS = ("retry", "guidance", "curriculum", "anchor", "evolve", "replay")
 
 
 class FlywheelConfig(Section):
@@ -443,6 +447,11 @@ class FlywheelConfig(Section):
         default_factory=lambda: ["rft"], description=f"Training stages of a round, in order, any of {', '.join(FLYWHEEL_STAGES)}: "
         "'rft' rejection-sampling fine-tuning on the kept episodes' own action tokens, 'rl' a GRPO update on the round's "
         "plain groups (replayed successes added with truncated importance weights)")
+    retry_rollouts: int = Field(2, ge=1, description="retry: more plain rollouts of each task none of whose wave's "
+                                "rollouts succeeded, before guidance or anchors see it (they count in the round's budget)")
+    retry_temperature: float | None = Field(
+        None, gt=0, description="retry: sampling temperature of the re-attempts (None: flywheel.temperature); above it, "
+        "the search for a first success on a hard task explores more than the plain collection")
     guidance_level: int = Field(1, ge=1, description="guidance: the env's hint level for re-attempts of tasks no rollout solved")
     guided_rollouts: int = Field(2, ge=1, description="guidance: guided re-attempts per unsolved task")
     guided_training: Literal["rft", "is"] = Field(

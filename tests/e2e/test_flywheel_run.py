@@ -24,7 +24,7 @@ FLY = [
     "bc.num_demos=30", "bc.epochs=2", "bc.batch_size=16", "rollout.max_turns=8", "eval.episodes=10",
     "eval.bc_temperatures=[1.0,0.5]", "rl.iterations=1", "rl.tasks_per_iteration=2", "rl.group_size=2",
     "flywheel.rounds=2", "flywheel.env_steps_per_round=150", "flywheel.tasks_per_wave=8", "flywheel.eval_episodes=10",
-    "flywheel.mechanisms=[guidance,curriculum,anchor,evolve,replay]", "flywheel.stages=[rft,rl]", "flywheel.guidance_level=2",
+    "flywheel.mechanisms=[retry,guidance,curriculum,anchor,evolve,replay]", "flywheel.stages=[rft,rl]", "flywheel.guidance_level=2",
     "flywheel.group_size=3", "flywheel.replay_max_success=1.0", "flywheel.allocation=adaptive",
     "eval.pass_at_k_samples=4", "eval.pass_at_k_tasks=3",  # pass@k at the start and the end (and after each round: flywheel.pass_at_k), cheap
 ]
@@ -44,6 +44,8 @@ def test_flywheel_run_records_every_mechanism(tmp_path):
         assert r.eval.episodes == 10 and r.entropy is not None and r.entropy > 0
         assert r.boundary is not None and r.boundary.tag == f"flywheel-{r.round}" and r.boundary.episodes == 3 * 4
     assert rounds[0].guided[0] > 0  # a tiny BC policy leaves tasks unsolved
+    for r in rounds:  # each task no plain rollout solved is retried twice (retry_rollouts) before guidance sees it
+        assert r.retry[0] >= 2 * r.unsolved_tasks > 0 and (r.retry[1] > 0 or r.retry[0] == 2 * r.unsolved_tasks)
     # level 2 hints need the solver: each is counted, and the summary adds the demonstrations' expert moves
     assert summary.expert_queries.hints == rounds[-1].expert_queries > 0
     assert summary.expert_queries.demonstration_actions == summary.bc.demo_env_steps - summary.bc.demo_random_actions
@@ -63,9 +65,10 @@ def test_flywheel_run_records_every_mechanism(tmp_path):
 
     with TrajectoryStore(out) as store:
         by_source = {row["source"]: row for row in store.sql("SELECT * FROM success_by_source").to_pylist()}
-        assert {"demo", "plain", "guided", "anchor"} <= set(by_source)
+        assert {"demo", "plain", "retry", "guided", "anchor"} <= set(by_source)
         played = store.sql("SELECT count(*) AS n FROM trajectories WHERE stage = 'flywheel' AND source != 'demo'").to_pylist()[0]["n"]
-        assert played == sum(sum(getattr(r, s)[0] for s in ("plain", "guided", "curriculum", "anchor", "evolved")) for r in rounds)
+        assert played == sum(sum(getattr(r, s)[0] for s in ("plain", "retry", "guided", "curriculum", "anchor", "evolved"))
+                      for r in rounds)
         expert = store.sql("SELECT sum(num_turns) AS n FROM trajectories WHERE stage = 'flywheel' AND source = 'demo'")
         assert expert.to_pylist()[0]["n"] == rounds[1].anchor_expert_moves  # the expert's anchor-finding episodes are stored
 

@@ -135,6 +135,11 @@ def test_the_measurement_repeats_and_leaves_the_evaluations_around_it_unchanged(
     c = measure_boundary(engine, tiny_policy, dataclasses.replace(p, temperature=3.0), tag="start", evaluation=first[0],
                          eval_temperature=1.0)
     assert c.temperature == 3.0 and c.entropy != a.entropy
+    # eval.pass_at_k_entropy_samples: the entropy on fewer of the same samples, everything else unchanged
+    d = measure_boundary(engine, tiny_policy, dataclasses.replace(p, entropy_samples=2), tag="start", evaluation=first[0],
+                         eval_temperature=1.0)
+    assert d.entropy is not None and d.entropy != a.entropy
+    assert dataclasses.replace(d, seconds=0.0, entropy=a.entropy) == dataclasses.replace(a, seconds=0.0)
 
 
 def test_open_text_envs_have_no_action_mi(tiny_policy):

@@ -23,7 +23,8 @@ paid per turn). In DuckDB::
         -- mean return of the scored episodes (avg skips the failures' null)
 
 ``source`` says where an episode came from (one of ``SOURCES``): ``demo`` (expert
-demonstrations), ``plain`` (the policy on a task's real start), ``guided`` (the policy with env
+demonstrations), ``plain`` (the policy on a task's real start), ``retry`` (more plain attempts,
+possibly at another temperature, on a task none of the first ones solved), ``guided`` (the policy with env
 guidance or hints in its prompt), ``curriculum`` (started from a snapshot state along an
 earlier trajectory), ``anchor`` (started from a state along the expert's solution of a task the
 policy never solved), ``evolved`` (a task derived from a failed one), ``replay``. Files written
@@ -82,7 +83,7 @@ SCHEMA = pa.schema(
 )
 
 #: Where an episode came from: the values of the ``source`` column.
-SOURCES: tuple[str, ...] = ("demo", "plain", "guided", "curriculum", "anchor", "evolved", "replay")
+SOURCES: tuple[str, ...] = ("demo", "plain", "retry", "guided", "curriculum", "anchor", "evolved", "replay")
 
 
 def default_source(stage: str) -> str:

@@ -37,9 +37,6 @@ from turnforge.train.metrics import BoundaryReport, PassAtK
 from turnforge.train.run_dir.failures import check_trajectories
 from turnforge.types import EvalResult, Sample
 
-#: Samples whose action tokens the entropy is measured on (evenly spread over the tasks).
-ENTROPY_SAMPLES = 2048
-
 
 @dataclass(frozen=True)
 class PassAtKPlan:
@@ -51,6 +48,7 @@ class PassAtKPlan:
     ks: tuple[int, ...]
     temperature: float  # eval.pass_at_k_temperature, else rollout.temperature
     seed: int
+    entropy_samples: int = 2048  # eval.pass_at_k_entropy_samples: the samples (evenly spread) the entropy is scored on
 
 
 def plan(cfg: TrainConfig) -> PassAtKPlan | None:
@@ -60,7 +58,7 @@ def plan(cfg: TrainConfig) -> PassAtKPlan | None:
         return None
     temperature = e.pass_at_k_temperature if e.pass_at_k_temperature is not None else cfg.rollout.temperature
     return PassAtKPlan(e.split, min(e.pass_at_k_tasks, e.episodes), e.pass_at_k_samples, tuple(e.pass_at_k_list()),
-                       temperature, cfg.seed)
+                       temperature, cfg.seed, e.pass_at_k_entropy_samples)
 
 
 def measure_boundary(engine: Engine, policy: Policy, p: PassAtKPlan, *, tag: str, evaluation: EvalResult,
@@ -90,7 +88,7 @@ def measure_boundary(engine: Engine, policy: Policy, p: PassAtKPlan, *, tag: str
         results.append(PassAtK(k, value, tasks))
     successes = [[tuple(turn.action_text.strip() for turn in t.turns) for t in group if t.success] for group in by_task]
     samples = [x for t in ok for x in t.samples]
-    spread = samples[::-(-len(samples) // ENTROPY_SAMPLES)] if samples else []
+    spread = samples[::-(-len(samples) // p.entropy_samples)] if samples else []
     names = tuple(getattr(env, "action_names", ()) or ())
     mi = None
     if names:

@@ -9,6 +9,9 @@ Each round, top to bottom (``flywheel`` section of the config):
      the rest of ``group_size`` only where the outcome is uncertain (some probes succeeded,
      not all); solved and hopeless tasks get no more plain rollouts;
 2. exploration aids on the tasks no plain rollout solved:
+   - ``retry`` (pass@k-style search): ``retry_rollouts`` more plain attempts on each, at
+     ``retry_temperature``; a task one of them solves leaves the list the aids below get, and
+     its success, on a task the policy mostly fails, goes to RFT and the replay buffer;
    - ``guidance`` (Agent-RLVR): re-attempts with the env's hints (``guidance_level``) in the
      observations; the hints are stripped from the contexts before training
      (``turnforge.rollout.context.rerender``); with ``guided_training=is`` each guided
@@ -150,6 +153,8 @@ def _round(s: Session, st: FlywheelState, guided: RolloutEngine | None, optimize
     #    first, then waves of fresh tasks; each wave's unsolved tasks get guided re-attempts
     with s.progress.activity(f"flywheel round {r + 1}: collect", fw.env_steps_per_round, "env steps") as report:
         plain: dict[str, list[Trajectory]] = {}
+        retry = (PolicyActor(policy, cfg.rollout.max_new_tokens, fw.retry_temperature or fw.temperature,
+                             generator(cfg.seed, "flywheel-retry", r)) if "retry" in fw.mechanisms else None)
         unsolved: list[Task] = []
         guided_trajs: list[Trajectory] = []
         depth_success = None
@@ -186,6 +191,10 @@ def _round(s: Session, st: FlywheelState, guided: RolloutEngine | None, optimize
                 steps += awr.estimate([x for t in tasks for x in plain[t.task_id]])
                 report(min(steps, fw.env_steps_per_round))
             failed = [t for t in tasks if _successes(plain[t.task_id]) == 0 and any(x.infra_failure is None for x in plain[t.task_id])]
+            if retry is not None and failed:  # more attempts on the tasks no rollout solved; a success takes them off the list
+                got = play(engine, requests(failed, fw.retry_rollouts, "r"), "retry", retry)
+                solved = {t.task.task_id for t in got if t.success and t.infra_failure is None}
+                failed = [t for t in failed if t.task_id not in solved]
             unsolved += failed
             if guided is not None and failed:
                 got = play(guided, requests(failed, fw.guided_rollouts, "g"), "guided")
@@ -249,7 +258,7 @@ def _round(s: Session, st: FlywheelState, guided: RolloutEngine | None, optimize
         return len(got), _successes(got)
 
     record = FlywheelRound(
-        round=r + 1, round_env_steps=steps, tasks=len(plain), plain=count("plain"), guided=count("guided"),
+        round=r + 1, round_env_steps=steps, tasks=len(plain), plain=count("plain"), retry=count("retry"), guided=count("guided"),
         curriculum=count("curriculum"), evolved=count("evolved"), unsolved_tasks=len(unsolved),
         filters=counts, rft_samples=rft_samples, replay_size=len(st.replay), curriculum_depth=st.depth,
         curriculum_success=depth_success, evolved_live=len(st.evolved), evolved_retired=st.retired,
@@ -260,7 +269,9 @@ def _round(s: Session, st: FlywheelState, guided: RolloutEngine | None, optimize
     )
     s.metrics.log(record, s.state.env_steps)
     s.progress.message(
-        f"flywheel round {r + 1}: {steps} env steps, plain {record.plain[1]}/{record.plain[0]}, guided "
+        f"flywheel round {r + 1}: {steps} env steps, plain {record.plain[1]}/{record.plain[0]}, "
+        + (f"retried {record.retry[1]}/{record.retry[0]}, " if "retry" in fw.mechanisms else "")
+        + f"guided "
         f"{record.guided[1]}/{record.guided[0]}, curriculum {record.curriculum[1]}/{record.curriculum[0]}, evolved "
         f"{record.evolved[1]}/{record.evolved[0]}"
         + (f", anchored {record.anchor[1]}/{record.anchor[0]} ({record.anchor_live} tasks in the pool, "
@@ -434,7 +445,7 @@ def write_flywheel_report(run_dir, summary) -> None:
     ax1.set(xlabel="round (0 = after BC)", ylabel="held-out success", ylim=(-0.02, 1.02), title="held-out success per round")
     ax1.legend(loc="lower right")
     bottom = np.zeros(len(rounds))
-    for src in ("plain", "guided", "curriculum", "anchor", "evolved"):
+    for src in ("plain", "retry", "guided", "curriculum", "anchor", "evolved"):
         ys = np.array([getattr(x, src)[1] for x in rounds], dtype=float)
         ax2.bar(xs[1:], ys, bottom=bottom, label=src)
         bottom += ys
@@ -458,14 +469,14 @@ def write_flywheel_report(run_dir, summary) -> None:
              f"Expert queries: {summary.expert_queries.total} ({summary.expert_queries.demonstration_actions} demonstration "
              f"moves, {summary.expert_queries.hints} hints, {summary.expert_queries.anchor_moves} moves along anchored tasks).", "",
              "![flywheel](flywheel.png)", "",
-             "| round | env steps | plain | guided | curriculum | evolved | unsolved tasks | RFT samples | replay | depth | "
-             "entropy | held-out |" + (" pass@1 | pass@N | never solved@8 |" if per_round else ""),
-             "|" + "---|" * (15 if per_round else 12)]
+             "| round | env steps | plain | retried | guided | curriculum | evolved | unsolved tasks | RFT samples | replay | "
+             "depth | entropy | held-out |" + (" pass@1 | pass@N | never solved@8 |" if per_round else ""),
+             "|" + "---|" * (16 if per_round else 13)]
     for x in rounds:
         def pair(p: tuple[int, int]) -> str:
             return f"{p[1]}/{p[0]}"
         ent = "" if x.entropy is None else f"{x.entropy:.3f}"
-        lines.append(f"| {x.round} | {x.round_env_steps} | {pair(x.plain)} | {pair(x.guided)} | {pair(x.curriculum)} | "
+        lines.append(f"| {x.round} | {x.round_env_steps} | {pair(x.plain)} | {pair(x.retry)} | {pair(x.guided)} | {pair(x.curriculum)} | "
                      f"{pair(x.evolved)} | {x.unsolved_tasks} | {x.rft_samples} | {x.replay_size} | {x.curriculum_depth} | "
                      f"{ent} | {x.eval.success_rate:.3f} ({x.eval.episodes}) |" + (_round_boundary(x.boundary) if per_round else ""))
     last = rounds[-1]

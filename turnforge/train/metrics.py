@@ -174,6 +174,7 @@ class FlywheelRound:
     eval: EvalResult
     seconds: float
     boundary: BoundaryReport | None = None  # pass@k after the round (flywheel.pass_at_k)
+    retry: tuple[int, int] = (0, 0)  # more plain attempts on the tasks no rollout of their wave solved
     anchor: tuple[int, int] = (0, 0)  # episodes from anchor states along the expert's solutions
     anchor_live: int = 0  # tasks in the anchor pool after the round
     anchor_graduated: int = 0  # anchored tasks solved from their real start at anchor_advance, so far
