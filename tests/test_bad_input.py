@@ -116,7 +116,7 @@ CASES = [
      "flywheel.pass_at_k=true measures pass@k after each round with eval.pass_at_k_samples samples per task; set it above 0"),
     # flywheel: names checked before any work (the data command's cases are in tests/data/test_query_store.py)
     ("flywheel-unknown-mechanism", ["flywheel", "flywheel.mechanisms=[guidance,magic]", "--out", "run"],
-     "bad value for 'flywheel.mechanisms' (['guidance', 'magic']): unknown name 'magic'; valid: guidance, curriculum, anchor, evolve, replay"),
+     "bad value for 'flywheel.mechanisms' (['guidance', 'magic']): unknown name 'magic'; valid: retry, guidance, curriculum, anchor, evolve, replay"),
     ("flywheel-unknown-filter", ["flywheel", "flywheel.filters=[success,shiny]", "--out", "run"],
      "unknown name 'shiny'; valid: infra, success, reward, truncation, loops, length, dedup, task_cap"),
     ("flywheel-unknown-stage", ["flywheel", "flywheel.stages=[dpo]", "--out", "run"], "unknown name 'dpo'; valid: rft, rl"),
