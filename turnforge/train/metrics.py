@@ -161,7 +161,7 @@ class FlywheelRound:
     guided: tuple[int, int]
     curriculum: tuple[int, int]
     evolved: tuple[int, int]
-    unsolved_tasks: int  # tasks none of whose plain rollouts succeeded
+    unsolved_tasks: int  # tasks none of whose plain rollouts (nor retries) succeeded
     filters: list[FilterCount]  # what each filter kept, in order
     rft_samples: int  # samples of the round's RFT stage (kept + replayed)
     replay_size: int
