@@ -150,6 +150,14 @@ CASES = [
      "the one vLLM engine is not shared across threads"),
     ("vllm-with-prefix-cache", ["train", "rollout.backend=vllm", "rollout.prefix_cache=true", "--out", "run"],
      "vLLM keeps its own prefix cache"),
+    # summarize contexts: a threshold the budget cannot hold, by the config and in the model's tokens
+    ("summary-threshold-above-budget", ["train", "rollout.context=summarize", "rollout.summary_threshold=1000", "--out", "run"],
+     "rollout.summary_threshold=1000 plus rollout.summary_max_tokens=32 is above rollout.max_context_tokens=256"),
+    ("summary-request-does-not-fit", ["train", "rollout.context=summarize", "rollout.summary_threshold=220",
+                                      "rollout.summary_max_tokens=4", "bc.enabled=false", "--out", "run"],
+     "need 330 tokens, above rollout.max_context_tokens=256; set rollout.summary_threshold to at most 146"),
+    ("summarize-bc-without-expert-summary", ["train", "rollout.context=summarize", "rollout.max_context_tokens=1024", "--out", "run"],
+     "BC demonstrations with rollout.context=summarize (the expert writes the summaries) needs env 'sokoban' to implement expert_summary()"),
     ("vllm-backend-unknown", ["train", "rollout.backend=sglang", "--out", "run"], "bad value for 'rollout.backend'"),
     # MCP tool servers and judge rewards
     ("mcp-server-does-not-start", ["train", "mcp-tiny", f"env.tasks={MCP_TASKS}", "env.kwargs.server=/usr/bin/false",

@@ -127,8 +127,32 @@ class EnvConfig(Section):
 
 
 class RolloutConfig(Section):
-    context: Literal["window", "full_history"] = Field(
-        "window", description="'window': one sample per turn, prompt = last turns; 'full_history': one sample per episode"
+    context: Literal["window", "full_history", "summarize"] = Field(
+        "window", description="'window': one sample per turn, prompt = last turns; 'full_history': one sample per "
+        "episode; 'summarize': a growing context that, past rollout.summary_threshold tokens, the policy summarizes "
+        "and that restarts from the task, its summary and the latest observation: one sample per segment"
+    )
+    summary_threshold: int | None = Field(
+        None, ge=16, description="summarize: when the segment's prompt with the next observation, plus max_new_tokens, "
+        "would pass this many tokens, the policy writes a summary first. None: 3/4 of max_context_tokens"
+    )
+    summary_max_tokens: int = Field(32, ge=1, description="summarize: tokens the policy may generate for a summary")
+    summary_prompt: str = Field(
+        "Your context is full and will restart with the task, your summary and the latest observation. "
+        "Write the summary: what you still need to know.",
+        description="summarize: the user message that asks for a summary",
+    )
+    max_summaries: int = Field(
+        16, ge=1, description="summarize: summaries per episode; an episode that needs one more ends with truncation "
+        "reason 'summary_limit' (and, with rollout.overlong_mask, gets no gradient)"
+    )
+    summary_loss: Literal["train", "mask"] = Field(
+        "train", description="summarize: 'train' trains a summary in the segment that wrote it (loss mask 1, as "
+        "sampled); 'mask' stores its tokens as context (loss mask 0, no logprobs), so no stage trains them"
+    )
+    overlong_mask: bool = Field(
+        True, description="summarize: episodes ended by rollout.max_summaries get no gradient in RL (SUPO's overlong "
+        "masking: 'summarize forever' is not learned); they still count in their group's baseline"
     )
     history_window: int = Field(0, ge=0, description="Previous turns shown in 'window' mode")
     max_turns: int = Field(20, ge=1, description="Turns per episode before truncation")
@@ -160,6 +184,12 @@ class RolloutConfig(Section):
         "this process, weights synced in place after every update, its logprob gap to the trainer corrected by truncated IS"
     )
     vllm_kv_cache_gib: float = Field(1.0, gt=0, description="Memory vLLM reserves for its KV cache (rollout.backend=vllm)")
+
+    @property
+    def summary_at(self) -> int:
+        """The token count past which ``summarize`` writes a summary (``summary_threshold``)."""
+        return self.summary_threshold if self.summary_threshold is not None else self.max_context_tokens * 3 // 4
+
 
 
 class BCConfig(Section):
@@ -663,13 +693,21 @@ def incompatible_options(cfg: TrainConfig) -> str | None:
         if "rft" not in fw.stages:
             return f"{w} weighs the samples of the rft stage: add rft to flywheel.stages"
         if cfg.rollout.context != "window":
-            return f"{w} weighs each turn's sample and needs rollout.context=window (got full_history)"
+            return f"{w} weighs each turn's sample and needs rollout.context=window (got {cfg.rollout.context})"
         if fw.weighting == "group_awr" and fw.group_size < 2:
             return "flywheel.weighting=group_awr compares the turns of a task's group taken in one state: set flywheel.group_size >= 2"
     if critic.pretrain_episodes > 0 and not critic.enabled:
         return "critic.pretrain_episodes > 0 pretrains the learned critic, but critic.enabled=false"
-    if rl.advantage == "mc_grpo" and cfg.rollout.context == "full_history":
-        return "rl.advantage=mc_grpo samples actions at single states and needs rollout.context=window (got full_history)"
+    if rl.advantage == "mc_grpo" and cfg.rollout.context != "window":
+        return f"rl.advantage=mc_grpo samples actions at single states and needs rollout.context=window (got {cfg.rollout.context})"
+    r = cfg.rollout
+    if r.context == "summarize" and r.summary_at + r.summary_max_tokens > r.max_context_tokens:
+        return (f"rollout.summary_threshold={r.summary_at} plus rollout.summary_max_tokens={r.summary_max_tokens} is above "
+                f"rollout.max_context_tokens={r.max_context_tokens}: a summary would not fit; set rollout.summary_threshold "
+                f"to at most {r.max_context_tokens - r.summary_max_tokens} (less the summary request's tokens)")
+    if cfg.rollout.context == "summarize" and critic.enabled:
+        return ("critic.enabled=true reads values per turn of whole episodes or single turns, not of summarize segments; "
+                "use critic.mc_weight=1 (Monte-Carlo values) or another rollout.context")
     if rl.advantage == "mc_grpo" and rl.kl_mode == "reward":
         return "rl.kl_mode=reward penalises episode turns; rl.advantage=mc_grpo scores single actions: use rl.kl_mode=loss"
     if rl.advantage == "mc_grpo" and rl.shaping != "none":

@@ -94,6 +94,12 @@ class Sample:
     ``versions`` is the policy version that sampled each token, -1 where no policy
     sampled it; ``logprobs`` are the sampling logprobs where ``versions >= 0``, NaN
     elsewhere.
+
+    Segments (``rollout.context=summarize``): each context the policy saw is one sample,
+    ``segment_index`` 0, 1, ... in order, ``parent_segment`` the segment it continues (-1 for
+    the first). ``first_turn`` is the episode turn of the sample's first action, and the last
+    ``summary_tokens`` tokens of a segment that ends in a summary are that summary (as
+    sampled; the next segment holds a copy of them as context).
     """
 
     token_ids: np.ndarray  # [T] int64
@@ -101,7 +107,11 @@ class Sample:
     logprobs: np.ndarray  # [T] float32, sampling logprobs where versions >= 0, NaN elsewhere
     versions: np.ndarray  # [T] int32, -1 where not sampled by a policy (context, demonstrations)
     trajectory_id: str
-    turn_index: int  # -1: the sample spans the whole episode (full-history context)
+    turn_index: int  # -1: the sample spans several turns (full-history context, a segment)
+    segment_index: int = 0
+    parent_segment: int = -1
+    first_turn: int = 0  # turn of the first action in a sample of several turns
+    summary_tokens: int = 0  # trailing tokens that are the segment's summary (0: none)
 
     def __post_init__(self) -> None:
         check_alignment(self.token_ids, self.loss_mask, self.logprobs, self.versions, where=self.trajectory_id)

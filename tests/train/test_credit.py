@@ -76,7 +76,7 @@ def test_sample_advantage_rejects_turn_count_mismatch(tiny_policy):
     cfg = RolloutConfig(context="full_history", max_turns=4, max_new_tokens=4, max_context_tokens=512)
     envs = make_batch("test-echo", 1, episode_len=3, max_obs_words=5)
     (traj,), _ = inline_engine(tiny_policy, envs, cfg).play([EpisodeRequest(envs[0].task("train", 0), 0, "g", "t")], ExpertActor())
-    with pytest.raises(ValueError, match="3 runs of action tokens but 2 turns"):
+    with pytest.raises(ValueError, match="action runs up to turn 2 but 2 turns"):
         sample_advantage(traj.samples[0], np.zeros(2, np.float32))
 
 

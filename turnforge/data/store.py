@@ -1,9 +1,12 @@
 """Trajectory store: Parquet files with one row per training sample, and every episode in them.
 
 One row per *sample* (the trainer's unit): with the ``window`` context a trajectory
-has one sample per turn, with ``full_history`` exactly one. Episode-level columns
+has one sample per turn, with ``full_history`` exactly one, with ``summarize`` one per
+segment (``segment_index`` 0, 1, ..., ``parent_segment`` the one it continues, -1 for the
+first; ``first_turn`` the turn of its first action; its last ``summary_tokens`` tokens are the
+summary that ended it, 0 for the last segment). Episode-level columns
 (``reward``, ``success``, ``num_turns``, ...) repeat on each row of a trajectory;
-``turn_index`` is -1 for whole-episode samples. ``logprobs`` is null where no policy
+``turn_index`` is -1 for samples of several turns. ``logprobs`` is null where no policy
 sampled the token (context tokens, expert demonstrations).
 
 Every episode played has at least one row, so a file lists all of a stage's episodes: an
@@ -60,6 +63,10 @@ SCHEMA = pa.schema(
         ("group_id", pa.string()),
         ("env_seed", pa.int64()),
         ("turn_index", pa.int32()),
+        ("segment_index", pa.int32()),
+        ("parent_segment", pa.int32()),
+        ("first_turn", pa.int32()),
+        ("summary_tokens", pa.int32()),
         ("token_ids", pa.list_(pa.int32())),
         ("logprobs", pa.list_(pa.float32())),
         ("loss_mask", pa.list_(pa.int8())),
@@ -125,6 +132,8 @@ def write_trajectories(
             rows["group_id"].append(traj.group_id)
             rows["env_seed"].append(traj.env_seed)
             rows["turn_index"].append(turn_index)
+            for name in ("segment_index", "parent_segment", "first_turn", "summary_tokens"):
+                rows[name].append(None if s is None else getattr(s, name))
             rows["token_ids"].append(None if s is None else s.token_ids.tolist())
             lp = None if s is None else s.logprobs.astype(np.float64)
             rows["logprobs"].append(None if lp is None else [None if np.isnan(x) else float(x) for x in lp])
@@ -188,5 +197,5 @@ def _sample_advantage(per_turn: Sequence[float] | None, turn_index: int) -> floa
 
 def read_trajectories(path: str | Path) -> pa.Table:
     """Read a trajectory file (or a directory of them) as one Arrow table; a column that an
-    older file lacks (``source``) reads as null."""
+    older file lacks (``source``, the segment columns) reads as null."""
     return pq.read_table(path, schema=SCHEMA)

@@ -48,6 +48,7 @@ class Probe:
     random_seed: int | None = None  # env.random_action(random.Random(random_seed)) (random actors)
     snapshot: bool = False  # env.snapshot() of the state the request left
     keys: bool = True  # env.anchor_key() and env.potential() (not needed by episodes that are only scored)
+    summary: bool = False  # with expert: also env.expert_summary() (demonstrations of summarize contexts)
 
 
 NO_PROBE = Probe()
@@ -63,6 +64,7 @@ class AfterState:
     anchor_key: str = ""
     potential: float = 0.0
     expert_action: str | None = None
+    expert_summary: str | None = None
     random_action: str | None = None
     snapshot: EnvSnapshot | None = None
 
@@ -230,6 +232,7 @@ class EnvHost:
             anchor_key=env.anchor_key() if caps.anchor_key and probe.keys else "",
             potential=potential,
             expert_action=env.expert_action() if probe.expert else None,
+            expert_summary=env.expert_summary() if probe.expert and probe.summary else None,
             random_action=env.random_action(random.Random(probe.random_seed)) if probe.random_seed is not None else None,
             snapshot=snapshot,
         )

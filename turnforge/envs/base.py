@@ -31,6 +31,8 @@ needs a missing one stops the run at start with a one-line error naming the meth
 - ``anchor_key() -> str``: a key of the current state (GiGPO's step-level groups);
 - ``potential() -> float``: potential-based reward shaping;
 - ``expert_action() -> str``: behaviour-cloning demonstrations;
+- ``expert_summary() -> str``: what a summary of the episode so far must carry, the expert's
+  summary in demonstrations with ``rollout.context=summarize``;
 - ``action_names`` (a small discrete action set) or ``random_action(rng) -> str``: random
   actions (noisy demonstrators, random-policy Monte-Carlo rollouts, ``check_env``);
 - ``reseed(seed)``: a fresh future after ``restore`` (Monte-Carlo rollouts of stochastic envs);
@@ -194,6 +196,7 @@ CAPABILITY_METHODS: dict[str, str] = {
     "anchor_key": "anchor_key()",
     "potential": "potential()",
     "expert": "expert_action()",
+    "expert_summary": "expert_summary()",
     "random_action": "action_names or random_action(rng)",
     "reseed": "reseed(seed)",
     "guidance": "guidance_levels (one description per hint level) and hints(level), turned on by a guidance=LEVEL option",
@@ -209,6 +212,7 @@ class Capabilities:
     anchor_key: bool
     potential: bool
     expert: bool
+    expert_summary: bool
     random_action: bool
     reseed: bool
     guidance: bool
@@ -236,6 +240,7 @@ def capabilities(env: Env) -> Capabilities:
         anchor_key=has("anchor_key"),
         potential=has("potential"),
         expert=has("expert_action"),
+        expert_summary=has("expert_summary"),
         random_action=bool(env.action_names) or has("random_action"),
         reseed=has("reseed"),
         guidance=bool(getattr(env, "guidance_levels", ())),

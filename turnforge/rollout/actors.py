@@ -37,6 +37,10 @@ class ActorInput:
     trajectory_id: str
     turn: int  # turns this episode played before this one
     after: AfterState  # what the env host read off the env in this state (see ``probe``)
+    #: True: the episode's context asks for a summary (``rollout.context=summarize``), not an
+    #: action; the answer goes into the context only, never to the env.
+    summary: bool = False
+    max_new_tokens: int | None = None  # the generation budget of this answer (None: the actor's own)
 
 
 class Actor(Protocol):
@@ -77,7 +81,12 @@ class PolicyActor:
         return NO_PROBE
 
     def act(self, inputs: Sequence[ActorInput]) -> list[Generation | str]:
-        return self.generate([x.prompt for x in inputs], [x.trajectory_id for x in inputs])
+        """One generation per input; the inputs of one call share ``max_new_tokens``."""
+        budgets = {x.max_new_tokens for x in inputs}
+        if len(budgets) > 1:
+            raise ValueError(f"one act() call must share max_new_tokens; got {sorted(budgets, key=str)}")
+        return self.generate([x.prompt for x in inputs], [x.trajectory_id for x in inputs],
+                             max_new_tokens=budgets.pop() if budgets else None)
 
     def generate(self, prompts: Sequence[Sequence[int]], keys: Sequence[str], *, max_new_tokens: int | None = None,
                  temperature: float | None = None) -> list[Generation]:
@@ -128,6 +137,11 @@ class ExpertActor:
     def act(self, inputs: Sequence[ActorInput]) -> list[Generation | str]:
         out: list[Generation | str] = []
         for x in inputs:
+            if x.summary:  # the expert's summary (no noise: summaries are not actions)
+                if x.after.expert_summary is None:
+                    raise RuntimeError(f"no expert summary for {x.trajectory_id}: the env host was not asked for one")
+                out.append(x.after.expert_summary)
+                continue
             text = x.after.expert_action
             if text is None:
                 raise RuntimeError(f"no expert action for {x.trajectory_id}: the env host was not asked for one")
@@ -158,6 +172,8 @@ class RandomActor:
         return NO_PROBE if self.action_names else Probe(random_seed=self._seed(trajectory_id, turn))
 
     def act(self, inputs: Sequence[ActorInput]) -> list[Generation | str]:
+        if any(x.summary for x in inputs):  # a random policy keeps nothing in mind
+            return ["" if x.summary else self.act([x])[0] for x in inputs]
         if not self.action_names:
             return [x.after.random_action for x in inputs]  # type: ignore[misc]
         n = len(self.action_names)

@@ -1,11 +1,24 @@
 """Token bookkeeping of one episode under a context policy and explicit budgets.
 
-Two context policies:
+Three context policies:
 
 - ``full_history``: one growing sequence per episode (system, obs 1, action 1, obs 2,
   ...); the whole episode is one training sample.
 - ``window``: each turn's prompt is the system prompt, the last ``history_window`` turns
   and the current observation; each turn is one training sample.
+- ``summarize`` (SUPO, ReSum): a growing sequence, as ``full_history``, until the next
+  observation would take it past ``rollout.summary_threshold`` tokens. Then the observation
+  is held back, a user message asks for a summary (``rollout.summary_prompt``), and the
+  policy writes one (its own sampled tokens; the expert's ``expert_summary`` text in
+  demonstrations). That context, summary included, is one training sample (a *segment*),
+  and the next segment starts from the system prompt and one user message: the first
+  observation (the task), the summary's ids copied (context there: loss mask 0, never
+  re-tokenized) and the held-back observation. Each segment's prompt ids are exactly those
+  the sampler saw; the trainer gives every segment its trajectory's advantages
+  (``turnforge.train.credit``). At most ``rollout.max_summaries`` summaries per episode
+  (``SummaryLimit``). Departures: ReSum's summaries come from a separate summary model, here
+  the policy writes them (as in SUPO); the restarted context keeps the first observation,
+  not only the summary.
 
 Invariants: the policy's generated ids are stored as sampled (never re-tokenized);
 template, observation and marker tokens are context (loss mask 0). An observation that
@@ -30,6 +43,10 @@ from turnforge.types import Sample
 
 class ContextOverflow(Exception):
     """Not even an empty observation fits the context budget."""
+
+
+class SummaryLimit(Exception):
+    """``summarize``: the episode needs more than ``rollout.max_summaries`` summaries."""
 
 
 @dataclass
@@ -125,14 +142,25 @@ class EpisodeContext:
     _prompt: tuple[int, ...] = ()
     samples: list[Sample] = field(default_factory=list)
     history_dropped: int = 0  # window turns dropped to fit the budget
+    # summarize: the current segment lives in the full-history buffers
+    summary_due: bool = False  # the prompt asks for a summary: ``summarize`` must come before ``act``
+    summaries: int = 0  # summaries written so far
+    _first_obs: tuple[int, ...] = ()  # the first observation's ids, atop every segment
+    _held: tuple[int, ...] = ()  # the observation held back while a summary is written
+    _actions: int = 0  # actions recorded so far (the episode's turn count)
+    _segment_first_turn: int = 0
 
     # ------------------------------------------------------------ observations
     def observe(self, observation: str) -> int:
         """Add the next observation; returns how many of its tokens were cut (0 = none).
         Raises ``ContextOverflow`` if the prompt cannot fit at all."""
+        if self.summary_due:
+            raise RuntimeError("observe() while a summary is due: call summarize() first")
         content = self.chat.encode(observation)
         if self.cfg.context == "full_history":
-            return self._observe_full(content)
+            return self._observe_full(content)[0]
+        if self.cfg.context == "summarize":
+            return self._observe_summarize(content)
         return self._observe_window(content)
 
     def _fit(self, content: tuple[int, ...], fixed: int) -> tuple[tuple[int, ...], int]:
@@ -144,18 +172,86 @@ class EpisodeContext:
             raise ContextOverflow
         return content[:keep] + self.marker_ids, len(content) - keep
 
-    def _observe_full(self, content: tuple[int, ...]) -> int:
+    def _observe_full(self, content: tuple[int, ...]) -> tuple[int, tuple[int, ...]]:
+        """Append an observation message; (tokens cut, the content as written)."""
         if not self._ids:
             head, tail = self.chat.start(self.spec.system, self.spec.tools, self.spec.examples, self.spec.observation_role)
         else:
             head, tail = self.chat.turn(self.spec.observation_role)
         content, cut = self._fit(content, len(self._ids) + len(head) + len(tail))
-        piece = head + content + tail
-        self._ids.extend(piece)
-        self._mask.extend([0] * len(piece))
-        self._logprobs.extend([float("nan")] * len(piece))
-        self._versions.extend([-1] * len(piece))
+        self._context(head + content + tail)
+        return cut, content
+
+    def _context(self, ids: tuple[int, ...]) -> None:
+        self._ids.extend(ids)
+        self._mask.extend([0] * len(ids))
+        self._logprobs.extend([float("nan")] * len(ids))
+        self._versions.extend([-1] * len(ids))
+
+    def _observe_summarize(self, content: tuple[int, ...]) -> int:
+        if not self._ids:
+            cut, self._first_obs = self._observe_full(content)
+            return cut
+        head, tail = self.chat.turn(self.spec.observation_role)
+        grown = len(self._ids) + len(head) + len(content) + len(tail) + self.cfg.max_new_tokens
+        if grown <= self.cfg.summary_at or self._actions == self._segment_first_turn:
+            return self._observe_full(content)[0]  # fits, or a fresh segment: no summary of nothing
+        if self.summaries >= self.cfg.max_summaries:
+            raise SummaryLimit
+        ask = summary_request(self.chat, self.cfg)
+        if len(self._ids) + len(ask) + self.cfg.summary_max_tokens > self.cfg.max_context_tokens:
+            raise ContextOverflow
+        self._context(ask)
+        self._held, self.summary_due = content, True
+        return 0
+
+    def summarize(self, ids: tuple[int, ...], logprobs: tuple[float, ...] | None, version: int) -> int:
+        """Record the summary (ids exactly as generated; ``logprobs`` None for a written one),
+        close the segment as a sample and start the next from the system prompt, the first
+        observation, the summary and the held-back observation. Returns the tokens cut from
+        that observation; raises ``ContextOverflow`` when the new segment cannot fit."""
+        if not self.summary_due:
+            raise RuntimeError("summarize() without a summary due")
+        if logprobs is not None and len(logprobs) != len(ids):
+            raise ValueError(f"{len(ids)} summary ids but {len(logprobs)} logprobs")
+        train = self.cfg.summary_loss == "train"
+        sampled = logprobs is not None and train
+        self._ids.extend(ids)
+        self._mask.extend([int(train)] * len(ids))
+        self._logprobs.extend(list(logprobs) if sampled else [float("nan")] * len(ids))  # type: ignore[arg-type]
+        self._versions.extend([version if sampled else -1] * len(ids))
+        self.samples.append(self._segment(summary_tokens=len(ids)))
+        self.summaries += 1
+        self.summary_due = False
+        body = list(ids)
+        special = set(self.chat.tokenizer.all_special_ids)
+        while body and body[-1] in special:  # a sampled stop token ends the summary, not the message
+            body.pop()
+        self._ids, self._mask, self._logprobs, self._versions = [], [], [], []
+        self._segment_first_turn = self._actions
+        content = (self._first_obs + self.chat.encode("\n\nYour summary so far:\n") + tuple(body)
+                   + self.chat.encode("\n\nNow:\n") + self._held)
+        head, tail = self.chat.start(self.spec.system, self.spec.tools, self.spec.examples, self.spec.observation_role)
+        fixed = len(head) + len(tail) + len(content) - len(self._held)
+        held, cut = self._fit(self._held, fixed)
+        self._context(head + content[: len(content) - len(self._held)] + held + tail)
+        self._held = ()
         return cut
+
+    def _segment(self, summary_tokens: int = 0) -> Sample:
+        k = len(self.samples)
+        return Sample(
+            token_ids=np.asarray(self._ids, dtype=np.int64),
+            loss_mask=np.asarray(self._mask, dtype=np.int8),
+            logprobs=np.asarray(self._logprobs, dtype=np.float32),
+            versions=np.asarray(self._versions, dtype=np.int32),
+            trajectory_id=self.trajectory_id,
+            turn_index=-1,
+            segment_index=k,
+            parent_segment=k - 1,
+            first_turn=self._segment_first_turn,
+            summary_tokens=summary_tokens,
+        )
 
     def _window_prompt(self, turns, content: tuple[int, ...]) -> tuple[int, ...]:
         """The window's first observation goes in the first user message (a tool result as
@@ -193,19 +289,22 @@ class EpisodeContext:
     # ------------------------------------------------------------ prompts and actions
     def prompt(self) -> tuple[int, ...]:
         """Ids the policy conditions on for the next action."""
-        return tuple(self._ids) if self.cfg.context == "full_history" else self._prompt
+        return self._prompt if self.cfg.context == "window" else tuple(self._ids)
 
     def act(self, ids: tuple[int, ...], logprobs: tuple[float, ...] | None, version: int) -> None:
         """Record the action ids (exactly as generated) and the template's closing ids."""
         if logprobs is not None and len(logprobs) != len(ids):
             raise ValueError(f"{len(ids)} action ids but {len(logprobs)} logprobs")
+        if self.summary_due:
+            raise RuntimeError("act() while a summary is due: call summarize() first")
+        self._actions += 1
         # The closing text minus what the ids already hold (e.g. a sampled <|im_end|>): decode
         # with special tokens kept so a sampled stop token is seen.
         close = self.chat.close_after(self.chat.tokenizer.decode(ids, skip_special_tokens=False))
         action = _Action(ids, logprobs, version, close)
         lp = list(logprobs) if logprobs is not None else [float("nan")] * len(ids)
         ver = version if logprobs is not None else -1
-        if self.cfg.context == "full_history":
+        if self.cfg.context != "window":
             self._ids.extend(ids)
             self._mask.extend([1] * len(ids))
             self._logprobs.extend(lp)
@@ -231,6 +330,11 @@ class EpisodeContext:
 
     def finish(self) -> list[Sample]:
         """All samples of the episode (call once, after the last action)."""
+        if self.cfg.context == "summarize":
+            if self._actions > self._segment_first_turn:  # the last segment, when it holds an action
+                self.samples.append(self._segment())
+                self._segment_first_turn = self._actions
+            return self.samples
         if self.cfg.context == "full_history" and any(self._mask):
             self.samples = [
                 Sample(
@@ -243,6 +347,28 @@ class EpisodeContext:
                 )
             ]
         return self.samples
+
+
+def summary_request(chat: ChatFormat, cfg: RolloutConfig) -> tuple[int, ...]:
+    """The ids of the user message that asks for a summary (``rollout.summary_prompt``)."""
+    head, tail = chat.turn("user")
+    return head + chat.encode(cfg.summary_prompt) + tail
+
+
+def check_summary_budget(chat: ChatFormat, cfg: RolloutConfig) -> None:
+    """``summarize``: raise ``UserError`` unless a segment at the threshold, the summary request
+    and a whole summary fit ``rollout.max_context_tokens`` in this model's tokens."""
+    if cfg.context != "summarize":
+        return
+    ask = len(summary_request(chat, cfg))
+    need = cfg.summary_at + ask + cfg.summary_max_tokens
+    if need > cfg.max_context_tokens:
+        raise UserError(
+            f"rollout.summary_threshold={cfg.summary_at}: a segment at the threshold, the summary request ({ask} tokens "
+            f"of rollout.summary_prompt in this model's template) and rollout.summary_max_tokens={cfg.summary_max_tokens} "
+            f"need {need} tokens, above rollout.max_context_tokens={cfg.max_context_tokens}; set rollout.summary_threshold "
+            f"to at most {cfg.max_context_tokens - ask - cfg.summary_max_tokens} or shorten rollout.summary_prompt"
+        )
 
 
 def action_segments(sample: Sample) -> list[tuple[np.ndarray, np.ndarray, int]]:
@@ -259,6 +385,8 @@ def rerender(trajectory, observations: list[str], chat: ChatFormat, cfg: Rollout
     of the ones it was shown: same action ids, sampling logprobs and versions, contexts written
     afresh (e.g. a guided episode with its hints stripped), cut to the budget as the engine
     would. None when a context does not fit at all."""
+    if any(x.summary_tokens for x in trajectory.samples):
+        return None  # its summaries were written for the contexts it was shown
     actions: list[tuple[np.ndarray, np.ndarray, int]] = []
     for x in sorted(trajectory.samples, key=lambda x: x.turn_index):
         segs = action_segments(x)
@@ -269,7 +397,9 @@ def rerender(trajectory, observations: list[str], chat: ChatFormat, cfg: Rollout
     for obs, (ids, logprobs, version) in zip(observations, actions):
         try:
             ctx.observe(obs)
-        except ContextOverflow:
+        except (ContextOverflow, SummaryLimit):
+            return None
+        if ctx.summary_due:  # the summaries were written for the contexts shown; not re-rendered
             return None
         sampled = version >= 0
         ctx.act(tuple(int(i) for i in ids), tuple(float(v) for v in logprobs) if sampled else None, version)

@@ -23,7 +23,10 @@ sampled token, are the same on every backend and for any worker timing. ``play``
 requests in waves of the backend's size (``backend.num_envs``), each played to the end.
 
 Budgets: an episode ends at its turn budget (``max_turns``, ``truncation_reason='max_turns'``),
-when nothing more fits the context (``'context_budget'``) or when the env ends it. Observations
+when nothing more fits the context (``'context_budget'``), when a ``summarize`` context needs
+more than ``rollout.max_summaries`` summaries (``'summary_limit'``) or when the env ends it.
+A summary a ``summarize`` context asks for is one more batched actor call in the round,
+before the actions (``ActorInput.summary``); it never reaches the env. Observations
 cut to fit, history turns dropped and generations cut at ``max_new_tokens`` are counted
 (``RolloutStats``). An env that raises ends its episode as an infrastructure failure
 (``Trajectory.infra_failure``), never a reward of 0; the other episodes go on. A failed reset
@@ -50,7 +53,7 @@ from turnforge.envs.registry import build_env
 from turnforge.policy.generate import Generation
 from turnforge.policy.model import Policy
 from turnforge.rollout.actors import Actor, ActorInput
-from turnforge.rollout.context import ContextOverflow, EpisodeContext, PromptSpec
+from turnforge.rollout.context import ContextOverflow, EpisodeContext, PromptSpec, SummaryLimit, check_summary_budget
 from turnforge.types import EnvSnapshot, Task, Trajectory, Turn
 
 
@@ -94,6 +97,9 @@ class RolloutStats:
     history_dropped: int  # window turns dropped to fit the budget
     infra_failures: int
     generated_tokens: int  # action tokens (sampled, or written for a text actor)
+    summaries: int = 0  # summaries written (rollout.context=summarize)
+    summary_tokens: int = 0  # their tokens
+    summary_limits: int = 0  # episodes ended by rollout.max_summaries
 
 
 @dataclass
@@ -174,6 +180,7 @@ class Episode:
     obs_truncations: int = 0
     generation_truncations: int = 0
     action_tokens: int = 0
+    summary_tokens: int = 0
     done: bool = False
 
     @property
@@ -197,6 +204,8 @@ class RolloutEngine:
     def __init__(self, backend: EnvBackend, cfg: RolloutConfig, policy: Policy | None, env: Env) -> None:
         self.backend, self.cfg, self.policy, self.env = backend, cfg, policy, env
         self.prompt = PromptSpec.of(env, cfg.include_instructions, cfg.example_turns, cfg.tools_in_system_prompt)
+        if policy is not None:
+            check_summary_budget(policy.chat, cfg)
         self.caps = capabilities(env)
         self.marker = policy.chat.encode(cfg.truncation_marker) if policy is not None else ()
         self._free_slots: list[int] = list(range(backend.num_envs))[::-1]
@@ -275,6 +284,9 @@ class RolloutEngine:
         needs = actor.probe(req.task, req.trajectory_id, 0)  # what the actor reads off the env: check the env has it
         if needs.expert:
             self.caps.require("expert", self.env.env_id, f"{type(actor).__name__} (it plays the expert's moves)")
+            if self.cfg.context == "summarize" and tokens and self.policy is not None:
+                self.caps.require("expert_summary", self.env.env_id,
+                                  f"{type(actor).__name__} with rollout.context=summarize (it writes the expert's summaries)")
         if needs.random_seed is not None:
             self.caps.require("random_action", self.env.env_id, f"{type(actor).__name__} (it plays random actions)")
         ctx = None
@@ -297,7 +309,8 @@ class RolloutEngine:
         if turn >= ep.max_turns:
             return Probe()  # no action follows: the turn budget ends the episode
         probe = Probe() if turn < len(ep.request.first_actions) else ep.actor.probe(ep.request.task, ep.request.trajectory_id, turn)
-        return Probe(probe.expert, probe.random_seed, ep.keep_snapshots, keys=ep.ctx is not None)
+        summary = probe.expert and ep.ctx is not None and self.cfg.context == "summarize"
+        return Probe(probe.expert, probe.random_seed, ep.keep_snapshots, keys=ep.ctx is not None, summary=summary)
 
     def _on_result(self, r: EnvResult) -> None:
         ep = self._by_slot.get(r.env_id)
@@ -330,8 +343,8 @@ class RolloutEngine:
             if ep.ctx is not None:
                 try:
                     ep.cut = ep.ctx.observe(ep.observation)
-                except ContextOverflow:
-                    ep.truncated, ep.reason = True, "context_budget"
+                except (ContextOverflow, SummaryLimit) as err:
+                    ep.truncated, ep.reason = True, "summary_limit" if isinstance(err, SummaryLimit) else "context_budget"
                     self._finish(ep)
                     return
                 ep.obs_truncations += ep.cut > 0
@@ -348,9 +361,49 @@ class RolloutEngine:
         del self._by_slot[ep.slot]
         self._free_slots.append(ep.slot)
 
+    def _summarize(self, eps: list[Episode]) -> list[Episode]:
+        """The summaries ``eps``' contexts ask for, one batched call per actor; returns the
+        episodes still running (a new segment that cannot fit ends its episode)."""
+        due = [e for e in eps if e.ctx is not None and e.ctx.summary_due]
+        by_actor: dict[int, list[Episode]] = {}
+        for e in due:
+            by_actor.setdefault(id(e.actor), []).append(e)
+        ended: set[int] = set()
+        for group in by_actor.values():
+            actor = group[0].actor
+            inputs = [ActorInput(e.ctx.prompt() if actor.needs_tokens else None, e.request.task, e.request.trajectory_id,  # type: ignore[union-attr]
+                                 e.turn, e.after, summary=True, max_new_tokens=self.cfg.summary_max_tokens) for e in group]
+            t0 = time.perf_counter()
+            answers = actor.act(inputs)
+            if actor.needs_tokens:
+                self.stats.generation_seconds += time.perf_counter() - t0
+                self.stats.generation_calls += 1
+            for e, answer in zip(group, answers):
+                if isinstance(answer, Generation):
+                    ids, logprobs, version = answer.ids, answer.logprobs, e.actor.version
+                    e.min_version = version if e.min_version is None else min(e.min_version, version)
+                else:  # a written summary, as the tokens the LM should produce
+                    ids, logprobs, version = self.policy.chat.encode(answer) + (self.policy.stop_ids[0],), None, -1  # type: ignore[union-attr]
+                e.summary_tokens += len(ids)
+                try:
+                    e.cut = e.ctx.summarize(tuple(ids), logprobs, version)  # type: ignore[union-attr]
+                except ContextOverflow:
+                    with self.lock:
+                        e.truncated, e.reason = True, "context_budget"
+                        self._finish(e)
+                        self.lock.notify_all()
+                    ended.add(id(e))
+                    continue
+                e.obs_truncations += e.cut > 0
+        return [e for e in eps if id(e) not in ended]
+
     def _act(self, eps: list[Episode]) -> None:
-        """Actions for ``eps`` (in this order): first actions of the requests, then one
-        batched call per actor; then send every action to the backend at once."""
+        """Actions for ``eps`` (in this order): summaries their contexts ask for, then first
+        actions of the requests, then one batched call per actor; then send every action to
+        the backend at once."""
+        eps = self._summarize(eps)
+        if not eps:
+            return
         texts: dict[int, str] = {}
         by_actor: dict[int, list[Episode]] = {}
         for e in eps:
@@ -450,6 +503,9 @@ def rollout_stats(episodes: Sequence[Episode]) -> RolloutStats:
         history_dropped=sum(e.ctx.history_dropped for e in episodes if e.ctx is not None),
         infra_failures=sum(e.failure is not None for e in episodes),
         generated_tokens=sum(e.action_tokens for e in episodes),
+        summaries=sum(e.ctx.summaries for e in episodes if e.ctx is not None),
+        summary_tokens=sum(e.summary_tokens for e in episodes),
+        summary_limits=sum(e.reason == "summary_limit" for e in episodes),
     )
 
 

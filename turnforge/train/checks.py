@@ -27,6 +27,9 @@ def check_options(cfg: TrainConfig, env: Env) -> None:
         )
     if cfg.bc.enabled:
         caps.require("expert", env_id, "the BC warm start (bc.enabled=true)", "set bc.enabled=false")
+        if cfg.rollout.context == "summarize":
+            caps.require("expert_summary", env_id, "BC demonstrations with rollout.context=summarize (the expert writes "
+                         "the summaries)", "set bc.enabled=false")
         if cfg.bc.expert_noise > 0:
             caps.require("random_action", env_id, f"a noisy demonstrator (bc.expert_noise={cfg.bc.expert_noise})",
                          "set bc.expert_noise=0")

@@ -157,25 +157,31 @@ def monte_carlo_returns(trajs: Sequence[Trajectory], rl: RLConfig) -> dict[str, 
 
 def action_turns(sample: Sample) -> np.ndarray:
     """Per token: the turn whose action it belongs to (the sample's ``turn_index`` for a
-    per-turn sample, the k-th run of action tokens for a whole episode), -1 on context."""
+    per-turn sample; for a sample of several turns, ``first_turn + k`` on its k-th run of
+    action tokens), -1 on context. A segment's trained summary is its last run: it counts as
+    part of the turn it precedes, whose action is taken in the state it was written in."""
     mask = sample.loss_mask.astype(bool)
     if sample.turn_index >= 0:
         return np.where(mask, sample.turn_index, -1)
     starts = mask & ~np.concatenate([[False], mask[:-1]])
-    return np.where(mask, np.cumsum(starts) - 1, -1)
+    return np.where(mask, sample.first_turn + np.cumsum(starts) - 1, -1)
 
 
 def sample_advantage(sample: Sample, per_turn: np.ndarray) -> float | np.ndarray:
-    """The advantage of one sample: its turn's value (one sample per turn), or, for a
-    whole-episode sample, a per-token array with turn k's value on the k-th run of action
-    tokens."""
+    """The advantage of one sample: its turn's value (one sample per turn), or, for a sample
+    of several turns (a whole episode, a segment), a per-token array with each turn's value on
+    that turn's run of action tokens (a segment's summary: the value of the turn after it, or
+    of the last turn when the episode ended before that one)."""
     if sample.turn_index >= 0:
         return float(per_turn[sample.turn_index])
     turn = action_turns(sample)
-    if turn.max(initial=-1) + 1 != len(per_turn):
+    last = turn.max(initial=sample.first_turn - 1)
+    # a sample without a summary ends with the episode; one with a summary ends before its next turn
+    if (last + 1 != len(per_turn)) if sample.summary_tokens == 0 else last > len(per_turn):
         raise ValueError(
-            f"sample {sample.trajectory_id!r}: {turn.max(initial=-1) + 1} runs of action tokens but {len(per_turn)} turns"
+            f"sample {sample.trajectory_id!r}: action runs up to turn {last} but {len(per_turn)} turns"
         )
+    turn = np.minimum(turn, len(per_turn) - 1)
     return np.where(turn >= 0, np.asarray(per_turn, np.float32)[np.clip(turn, 0, None)], 0.0).astype(np.float32)
 
 
@@ -203,6 +209,7 @@ class Credit:
     mc: MCStats | None = None  # counters of the Monte-Carlo rollouts (gae with critic.mc_weight > 0, mc_grpo)
     kl_penalty: float | None = None  # rl.kl_mode=reward: mean KL penalty per turn
     void_episodes: int = 0  # rl.malformed=void: episodes with a malformed turn, left out
+    overlong_episodes: int = 0  # rollout.overlong_mask: episodes ended by rollout.max_summaries, no gradient
 
 
 def assign_credit(
@@ -242,7 +249,20 @@ def assign_credit(
     groups = set(group_of.values())
     flat = {g for g in groups if all(np.all(np.abs(a) < 1e-8) for x, a in pairs if group_of[x.trajectory_id] == g)}
     kept = [(x, a) for x, a in pairs if not (rl.skip_zero_variance_groups and group_of[x.trajectory_id] in flat)]
-    return Credit(kept, per_turn, len(groups), len(flat), values, targets, critic_values, mc_stats, kl_penalty, void)
+    overlong = overlong_episodes(trajs, cfg)
+    kept = [(x, a) for x, a in kept if x.trajectory_id not in overlong]
+    return Credit(kept, per_turn, len(groups), len(flat), values, targets, critic_values, mc_stats, kl_penalty, void,
+                  len(overlong))
+
+
+def overlong_episodes(trajs: Sequence[Trajectory], cfg: TrainConfig) -> set[str]:
+    """``rollout.overlong_mask`` (SUPO): the ids of the episodes a ``summarize`` context ended at
+    ``rollout.max_summaries``. Their advantages still enter their group's baseline above; their
+    samples get no gradient, so writing summaries forever is not reinforced (nor punished)."""
+    r = cfg.rollout
+    if r.context != "summarize" or not r.overlong_mask:
+        return set()
+    return {t.trajectory_id for t in trajs if t.truncation_reason == "summary_limit"}
 
 
 def state_values(
@@ -275,6 +295,6 @@ def kl_penalties(
         ref, _ = token_logprobs(reference, batch.ids, batch.attention, temperature, positions=batch.mask)
         kl = (kl_estimate(batch.old_logprobs, ref, estimator) * batch.mask).numpy()
         for i, x in enumerate(chunk):
-            turn = action_turns(x)
+            turn = np.minimum(action_turns(x), len(out[x.trajectory_id]) - 1)  # a summary whose turn never came: the last
             np.add.at(out[x.trajectory_id], turn[turn >= 0], coef * kl[i, : len(x)][turn >= 0])
     return out

@@ -33,9 +33,9 @@ from turnforge.errors import UserError
 from turnforge.paths import check_out_dir
 from turnforge.policy.gguf import cached_import, find_gguf
 from turnforge.policy.lora import ADAPTER_DIR, FrozenBase, add_lora, check_lora_targets, is_lora, merge_lora, skeleton
-from turnforge.policy.model import Policy, check_model_dir, load_policy
-from turnforge.policy.tiny import build_tiny_model, tiny_hf_config
-from turnforge.rollout.context import PromptSpec
+from turnforge.policy.model import ChatFormat, Policy, check_model_dir, load_policy
+from turnforge.policy.tiny import build_tiny_model, build_tokenizer, default_corpus, tiny_hf_config
+from turnforge.rollout.context import PromptSpec, check_summary_budget
 from turnforge.rollout.engine import Engine, make_engine
 from turnforge.train.checks import check_env_at_start, check_options
 from turnforge.train.metrics import RunSummary, RunWarning, read_summary
@@ -109,9 +109,21 @@ def preflight(cfg: TrainConfig, run_dir: Path, resume: bool) -> Checked:
 
         hf = tiny_hf_config(cfg.model.tiny) if cfg.model.path == "tiny" else AutoConfig.from_pretrained(cfg.model.path)
         check_lora_targets(skeleton(hf), list(cfg.model.lora.target_modules))
+    if cfg.rollout.context == "summarize" and cfg.model.gguf is None:  # (a GGUF model's: once it is converted)
+        check_summary_budget(ChatFormat(_tokenizer(cfg)), cfg.rollout)
     check_run_dir(run_dir, resume)
     run_dir.mkdir(parents=True, exist_ok=True)
     return checked
+
+
+def _tokenizer(cfg: TrainConfig) -> Any:
+    """The run's tokenizer, before any model is built: the tiny model's is trained (seconds)."""
+    if cfg.model.path == "tiny":
+        tiny = cfg.model.tiny
+        return build_tokenizer(default_corpus(tiny.corpus_episodes, tiny.corpus_envs), tiny.vocab_size)
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(cfg.model.path)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,250 @@
+"""Key and door: a long winding corridor seen through a 3x3 window, a key picked up early and
+one of three coloured doors to open at the far end: an env that needs memory over long horizons.
+
+The agent walks a corridor of ``length`` cells (drawn per level between ``min_length`` and
+``max_length``, 100-300 by default), seeing only the 3x3 cells around it. A few cells in, it
+picks up a key whose colour is said once, in that turn's observation. Lamps of every colour
+hang along the way ("a red lamp glows here"), so the last colour seen is no guide. At the
+end, three doors (one per colour, in a random order) surround the agent; walking into the
+door of the key's colour wins (reward ``success_reward``), into another loses. So the
+information the last move needs is shown only once, a hundred or more turns earlier: a
+``window`` context has forgotten it, a ``full_history`` context overflows its budget first,
+and a ``summarize`` context keeps it only if the policy's summaries carry it (see
+``turnforge.rollout.context``). The passive T-maze of memory-based RL (Bakker 2002; Ni et al.
+2023, "When do transformers shine in RL?") with a corridor that must be walked.
+
+Window symbols: ``@`` you, ``#`` wall, ``.`` corridor not yet walked, ``:`` corridor already
+walked, ``k`` the key, ``R``/``G``/``B`` the red, green and blue doors. Walking into a wall is
+an invalid action; walking back along the corridor is allowed (it wastes turns).
+
+``expert_action`` walks on to the next cell not yet walked, then opens the right door;
+``expert_summary`` is what a summary must carry (the key's colour, once picked up).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from turnforge.envs.base import InvalidAction, parse_choice
+from turnforge.envs.levels import LevelEnv, Outcome
+from turnforge.errors import UserError
+from turnforge.seeding import stable_hash
+
+ACTIONS = ("Up", "Down", "Left", "Right")
+DELTAS = ((-1, 0), (1, 0), (0, -1), (0, 1))
+COLOURS = ("red", "green", "blue")
+#: The two directions at right angles to each action.
+PERPENDICULAR = ((2, 3), (2, 3), (0, 1), (0, 1))
+
+Pos = tuple[int, int]
+
+
+@dataclass(frozen=True)
+class KeyDoorLevel:
+    """An immutable level: the corridor's cells in walking order (the first is the start, the
+    last the end, where the doors are), where the key lies, its colour, the lamps, the doors."""
+
+    cells: tuple[Pos, ...]
+    key_index: int  # index in ``cells`` of the key's cell
+    key_colour: str
+    lamps: tuple[tuple[int, str], ...]  # (index in cells, colour)
+    doors: tuple[tuple[Pos, str], ...]  # (cell next to the end, colour)
+
+    def __deepcopy__(self, memo: dict) -> KeyDoorLevel:
+        return self  # immutable: snapshots share it
+
+    @property
+    def length(self) -> int:
+        """Moves from the start to the end of the corridor."""
+        return len(self.cells) - 1
+
+
+@dataclass
+class KeyDoorState:
+    level: KeyDoorLevel
+    pos: Pos
+    walked: set[Pos]
+    has_key: bool
+    message: str  # what the last move showed besides the window (key, lamp, door)
+
+
+def _walk(length: int, rng: random.Random) -> list[Pos] | None:
+    """A corridor of ``length`` moves that never touches itself: each new cell has no earlier
+    cell among its 8 neighbours except the two it follows (so the 3x3 window shows one way
+    on), and the end has 3 free neighbours for the doors. Straight runs of 2-6 cells with
+    turns between them; None when the walk boxes itself in."""
+    cells: list[Pos] = [(0, 0)]
+    index: dict[Pos, int] = {(0, 0): 0}
+
+    def free(pos: Pos) -> bool:
+        return pos not in index and all(index[p] >= len(cells) - 2 for p in _around(pos) if p in index)
+
+    direction, run = rng.randrange(4), rng.randint(2, 6)
+    while len(cells) <= length:
+        if run == 0:
+            direction, run = rng.choice(PERPENDICULAR[direction]), rng.randint(2, 6)
+        for d in (direction, *rng.sample(PERPENDICULAR[direction], 2)):
+            nxt = (cells[-1][0] + DELTAS[d][0], cells[-1][1] + DELTAS[d][1])
+            if free(nxt):
+                break
+        else:
+            return None
+        if d != direction:
+            direction, run = d, rng.randint(2, 6)
+        cells.append(nxt)
+        index[nxt] = len(cells) - 1
+        run -= 1
+    return cells
+
+
+def _around(pos: Pos) -> list[Pos]:
+    return [(pos[0] + dr, pos[1] + dc) for dr in (-1, 0, 1) for dc in (-1, 0, 1) if (dr, dc) != (0, 0)]
+
+
+class KeyDoorEnv(LevelEnv[KeyDoorLevel]):
+    """The key-and-door corridor (see the module docstring). Levels: ``min_length`` to
+    ``max_length`` moves of corridor; the key lies ``key_distance`` (a range) cells in; about
+    one cell in ``lamp_every`` has a lamp of a random colour."""
+
+    action_names = ACTIONS
+
+    def __init__(
+        self,
+        *,
+        min_length: int = 100,
+        max_length: int = 300,
+        key_distance: tuple[int, int] = (2, 5),
+        lamp_every: int = 4,
+        max_steps: int = 1000,
+        invalid_action_penalty: float = -0.1,
+        success_reward: float = 1.0,
+        first_word: bool = False,
+    ) -> None:
+        super().__init__(invalid_action_penalty=invalid_action_penalty, max_steps=max_steps, first_word=first_word)
+        lo, hi = (int(v) for v in key_distance)
+        if not 1 <= lo <= hi:
+            raise UserError(f"keydoor: key_distance must be a range [lo, hi] with 1 <= lo <= hi, got {list(key_distance)}")
+        if not hi + 2 <= min_length <= max_length:
+            raise UserError(f"keydoor: need key_distance[1] + 2 <= min_length <= max_length; got key_distance={list(key_distance)}, "
+                            f"min_length={min_length}, max_length={max_length}")
+        if lamp_every < 1:
+            raise UserError(f"keydoor: lamp_every must be >= 1, got {lamp_every}")
+        self.min_length, self.max_length, self.key_distance = int(min_length), int(max_length), (lo, hi)
+        self.lamp_every, self.success_reward = int(lamp_every), float(success_reward)
+
+    @property
+    def instructions(self) -> str:
+        return (
+            "Walk along the corridor to its end and open the door whose colour matches your key by walking into it. "
+            "You see the 3x3 cells around you: @ you, # wall, . corridor ahead, : corridor walked, k key, "
+            "R G B the red, green and blue doors. Answer with one of Up, Down, Left, Right."
+        )
+
+    @property
+    def valid_actions_text(self) -> str:
+        return ", ".join(ACTIONS)
+
+    def generate_level(self, level_seed: int) -> KeyDoorLevel:
+        for attempt in range(10_000):
+            rng = random.Random(stable_hash("keydoor", level_seed, attempt))
+            length = rng.randint(self.min_length, self.max_length)
+            cells = _walk(length, rng)
+            if cells is None:
+                continue
+            end, before = cells[-1], cells[-2]
+            spots = [(end[0] + dr, end[1] + dc) for dr, dc in DELTAS if (end[0] + dr, end[1] + dc) != before]
+            colours = list(COLOURS)
+            rng.shuffle(colours)
+            key_index = rng.randint(*self.key_distance)
+            lamps = tuple((i, rng.choice(COLOURS)) for i in range(1, length)
+                          if i != key_index and rng.randrange(self.lamp_every) == 0)
+            return KeyDoorLevel(tuple(cells), key_index, rng.choice(COLOURS), lamps, tuple(zip(spots, colours)))
+        raise RuntimeError("keydoor: no corridor after 10000 attempts")  # pragma: no cover
+
+    def level_key(self, level: KeyDoorLevel) -> str:
+        lamps = ",".join(f"{i}{c[0]}" for i, c in level.lamps)
+        doors = ",".join(f"{r}:{c}{k[0]}" for (r, c), k in level.doors)
+        return f"{'/'.join(f'{r}:{c}' for r, c in level.cells)}|key {level.key_index} {level.key_colour}|{lamps}|{doors}"
+
+    def initial_state(self, level: KeyDoorLevel, rng: random.Random) -> KeyDoorState:
+        return KeyDoorState(level, level.cells[0], {level.cells[0]}, False,
+                            "You stand at the start of a long corridor. Find the key, then the doors at its end.")
+
+    def _cell(self, pos: Pos) -> str:
+        s: KeyDoorState = self.state
+        if pos == s.pos:
+            return "@"
+        for spot, colour in s.level.doors:
+            if pos == spot:
+                return colour[0].upper()
+        if pos == s.level.cells[s.level.key_index] and not s.has_key:
+            return "k"
+        if pos in s.walked:
+            return ":"
+        return "." if pos in self._cells() else "#"
+
+    def _cells(self) -> dict[Pos, int]:
+        level: KeyDoorLevel = self.state.level
+        cache = getattr(self, "_cell_index", None)
+        if cache is None or cache[0] is not level:
+            cache = (level, {p: i for i, p in enumerate(level.cells)})
+            self._cell_index = cache
+        return cache[1]
+
+    def render(self) -> str:
+        s: KeyDoorState = self.state
+        r, c = s.pos
+        rows = ["".join(self._cell((r + dr, c + dc)) for dc in (-1, 0, 1)) for dr in (-1, 0, 1)]
+        return "\n".join(rows) + ("\n" + s.message if s.message else "")
+
+    def parse_action(self, text: str) -> int:
+        return parse_choice(text, ACTIONS, self.first_word)
+
+    def apply(self, action: int) -> Outcome:
+        s: KeyDoorState = self.state
+        nxt = (s.pos[0] + DELTAS[action][0], s.pos[1] + DELTAS[action][1])
+        for spot, colour in s.level.doors:
+            if nxt == spot:
+                won = colour == s.level.key_colour and s.has_key
+                s.message = f"You open the {colour} door." if won else f"The {colour} door does not open."
+                return Outcome(self.success_reward if won else 0.0, terminated=True, success=won,
+                               info={"right_door": won})
+        index = self._cells().get(nxt)
+        if index is None:
+            raise InvalidAction(f"there is a wall {ACTIONS[action]} of you")
+        s.pos = nxt
+        s.walked.add(nxt)
+        s.message = ""
+        if index == s.level.key_index and not s.has_key:
+            s.has_key = True
+            s.message = f"You pick up a {s.level.key_colour} key."
+        else:
+            lamp = dict(s.level.lamps).get(index)
+            if lamp is not None:
+                s.message = f"A {lamp} lamp glows here."
+        if index == len(s.level.cells) - 1:
+            s.message = (s.message + " " if s.message else "") + "Doors surround you."
+        return Outcome(0.0)
+
+    def anchor_key(self) -> str:
+        """Position, key held and cells walked: the window alone does not tell states apart."""
+        s: KeyDoorState = self.state
+        return f"{s.pos}|{s.has_key}|{len(s.walked)}"
+
+    def expert_action(self) -> str:
+        """On to the next corridor cell not yet walked; at the end, into the key's door."""
+        s: KeyDoorState = self.state
+        index = self._cells()[s.pos]
+        if index == len(s.level.cells) - 1:
+            target = next(spot for spot, colour in s.level.doors if colour == s.level.key_colour)
+        else:
+            target = s.level.cells[index + 1]
+        delta = (target[0] - s.pos[0], target[1] - s.pos[1])
+        return ACTIONS[DELTAS.index(delta)]
+
+    def expert_summary(self) -> str:
+        """What a summary of the episode so far must carry: the key's colour once picked up."""
+        s: KeyDoorState = self.state
+        return f"I carry a {s.level.key_colour} key." if s.has_key else "I have no key yet."
+
+__all__ = ["COLOURS", "KeyDoorEnv", "KeyDoorLevel", "KeyDoorState"]
