@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from turnforge.envs import check_env, make
-from turnforge.envs.keydoor import DELTAS, KeyDoorEnv
+from turnforge.envs.keydoor import COLOURS, DELTAS, KeyDoorEnv
 from turnforge.errors import UserError
 
 
@@ -13,8 +13,8 @@ def _env(**kwargs) -> KeyDoorEnv:
     return make("keydoor", **{"min_length": 20, "max_length": 40, **kwargs})  # type: ignore[return-value]
 
 
-def test_corridor_never_touches_itself_and_leaves_room_for_the_doors():
-    env = _env(min_length=100, max_length=300)
+def test_corridor_never_touches_itself_and_gates_follow_the_key():
+    env = _env(min_length=100, max_length=300, gate_every=40)
     for seed in range(30):
         level = env.generate_level(seed)
         assert 100 <= level.length <= 300
@@ -24,40 +24,45 @@ def test_corridor_never_touches_itself_and_leaves_room_for_the_doors():
             near = [index[(r + dr, c + dc)] for dr in (-1, 0, 1) for dc in (-1, 0, 1)
                     if (dr, dc) != (0, 0) and (r + dr, c + dc) in index]
             assert all(abs(j - i) <= 2 for j in near)  # only its neighbours along the corridor
-        end = level.cells[-1]
-        assert sorted(c for _, c in level.doors) == ["blue", "green", "red"]
-        assert all(spot not in index and abs(spot[0] - end[0]) + abs(spot[1] - end[1]) == 1 for spot, _ in level.doors)
+        *gates, door = level.locks
+        assert door == level.length
+        assert gates == list(range(level.key_index + 40, level.length - 39, 40))
 
 
-def test_the_key_colour_is_shown_once_and_lamps_show_every_colour():
-    env = _env()
+def test_the_key_colour_is_shown_once_and_every_lock_takes_it():
+    env = _env(gate_every=8)
     obs = [env.reset(env.task("train", 3), 0)]
+    actions = []
     while True:
-        result = env.step(env.expert_action())
+        actions.append(env.expert_action())
+        result = env.step(actions[-1])
         obs.append(result.observation)
         if result.terminated:
             break
     colour = env.state.level.key_colour
     assert result.success and result.reward == 1.0
-    pickups = [o for o in obs if "key." in o and "pick up" in o]
-    assert pickups == [next(o for o in obs if f"You pick up a {colour} key." in o)]
-    assert sum(f"{colour} key" in o for o in obs) == 1
+    assert sum(f"{colour} key" in o for o in obs) == 1 and f"You pick up a {colour} key." in "".join(obs)
+    assert actions.count(colour) == len(env.state.level.locks) >= 2
 
 
-def test_walls_are_invalid_and_the_wrong_door_loses():
-    env = _env()
+def test_walls_locked_gates_and_stray_colours_are_invalid_and_a_wrong_colour_loses():
+    env = _env(gate_every=8, min_length=30)  # at least one gate: key <= 5, gate at key + 8 <= 30 - 8
     env.reset(env.task("train", 0), 0)
     s = env.state
     wall = next(a for a, (dr, dc) in zip(env.action_names, DELTAS)
                 if (s.pos[0] + dr, s.pos[1] + dc) not in set(s.level.cells))
     result = env.step(wall)
     assert result.invalid_action and result.reward == -0.1 and "wall" in result.observation
+    result = env.step("red")
+    assert result.invalid_action and "no lock here" in result.observation
     assert env.state.pos == s.level.cells[0]
-    while env._cells()[env.state.pos] != len(env.state.level.cells) - 1:
+    while env._cells()[env.state.pos] != s.level.locks[0]:
         env.step(env.expert_action())
-    right = env.expert_action()
-    wrong = next(a for a, (dr, dc) in zip(env.action_names, DELTAS)
-                 if a != right and (env.state.pos[0] + dr, env.state.pos[1] + dc) in dict(env.state.level.doors))
+    ahead = s.level.cells[s.level.locks[0] + 1]
+    move = next(a for a, (dr, dc) in zip(env.action_names, DELTAS) if (s.pos[0] + dr, s.pos[1] + dc) == ahead)
+    result = env.step(move)
+    assert result.invalid_action and "locked" in result.observation
+    wrong = next(c for c in COLOURS if c != s.level.key_colour)
     result = env.step(wrong)
     assert result.terminated and not result.success and result.reward == 0.0
 
@@ -65,10 +70,10 @@ def test_walls_are_invalid_and_the_wrong_door_loses():
 def test_expert_summary_says_the_key_once_it_is_held():
     env = _env()
     env.reset(env.task("train", 1), 0)
-    assert env.expert_summary() == "I have no key yet."
+    assert env.expert_summary() == "Key: none yet."
     while not env.state.has_key:
         env.step(env.expert_action())
-    assert env.expert_summary() == f"I carry a {env.state.level.key_colour} key."
+    assert env.expert_summary() == f"Key: {env.state.level.key_colour}."
 
 
 def test_check_env_passes():
@@ -79,6 +84,7 @@ def test_check_env_passes():
     ({"key_distance": (3, 1)}, "key_distance must be a range"),
     ({"min_length": 5, "max_length": 4}, "min_length <= max_length"),
     ({"lamp_every": 0}, "lamp_every must be >= 1"),
+    ({"gate_every": -1}, "gate_every must be >= 0"),
 ])
 def test_bad_options(kwargs, message):
     with pytest.raises(UserError, match=message):

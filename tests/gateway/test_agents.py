@@ -208,3 +208,34 @@ def test_an_agent_run_resumes_after_an_interruption(tmp_path, monkeypatch):
     assert [m.iteration for m in read_metrics(tmp_path / "run").iterations] == [1, 2]
     rows = [r for f in sorted((tmp_path / "run" / "trajectories").glob("rl_*.parquet")) for r in pq.read_table(f).to_pylist()]
     assert {r["iteration"] for r in rows} == {0, 1} and all(r["judge_output"] for r in rows if r["infra_failure"] is None)
+
+
+def test_an_agent_that_compacts_its_history_trains_every_context_as_a_segment(tmp_path, recorded, monkeypatch):
+    """The compacting example agent (the openai package) restarts its conversation from a summary
+    the model wrote: both contexts are samples of the rollout, in order, with its advantage."""
+    monkeypatch.chdir(REPO)
+    summary = train(load_config("agent-tiny", SMALL + ["agent.entrypoint=examples.agents.compacting_agent:agent",
+                                                       "rl.iterations=1"]), tmp_path / "run", live=False)
+    assert summary.rl_iterations == 1
+    rows = pq.read_table(tmp_path / "run" / "trajectories" / "rl_00000.parquet").to_pylist()
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tmp_path / "run" / "checkpoints" / "final")
+    tids = sorted({r["trajectory_id"] for r in rows})
+    assert len(tids) == 4
+    nonempty = 0
+    for tid in tids:
+        mine = sorted((r for r in rows if r["trajectory_id"] == tid), key=lambda r: r["segment_index"])
+        assert [(r["segment_index"], r["parent_segment"]) for r in mine] == [(0, -1), (1, 0)]
+        calls = recorded[tid].calls
+        first, second = (np.asarray(r["loss_mask"], dtype=bool) for r in mine)
+        # the summary: sampled (mask 1) at the end of the first segment...
+        written = list(calls[1].completion_ids)
+        assert np.asarray(mine[0]["token_ids"])[first].tolist()[-len(written):] == written
+        # ...and context (mask 0) in the second, where the agent re-sent it as text
+        text = tok.decode(calls[1].completion_ids, skip_special_tokens=True).strip()
+        context = tok.decode(np.asarray(mine[1]["token_ids"])[~second].tolist(), skip_special_tokens=True)
+        assert text in context and second.sum() == len(calls[2].completion_ids)
+        nonempty += bool(text)
+        assert mine[0]["advantage"] == mine[1]["advantage"]  # the rollout's advantage on both
+    assert nonempty > 0

@@ -128,7 +128,7 @@ def test_expert_writes_the_envs_summary(tiny_policy):
     tok = tiny_policy.tokenizer
     for x in t.samples[:-1]:
         text = tok.decode(x.token_ids[len(x) - x.summary_tokens:], skip_special_tokens=True)
-        assert text in ("I have no key yet.", f"I carry a {engine.env.level_for(t.task).key_colour} key.")
+        assert text in ("Key: none yet.", f"Key: {engine.env.level_for(t.task).key_colour}.")
         assert (x.versions == -1).all() and x.loss_mask[len(x) - x.summary_tokens:].all()  # written, trained on
 
 

@@ -93,7 +93,8 @@ def check_env(
     registry's ``make_batch`` for an id, a deep copy of a fresh instance; skipped with a
     warning when neither works). ``episodes`` train and held-out tasks are played, each for at
     most ``max_steps`` steps; ``split_sample`` tasks per split are drawn for the split checks of
-    a generated (unbounded) task source. The expert must win every played task when the env
+    a generated (unbounded) task source (the expert: up to the env's own ``max_steps`` where
+    that is more). The expert must win every played task when the env
     is deterministic and ``expert_solves``; ``deterministic=None`` decides that by replaying
     with another seed. ``invalid_action`` is a text the env must reject (None skips that check,
     for envs that accept any text). ``tokenizer`` (a ``ChatFormat`` or HF tokenizer) with
@@ -142,7 +143,9 @@ def check_env(
         _check_batch(env, other, played[0], actions, max_steps)
         report.checks.append("batch independence")
     if caps.expert:
-        _check_expert(env, played, max_steps, deterministic if expert_solves and not quick else False)
+        # the expert plays up to the env's own step limit where that is longer (long-horizon envs)
+        expert_steps = max(max_steps, int(getattr(env, "max_steps", 0) or 0))
+        _check_expert(env, played, expert_steps, deterministic if expert_solves and not quick else False)
         report.checks.append("expert")
     if tokenizer is not None and max_new_tokens is not None:
         report.warnings += check_action_lengths(env, tokenizer, max_new_tokens, played, max_steps)

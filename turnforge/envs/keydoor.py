@@ -1,23 +1,26 @@
-"""Key and door: a long winding corridor seen through a 3x3 window, a key picked up early and
-one of three coloured doors to open at the far end: an env that needs memory over long horizons.
+"""Key and door: a long winding corridor seen through a 3x3 window, a key picked up early,
+and locks along the way that open only to the key's colour: an env that needs memory over
+long horizons.
 
 The agent walks a corridor of ``length`` cells (drawn per level between ``min_length`` and
 ``max_length``, 100-300 by default), seeing only the 3x3 cells around it. A few cells in, it
-picks up a key whose colour is said once, in that turn's observation. Lamps of every colour
-hang along the way ("a red lamp glows here"), so the last colour seen is no guide. At the
-end, three doors (one per colour, in a random order) surround the agent; walking into the
-door of the key's colour wins (reward ``success_reward``), into another loses. So the
-information the last move needs is shown only once, a hundred or more turns earlier: a
-``window`` context has forgotten it, a ``full_history`` context overflows its budget first,
-and a ``summarize`` context keeps it only if the policy's summaries carry it (see
-``turnforge.rollout.context``). The passive T-maze of memory-based RL (Bakker 2002; Ni et al.
-2023, "When do transformers shine in RL?") with a corridor that must be walked.
+picks up a key whose colour (red, green or blue) is said once, in that turn's observation.
+Lamps of every colour hang along the way ("a red lamp glows here"), so the last colour seen is
+no guide. The door at the end of the corridor, and with ``gate_every`` a locked gate every that
+many cells after the key, open when the agent answers the key's colour (reward
+``success_reward`` at the door); a wrong colour ends the episode. So what a lock needs was
+shown once, up to hundreds of turns earlier: a ``window`` context has forgotten it, a
+``full_history`` context overflows its budget first, and a ``summarize`` context keeps it only
+if the policy's summaries carry it (``turnforge.rollout.context``). The passive T-maze of
+memory-based RL (Bakker 2002; Ni et al. 2023, "When do transformers shine in RL?") with a
+corridor that must be walked and, with gates, several recalls per episode.
 
 Window symbols: ``@`` you, ``#`` wall, ``.`` corridor not yet walked, ``:`` corridor already
-walked, ``k`` the key, ``R``/``G``/``B`` the red, green and blue doors. Walking into a wall is
-an invalid action; walking back along the corridor is allowed (it wastes turns).
+walked, ``k`` the key, ``+`` a locked gate or the door. Actions: Up, Down, Left, Right, and a
+colour (red, green, blue) at a lock. Walking into a wall, on past a locked gate, or naming a
+colour where there is no lock is an invalid action; walking back is allowed (it wastes turns).
 
-``expert_action`` walks on to the next cell not yet walked, then opens the right door;
+``expert_action`` walks on to the next cell and answers each lock with the key's colour;
 ``expert_summary`` is what a summary must carry (the key's colour, once picked up).
 """
 
@@ -30,9 +33,10 @@ from turnforge.envs.levels import LevelEnv, Outcome
 from turnforge.errors import UserError
 from turnforge.seeding import stable_hash
 
-ACTIONS = ("Up", "Down", "Left", "Right")
+MOVES = ("Up", "Down", "Left", "Right")
 DELTAS = ((-1, 0), (1, 0), (0, -1), (0, 1))
 COLOURS = ("red", "green", "blue")
+ACTIONS = MOVES + COLOURS
 #: The two directions at right angles to each action.
 PERPENDICULAR = ((2, 3), (2, 3), (0, 1), (0, 1))
 
@@ -42,13 +46,13 @@ Pos = tuple[int, int]
 @dataclass(frozen=True)
 class KeyDoorLevel:
     """An immutable level: the corridor's cells in walking order (the first is the start, the
-    last the end, where the doors are), where the key lies, its colour, the lamps, the doors."""
+    last the end, where the door is), where the key lies, its colour, the lamps, the locks."""
 
     cells: tuple[Pos, ...]
     key_index: int  # index in ``cells`` of the key's cell
     key_colour: str
     lamps: tuple[tuple[int, str], ...]  # (index in cells, colour)
-    doors: tuple[tuple[Pos, str], ...]  # (cell next to the end, colour)
+    locks: tuple[int, ...]  # indices in ``cells`` of the gates, then the door (the last cell)
 
     def __deepcopy__(self, memo: dict) -> KeyDoorLevel:
         return self  # immutable: snapshots share it
@@ -65,7 +69,8 @@ class KeyDoorState:
     pos: Pos
     walked: set[Pos]
     has_key: bool
-    message: str  # what the last move showed besides the window (key, lamp, door)
+    opened: int  # locks opened so far (in order)
+    message: str  # what the last move showed besides the window (key, lamp, lock)
 
 
 def _walk(length: int, rng: random.Random) -> list[Pos] | None:
@@ -104,7 +109,8 @@ def _around(pos: Pos) -> list[Pos]:
 class KeyDoorEnv(LevelEnv[KeyDoorLevel]):
     """The key-and-door corridor (see the module docstring). Levels: ``min_length`` to
     ``max_length`` moves of corridor; the key lies ``key_distance`` (a range) cells in; about
-    one cell in ``lamp_every`` has a lamp of a random colour."""
+    one cell in ``lamp_every`` has a lamp of a random colour; with ``gate_every`` > 0 a locked
+    gate stands every that many cells after the key (none closer than that to the door)."""
 
     action_names = ACTIONS
 
@@ -115,6 +121,7 @@ class KeyDoorEnv(LevelEnv[KeyDoorLevel]):
         max_length: int = 300,
         key_distance: tuple[int, int] = (2, 5),
         lamp_every: int = 4,
+        gate_every: int = 0,
         max_steps: int = 1000,
         invalid_action_penalty: float = -0.1,
         success_reward: float = 1.0,
@@ -129,15 +136,17 @@ class KeyDoorEnv(LevelEnv[KeyDoorLevel]):
                             f"min_length={min_length}, max_length={max_length}")
         if lamp_every < 1:
             raise UserError(f"keydoor: lamp_every must be >= 1, got {lamp_every}")
+        if gate_every < 0:
+            raise UserError(f"keydoor: gate_every must be >= 0 (0 = no gates), got {gate_every}")
         self.min_length, self.max_length, self.key_distance = int(min_length), int(max_length), (lo, hi)
-        self.lamp_every, self.success_reward = int(lamp_every), float(success_reward)
+        self.lamp_every, self.gate_every, self.success_reward = int(lamp_every), int(gate_every), float(success_reward)
 
     @property
     def instructions(self) -> str:
         return (
-            "Walk along the corridor to its end and open the door whose colour matches your key by walking into it. "
-            "You see the 3x3 cells around you: @ you, # wall, . corridor ahead, : corridor walked, k key, "
-            "R G B the red, green and blue doors. Answer with one of Up, Down, Left, Right."
+            "Walk along the corridor, pick up the key, and open every lock on the way and the door at the end by "
+            "saying your key's colour. You see the 3x3 cells around you: @ you, # wall, . corridor ahead, "
+            ": corridor walked, k key, + lock. Answer with one of Up, Down, Left, Right, or at a lock red, green, blue."
         )
 
     @property
@@ -151,37 +160,21 @@ class KeyDoorEnv(LevelEnv[KeyDoorLevel]):
             cells = _walk(length, rng)
             if cells is None:
                 continue
-            end, before = cells[-1], cells[-2]
-            spots = [(end[0] + dr, end[1] + dc) for dr, dc in DELTAS if (end[0] + dr, end[1] + dc) != before]
-            colours = list(COLOURS)
-            rng.shuffle(colours)
             key_index = rng.randint(*self.key_distance)
+            gates = range(key_index + self.gate_every, length - self.gate_every + 1, self.gate_every) if self.gate_every else ()
             lamps = tuple((i, rng.choice(COLOURS)) for i in range(1, length)
-                          if i != key_index and rng.randrange(self.lamp_every) == 0)
-            return KeyDoorLevel(tuple(cells), key_index, rng.choice(COLOURS), lamps, tuple(zip(spots, colours)))
+                          if i != key_index and i not in gates and rng.randrange(self.lamp_every) == 0)
+            return KeyDoorLevel(tuple(cells), key_index, rng.choice(COLOURS), lamps, (*gates, length))
         raise RuntimeError("keydoor: no corridor after 10000 attempts")  # pragma: no cover
 
     def level_key(self, level: KeyDoorLevel) -> str:
         lamps = ",".join(f"{i}{c[0]}" for i, c in level.lamps)
-        doors = ",".join(f"{r}:{c}{k[0]}" for (r, c), k in level.doors)
-        return f"{'/'.join(f'{r}:{c}' for r, c in level.cells)}|key {level.key_index} {level.key_colour}|{lamps}|{doors}"
+        locks = ",".join(map(str, level.locks))
+        return f"{'/'.join(f'{r}:{c}' for r, c in level.cells)}|key {level.key_index} {level.key_colour}|{lamps}|{locks}"
 
     def initial_state(self, level: KeyDoorLevel, rng: random.Random) -> KeyDoorState:
-        return KeyDoorState(level, level.cells[0], {level.cells[0]}, False,
-                            "You stand at the start of a long corridor. Find the key, then the doors at its end.")
-
-    def _cell(self, pos: Pos) -> str:
-        s: KeyDoorState = self.state
-        if pos == s.pos:
-            return "@"
-        for spot, colour in s.level.doors:
-            if pos == spot:
-                return colour[0].upper()
-        if pos == s.level.cells[s.level.key_index] and not s.has_key:
-            return "k"
-        if pos in s.walked:
-            return ":"
-        return "." if pos in self._cells() else "#"
+        return KeyDoorState(level, level.cells[0], {level.cells[0]}, False, 0,
+                            "You stand at the start of a long corridor. Find the key, then open the locks with it.")
 
     def _cells(self) -> dict[Pos, int]:
         level: KeyDoorLevel = self.state.level
@@ -190,6 +183,24 @@ class KeyDoorEnv(LevelEnv[KeyDoorLevel]):
             cache = (level, {p: i for i, p in enumerate(level.cells)})
             self._cell_index = cache
         return cache[1]
+
+    def _lock_here(self) -> bool:
+        """The agent stands at the next lock, still locked."""
+        s: KeyDoorState = self.state
+        return s.opened < len(s.level.locks) and self._cells()[s.pos] == s.level.locks[s.opened]
+
+    def _cell(self, pos: Pos) -> str:
+        s: KeyDoorState = self.state
+        if pos == s.pos:
+            return "@"
+        index = self._cells().get(pos)
+        if index is None:
+            return "#"
+        if index == s.level.key_index and not s.has_key:
+            return "k"
+        if index in s.level.locks[s.opened:]:
+            return "+"
+        return ":" if pos in s.walked else "."
 
     def render(self) -> str:
         s: KeyDoorState = self.state
@@ -202,49 +213,58 @@ class KeyDoorEnv(LevelEnv[KeyDoorLevel]):
 
     def apply(self, action: int) -> Outcome:
         s: KeyDoorState = self.state
+        level = s.level
+        if action >= len(MOVES):
+            if not self._lock_here():
+                raise InvalidAction("there is no lock here")
+            colour = ACTIONS[action]
+            door = s.opened == len(level.locks) - 1
+            what = "door" if door else "gate"
+            if colour != level.key_colour or not s.has_key:
+                s.message = f"The {colour} key does not fit: the {what} stays shut."
+                return Outcome(0.0, terminated=True, info={"locks_opened": s.opened})
+            s.opened += 1
+            s.message = f"The {what} opens."
+            if door:
+                return Outcome(self.success_reward, terminated=True, success=True, info={"locks_opened": s.opened})
+            return Outcome(0.0)
         nxt = (s.pos[0] + DELTAS[action][0], s.pos[1] + DELTAS[action][1])
-        for spot, colour in s.level.doors:
-            if nxt == spot:
-                won = colour == s.level.key_colour and s.has_key
-                s.message = f"You open the {colour} door." if won else f"The {colour} door does not open."
-                return Outcome(self.success_reward if won else 0.0, terminated=True, success=won,
-                               info={"right_door": won})
         index = self._cells().get(nxt)
         if index is None:
-            raise InvalidAction(f"there is a wall {ACTIONS[action]} of you")
+            raise InvalidAction(f"there is a wall {MOVES[action]} of you")
+        if self._lock_here() and index > self._cells()[s.pos]:
+            raise InvalidAction("the gate is locked")
         s.pos = nxt
         s.walked.add(nxt)
         s.message = ""
-        if index == s.level.key_index and not s.has_key:
+        if index == level.key_index and not s.has_key:
             s.has_key = True
-            s.message = f"You pick up a {s.level.key_colour} key."
+            s.message = f"You pick up a {level.key_colour} key."
+        elif self._lock_here():
+            s.message = "The door at the end is locked." if index == len(level.cells) - 1 else "A locked gate."
         else:
-            lamp = dict(s.level.lamps).get(index)
+            lamp = dict(level.lamps).get(index)
             if lamp is not None:
                 s.message = f"A {lamp} lamp glows here."
-        if index == len(s.level.cells) - 1:
-            s.message = (s.message + " " if s.message else "") + "Doors surround you."
         return Outcome(0.0)
 
     def anchor_key(self) -> str:
-        """Position, key held and cells walked: the window alone does not tell states apart."""
+        """Position, key held, locks opened and cells walked: the window alone does not tell states apart."""
         s: KeyDoorState = self.state
-        return f"{s.pos}|{s.has_key}|{len(s.walked)}"
+        return f"{s.pos}|{s.has_key}|{s.opened}|{len(s.walked)}"
 
     def expert_action(self) -> str:
-        """On to the next corridor cell not yet walked; at the end, into the key's door."""
+        """The key's colour at a lock; otherwise on to the next corridor cell."""
         s: KeyDoorState = self.state
-        index = self._cells()[s.pos]
-        if index == len(s.level.cells) - 1:
-            target = next(spot for spot, colour in s.level.doors if colour == s.level.key_colour)
-        else:
-            target = s.level.cells[index + 1]
-        delta = (target[0] - s.pos[0], target[1] - s.pos[1])
-        return ACTIONS[DELTAS.index(delta)]
+        if self._lock_here():
+            return s.level.key_colour
+        target = s.level.cells[self._cells()[s.pos] + 1]
+        return MOVES[DELTAS.index((target[0] - s.pos[0], target[1] - s.pos[1]))]
 
     def expert_summary(self) -> str:
         """What a summary of the episode so far must carry: the key's colour once picked up."""
         s: KeyDoorState = self.state
-        return f"I carry a {s.level.key_colour} key." if s.has_key else "I have no key yet."
+        return f"Key: {s.level.key_colour}." if s.has_key else "Key: none yet."
 
-__all__ = ["COLOURS", "KeyDoorEnv", "KeyDoorLevel", "KeyDoorState"]
+
+__all__ = ["ACTIONS", "COLOURS", "KeyDoorEnv", "KeyDoorLevel", "KeyDoorState", "MOVES"]

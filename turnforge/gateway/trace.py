@@ -17,6 +17,12 @@ and the split is recorded with its reason:
 
 Nothing is re-tokenized and nothing is dropped: every sampled token of every call is in
 exactly one sample, with its logprob, and every split is counted (``CompiledTrace.splits``).
+The samples are the rollout's segments in call order (``segment_index`` 0, 1, ...; each one's
+``parent_segment`` the sample before it): an agent that compacts its own history (asks the
+model for a summary, then restarts its conversation from it) trains every context it used,
+the summary where the model wrote it and as context where the agent re-sent it, the same
+shape as ``rollout.context=summarize`` gives env episodes; the trainer broadcasts the
+rollout's advantage to all of them.
 """
 
 from __future__ import annotations
@@ -76,11 +82,12 @@ class _Builder:
         self.logprobs += list(logprobs) if sampled else [float("nan")] * len(ids)
         self.versions += [version if sampled else -1] * len(ids)
 
-    def sample(self, trajectory_id: str, turn_index: int) -> Sample:
+    def sample(self, trajectory_id: str, turn_index: int, segment_index: int) -> Sample:
         return Sample(
             token_ids=np.asarray(self.ids, dtype=np.int64), loss_mask=np.asarray(self.mask, dtype=np.int8),
             logprobs=np.asarray(self.logprobs, dtype=np.float32), versions=np.asarray(self.versions, dtype=np.int32),
-            trajectory_id=trajectory_id, turn_index=turn_index,
+            trajectory_id=trajectory_id, turn_index=turn_index, segment_index=segment_index,
+            parent_segment=segment_index - 1,
         )
 
 
@@ -106,11 +113,11 @@ def compile_trace(calls: list[CallRecord], trajectory_id: str) -> CompiledTrace:
                 else:
                     reason = "branch" if pos == len(prompt) else "rerendered"
                 splits.append(Split(call.index, reason, pos, tuple(cur.ids[pos:pos + 8]), tuple(prompt[pos:pos + 8])))
-                samples.append(cur.sample(trajectory_id, first_call if cur_calls == 1 else -1))
+                samples.append(cur.sample(trajectory_id, first_call if cur_calls == 1 else -1, len(samples)))
             cur, first_call, cur_calls = _Builder(), call.index, 0
             cur.add(prompt, False)
         cur.add(list(call.completion_ids), True, call.logprobs, call.version)
         cur_calls += 1
     if cur is not None:
-        samples.append(cur.sample(trajectory_id, first_call if cur_calls == 1 else -1))
+        samples.append(cur.sample(trajectory_id, first_call if cur_calls == 1 else -1, len(samples)))
     return CompiledTrace(tuple(samples), tuple(splits))

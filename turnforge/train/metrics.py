@@ -312,6 +312,7 @@ class IterationMetrics:
     mc: MCStats | None = None
     kl_penalty_per_turn: float | None = None  # rl.kl_mode=reward: mean KL penalty per turn
     void_episodes: int = 0  # rl.malformed=void: episodes with a malformed turn, left out of the update
+    overlong_episodes: int = 0  # rollout.overlong_mask: episodes ended by rollout.max_summaries, no gradient
     env_steps: int = 0
     time: float = 0.0
 

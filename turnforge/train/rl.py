@@ -179,6 +179,7 @@ def run_rl(
                 mc=credit.mc,
                 kl_penalty_per_turn=credit.kl_penalty,
                 void_episodes=credit.void_episodes,
+                overlong_episodes=credit.overlong_episodes,
             )
             s.metrics.log(record, s.state.env_steps)
             if rstats.turns and rstats.generation_truncations > rstats.turns / 2 and not warned:

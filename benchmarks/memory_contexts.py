@@ -1,0 +1,115 @@
+"""Context policies on a memory env: summarize (summaries trained or masked) against window and
+full_history, each trained BC -> GRPO at an equal env-step budget, over several seeds.
+
+    python benchmarks/memory_contexts.py                                  # 4 variants, seeds 0 1
+    python benchmarks/memory_contexts.py --variants summarize window --seeds 0 --episodes 200
+
+Every variant runs the recipe (default ``keydoor-tiny``: a 100-300 cell corridor, the key's
+colour shown once, a lock every 40 cells; a 512-token context budget) from the same
+demonstrations (the same expert labels: ``bc.num_demos`` episodes of the same tasks) with its
+own context policy, then GRPO until ``rl.max_env_steps`` (the same for all), then ``--episodes``
+held-out episodes. Variants:
+
+- ``summarize``: the recipe (``rollout.context=summarize``, summaries trained);
+- ``summarize_mask``: ``rollout.summary_loss=mask`` (the summaries' tokens get no gradient in BC
+  or RL: the CompactionRL ablation);
+- ``window``: the last ``--window`` turns (the key is out of sight after that);
+- ``full_history``: the whole episode in one context (it overflows the budget).
+
+Outputs (``--out``, default ``runs/benchmarks/``): ``memory_contexts.json`` (one record per
+run) and ``memory_contexts.md`` (held-out success after BC at its best temperature and after
+RL, per seed and the mean, locks opened, summaries and context overflows per episode). Runs
+finished in ``--work`` are reused.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+from pathlib import Path
+
+from _runs import RESULTS, Job, run_all
+
+VARIANTS = ("summarize", "summarize_mask", "window", "full_history")
+
+
+def overrides(variant: str, window: int) -> tuple[str, ...]:
+    return {
+        "summarize": (),
+        "summarize_mask": ("rollout.summary_loss=mask",),
+        "window": ("rollout.context=window", f"rollout.history_window={window}"),
+        "full_history": ("rollout.context=full_history",),
+    }[variant]
+
+
+def cpu() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            fields = dict(line.split(":", 1) for line in f if ":" in line)
+        return f"{fields['model name'].strip()} (family {fields['cpu family'].strip()} model {fields['model'].strip()})"
+    except (OSError, KeyError):
+        return platform.processor() or "unknown"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--recipe", default="keydoor-tiny")
+    ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
+    ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
+    ap.add_argument("--env-steps", type=int, default=60_000, help="RL env-step budget of every variant (default %(default)s)")
+    ap.add_argument("--episodes", type=int, default=500, help="Held-out episodes per evaluation (default %(default)s)")
+    ap.add_argument("--window", type=int, default=8, help="History turns of the window variant (default %(default)s)")
+    ap.add_argument("--jobs", type=int, default=1, help="Runs at once (default %(default)s)")
+    ap.add_argument("--work", type=Path, default=RESULTS / "memory_contexts")
+    ap.add_argument("--out", type=Path, default=RESULTS / "memory_contexts.json")
+    args = ap.parse_args()
+    common = (f"rl.max_env_steps={args.env_steps}", f"eval.episodes={args.episodes}")
+    jobs = [Job(args.recipe, (f"seed={s}", *common, *overrides(v, args.window)), args.work / f"{v}-{s}")
+            for v in args.variants for s in args.seeds]
+    t0 = time.time()
+    summaries = run_all(jobs, args.jobs)
+    rows = []
+    for job, summary in zip(jobs, summaries):
+        variant, seed = job.out_dir.name.rsplit("-", 1)
+        if summary is None:
+            rows.append({"variant": variant, "seed": int(seed), "failed": True})
+            continue
+        metrics = [json.loads(line) for line in (job.out_dir / "metrics.jsonl").read_text().splitlines()]
+        rl = [m for m in metrics if m.get("event") == "rl_iter"]
+        best = summary.eval_bc_best_temperature
+        rows.append({
+            "variant": variant, "seed": int(seed), "overrides": list(job.overrides),
+            "bc_best": best.success_rate if best else summary.eval_before_rl.success_rate,
+            "bc_best_temperature": best.temperature if best else None,
+            "bc_t1": summary.eval_before_rl.success_rate, "final": summary.eval_after_rl.success_rate,
+            "gain_over_bc_best_points": summary.gain_over_bc_best_points,
+            "mean_turns": summary.eval_after_rl.mean_turns, "rl_iterations": summary.rl_iterations,
+            "env_steps": summary.env_steps, "wall_seconds": round(summary.wall_seconds),
+            "rl_env_steps": sum(m["rollout"]["turns"] for m in rl),
+            "rl_summaries_per_episode": round(sum(m["rollout"]["summaries"] for m in rl)
+                                              / max(1, sum(m["rollout"]["episodes"] for m in rl)), 2),
+            "rl_context_overflows": sum(m["rollout"]["context_overflows"] for m in rl),
+            "peak_rss_mib": summary.peak_memory.process_mib if summary.peak_memory else None,
+        })
+    ok = [r for r in rows if not r.get("failed")]
+    table = [f"`{args.recipe}`: {args.episodes} held-out episodes per evaluation, RL to {args.env_steps} env steps, "
+             f"seeds {args.seeds}; {cpu()}, {round(time.time() - t0)} s", "",
+             "| variant | BC (best T) per seed | after RL per seed | mean BC | mean after RL |", "|---|---|---|---|---|"]
+    for v in args.variants:
+        mine = [r for r in ok if r["variant"] == v]
+        if not mine:
+            table.append(f"| {v} | failed | | | |")
+            continue
+        table.append(f"| {v} | {', '.join(f'{r['bc_best']:.3f}' for r in mine)} | {', '.join(f'{r['final']:.3f}' for r in mine)} | "
+                     f"{statistics.mean(r['bc_best'] for r in mine):.3f} | {statistics.mean(r['final'] for r in mine):.3f} |")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(rows, indent=2) + "\n")
+    args.out.with_suffix(".md").write_text("\n".join(table) + "\n")
+    print("\n".join(table))
+
+
+if __name__ == "__main__":
+    main()
