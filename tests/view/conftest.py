@@ -128,3 +128,21 @@ def page(browser):
     yield pg
     pg.close()
     assert not errors, errors
+
+
+@pytest.fixture(scope="session")
+def segment_run(tmp_path_factory, tiny_model_dir) -> Path:
+    """A tiny RL run with ``rollout.context=summarize`` on the echo env, its threshold low enough
+    that every episode has several segments, each but the last ending in the policy's summary."""
+    def make(path: Path) -> None:
+        from turnforge.config import load_config
+        from turnforge.train.run import train
+
+        train(load_config("sokoban-tiny", [
+            "env.id=test-echo", "env.kwargs={episode_len: 8, max_obs_words: 8}", "check_env=false", "bc.enabled=false",
+            "flywheel.rounds=0", "eval.bc_temperatures=[]", "eval.pass_at_k_samples=0", "eval.episodes=2",
+            "rollout.context=summarize", "rollout.max_turns=8", "rollout.max_context_tokens=256",
+            "rollout.summary_threshold=120", "rollout.summary_prompt=Summary?", "rollout.summary_max_tokens=6",
+            "rl.iterations=1", "rl.tasks_per_iteration=2", "rl.group_size=2", f"model.path={tiny_model_dir}"]), path, live=False)
+
+    return _once(tmp_path_factory, "segment_run", make)

@@ -207,3 +207,15 @@ def test_served_page_pages_the_same_data(page, browser, served, page_file, view_
     n = duck(view_run, "SELECT count(*) AS n FROM trajectories WHERE task_id = ?", [task])[0]["n"]
     assert page.locator("[data-testid=same-task-0] tbody tr").count() == min(n, 50)
     page.screenshot(path=str(tmp_path / "served.png"), full_page=True)
+
+
+def test_segments_and_their_summaries_are_shown(page, segment_run, tmp_path):
+    out = build([segment_run], tmp_path / "segments.html")
+    row = duck(segment_run, "SELECT trajectory_id, count(*) AS n, sum(summary_tokens) AS summary FROM samples "
+                            "WHERE stage = 'rl' AND iteration = 0 GROUP BY trajectory_id ORDER BY n DESC, trajectory_id LIMIT 1")[0]
+    assert row["n"] >= 2 and row["summary"] > 0
+    goto(page, out.as_uri() + f"#traj?run=0&stage=rl&iteration=0&id={row['trajectory_id']}", "traj")
+    heads = page.locator("[data-testid=segment]").all_inner_texts()
+    assert len(heads) == row["n"] and heads[0].startswith("segment 0 · from turn 0") and "(continues 0)" in heads[1]
+    assert page.locator(".tok.summary").count() == row["summary"]
+    check_trajectory(page, segment_run, "rl", 0, row["trajectory_id"])

@@ -61,7 +61,7 @@ def check_trajectory(page, run: Path, stage: str, iteration: int, trajectory_id:
     """The trajectory view shows each sample's recorded ids, in order, and their text as the
     run's tokenizer decodes them (special tokens included)."""
     rows = duck(run, "SELECT token_ids, loss_mask FROM samples WHERE stage = ? AND iteration = ? AND trajectory_id = ? "
-                     "AND token_ids IS NOT NULL ORDER BY turn_index", [stage, iteration, trajectory_id])
+                     "AND token_ids IS NOT NULL ORDER BY turn_index, segment_index", [stage, iteration, trajectory_id])
     assert rows, trajectory_id
     assert tokens_on_page(page) == [r["token_ids"] for r in rows]
     tokenizer = TokenPieces(run / "checkpoints" / "final" if (run / "checkpoints" / "final").is_dir() else run / "base_model").tok

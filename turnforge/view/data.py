@@ -82,9 +82,11 @@ LIMIT {limit} OFFSET {offset}
 _ORDER = {"run": "ord", "spread": "best - worst DESC NULLS LAST, ord", "best": "best DESC NULLS LAST, ord",
           "worst": "worst ASC NULLS LAST, ord"}
 
-_SAMPLES = """
-SELECT trajectory_id, turn_index, action_text, turn_reward, advantage, token_ids, logprobs, loss_mask, versions
-FROM ({src}) WHERE token_ids IS NOT NULL AND stage = ? AND iteration = ? AND trajectory_id IN ({ids})
+_SEGMENT = ("coalesce(segment_index, 0) AS segment_index, coalesce(parent_segment, -1) AS parent_segment, "
+            "coalesce(first_turn, 0) AS first_turn, coalesce(summary_tokens, 0) AS summary_tokens")
+_SAMPLES = f"""
+SELECT trajectory_id, turn_index, action_text, turn_reward, advantage, token_ids, logprobs, loss_mask, versions, {_SEGMENT}
+FROM ({{src}}) WHERE token_ids IS NOT NULL AND stage = ? AND iteration = ? AND trajectory_id IN ({{ids}})
 ORDER BY trajectory_id, turn_index, filename, file_row_number
 """
 _EXTRA = """
@@ -278,7 +280,8 @@ class RunView:
                 turn_advantages=[json_value(a) for a in x["turn_advantages"]] if x.get("turn_advantages") else None,
                 env_seed=x.get("env_seed"),
                 samples=[SampleTokens(s["turn_index"], s["action_text"], json_value(s["turn_reward"]), json_value(s["advantage"]),
-                                      s["token_ids"], [json_value(v, 5) for v in s["logprobs"]], s["loss_mask"], s["versions"])
+                                      s["token_ids"], [json_value(v, 5) for v in s["logprobs"]], s["loss_mask"], s["versions"],
+                                      s["segment_index"], s["parent_segment"], s["first_turn"], s["summary_tokens"])
                          for s in mine],
                 splits=splits.get(tid, [])))
         return self._with_pieces(out, used)
@@ -311,7 +314,8 @@ class RunView:
             assert self._store is not None, "closed"
             src = self._store.samples_of(self.files.parquet, row_order=True)
         t = self.sql(f"""
-            SELECT e.ord, s.turn_index, s.action_text, s.turn_reward, s.advantage, s.token_ids, s.logprobs, s.loss_mask, s.versions
+            SELECT e.ord, s.turn_index, s.action_text, s.turn_reward, s.advantage, s.token_ids, s.logprobs, s.loss_mask, s.versions,
+                   {_SEGMENT}
             FROM ({src}) s JOIN episodes e USING (stage, iteration, source, trajectory_id, task_id, group_id)
             WHERE s.token_ids IS NOT NULL ORDER BY e.ord, s.turn_index, s.filename, s.file_row_number""")
         tokens = t.column("token_ids").combine_chunks()
@@ -324,7 +328,9 @@ class RunView:
             advantage=[json_value(v) for v in t.column("advantage").to_pylist()],
             start=offsets[:-1] - offsets[0], length=np.diff(offsets).astype(np.int32),
             ids=tokens.flatten().to_numpy().astype(np.int32), logprobs=flat("logprobs", np.float32, float("nan")),
-            mask=flat("loss_mask", np.int8, 0), versions=flat("versions", np.int32, -1))
+            mask=flat("loss_mask", np.int8, 0), versions=flat("versions", np.int32, -1),
+            **{name: t.column(name).to_numpy().astype(np.int32)
+               for name in ("segment_index", "parent_segment", "first_turn", "summary_tokens")})
 
     def splits(self) -> dict[str, list[dict[str, Any]]]:
         """``RUN/gateway_splits.jsonl`` by rollout (trajectory id); a line that does not parse

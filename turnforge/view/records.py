@@ -199,6 +199,10 @@ class SampleTokens:
     logprobs: list[float | None]  # null where no policy sampled the token
     mask: list[int]  # 1 = trained on (action token)
     versions: list[int]  # policy version that sampled the token, -1 where none did
+    segment_index: int = 0  # rollout.context=summarize (and agents' restarted conversations): the context's order
+    parent_segment: int = -1
+    first_turn: int = 0
+    summary_tokens: int = 0  # trailing tokens that are the summary that ended the segment
 
 
 @dataclass(frozen=True)
@@ -239,6 +243,10 @@ class TokenArrays:
     logprobs: np.ndarray  # [N] float32, NaN where no policy sampled the token
     mask: np.ndarray  # [N] int8
     versions: np.ndarray  # [N] int32
+    segment_index: np.ndarray  # [S] int32 (0 where the run has no segments)
+    parent_segment: np.ndarray  # [S] int32
+    first_turn: np.ndarray  # [S] int32
+    summary_tokens: np.ndarray  # [S] int32
 
 
 def json_value(value: Any, digits: int = 7) -> Any:

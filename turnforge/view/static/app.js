@@ -208,7 +208,9 @@ class FileSource {
         const a = r.samples.start[s], b = a + r.samples.length[s];
         samples.push({ turn_index: r.samples.turn_index[s], action_text: r.samples.action_text[s],
           turn_reward: r.samples.turn_reward[s], advantage: r.samples.advantage[s], ids: r.ids.subarray(a, b),
-          logprobs: r.logprobs.subarray(a, b), mask: r.mask.subarray(a, b), versions: r.versions.subarray(a, b) });
+          logprobs: r.logprobs.subarray(a, b), mask: r.mask.subarray(a, b), versions: r.versions.subarray(a, b),
+          segment_index: r.samples.segment_index[s], parent_segment: r.samples.parent_segment[s],
+          first_turn: r.samples.first_turn[s], summary_tokens: r.samples.summary_tokens[s] });
       }
       return { episode: this.row(r, i), judge_prompt: E.judge_prompt[i], judge_output: E.judge_output[i],
         turn_advantages: E.turn_advantages[i], env_seed: E.env_seed[i], samples, splits: r.splits[E.trajectory_id[i]] || [] };
@@ -715,6 +717,7 @@ function tokenHtml(s, texts, mode, adv, maxAdv) {
       (sampled ? ` · logprob ${lp.toFixed(4)} (p ${Math.exp(lp).toFixed(4)})` : "") + (v >= 0 ? ` · policy version ${v}` : "");
     let text = t.text, cls = "tok " + (m ? "act" : "ctx");
     if (t.special) cls += " special";
+    if (k >= s.ids.length - (s.summary_tokens || 0)) cls += " summary";
     if (text === "") { cls += " partial"; text = "·"; }
     const shown = t.special ? esc(text) : visible(esc(text));
     parts.push(`<span class="${cls}" data-k="${k}" data-id="${s.ids[k]}" style="${bg}" title="${esc(title)}">${shown}</span>`);
@@ -774,7 +777,12 @@ async function viewTrajectory(params) {
     const trained = s.mask.reduce((a, b) => a + b, 0);
     const versions = [...new Set(Array.from(s.versions).filter((v) => v >= 0))];
     const actions = actionRuns(s, texts).map((r) => r.text);
-    const head = el("div", { class: "th" }, el("b", {}, s.turn_index >= 0 ? `turn ${s.turn_index}` : "whole episode"),
+    const segmented = s.turn_index < 0 && (t.samples.length > 1 || s.summary_tokens > 0);
+    const what = s.turn_index >= 0 ? `turn ${s.turn_index}` : segmented
+      ? `segment ${s.segment_index}${s.parent_segment >= 0 ? ` (continues ${s.parent_segment})` : ""} · from turn ${s.first_turn}`
+      : "whole episode";
+    const head = el("div", { class: "th", "data-testid": segmented ? "segment" : null }, el("b", {}, what),
+      s.summary_tokens > 0 ? el("span", { class: "muted" }, `ends with its summary (${s.summary_tokens} tokens, outlined)`) : null,
       s.action_text !== null ? el("span", {}, "action ", el("code", {}, JSON.stringify(s.action_text))) : null,
       s.turn_reward !== null ? el("span", {}, `turn reward ${num(s.turn_reward, 4)}`) : null,
       el("span", {}, `advantage ${num(s.advantage, 4)}`), el("span", { class: "muted" }, `${s.ids.length} tokens, ${trained} trained`),
