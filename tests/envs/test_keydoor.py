@@ -41,7 +41,7 @@ def test_the_key_colour_is_shown_once_and_every_lock_takes_it():
             break
     colour = env.state.level.key_colour
     assert result.success and result.reward == 1.0
-    assert sum(f"{colour} key" in o for o in obs) == 1 and f"You pick up a {colour} key." in "".join(obs)
+    assert sum(f"Key: {colour}" in o for o in obs) == 1 and f"You pick up a key. Key: {colour}." in "".join(obs)
     assert actions.count(colour) == len(env.state.level.locks) >= 2
 
 

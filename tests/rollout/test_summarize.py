@@ -152,3 +152,22 @@ def test_segment_advantages_by_hand():
                                   [4, 0, 4])
     with pytest.raises(ValueError, match="action runs up to turn"):
         sample_advantage(_sample([1, 0, 1], first_turn=1), per_turn)  # a last segment that stops short
+
+
+def test_segments_rescore_with_the_prefix_cache_on(tiny_policy):
+    """A restarted segment is no extension of the cached prompt: the cache must prefill it afresh."""
+    tiny_policy.prefix_cache = True
+    try:
+        cfg = RolloutConfig(context="summarize", max_turns=8, max_new_tokens=3, max_context_tokens=512,
+                            summary_threshold=90, summary_max_tokens=6)
+        trajs, stats = _play(tiny_policy, cfg, n=3, episode_len=8, max_obs_words=10, seed=3)
+    finally:
+        tiny_policy.prefix_cache = False
+    assert stats.summaries > 0
+    samples = [s for t in trajs for s in t.samples]
+    ids, attn = pad_right([s.token_ids for s in samples], tiny_policy.pad_id)
+    with torch.no_grad():
+        lp, _ = token_logprobs(tiny_policy.model, ids, attn)
+    for i, s in enumerate(samples):
+        sampled = s.versions >= 0
+        np.testing.assert_allclose(lp[i, : len(s)][torch.from_numpy(sampled)].numpy(), s.logprobs[sampled], atol=1e-4)

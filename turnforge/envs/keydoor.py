@@ -4,7 +4,8 @@ long horizons.
 
 The agent walks a corridor of ``length`` cells (drawn per level between ``min_length`` and
 ``max_length``, 100-300 by default), seeing only the 3x3 cells around it. A few cells in, it
-picks up a key whose colour (red, green or blue) is said once, in that turn's observation.
+picks up a key whose colour (red, green or blue) is said once, in that turn's observation
+("You pick up a key. Key: red.", the form ``expert_summary`` carries it in).
 Lamps of every colour hang along the way ("a red lamp glows here"), so the last colour seen is
 no guide. The door at the end of the corridor, and with ``gate_every`` a locked gate every that
 many cells after the key, open when the agent answers the key's colour (reward
@@ -239,7 +240,7 @@ class KeyDoorEnv(LevelEnv[KeyDoorLevel]):
         s.message = ""
         if index == level.key_index and not s.has_key:
             s.has_key = True
-            s.message = f"You pick up a {level.key_colour} key."
+            s.message = f"You pick up a key. Key: {level.key_colour}."
         elif self._lock_here():
             s.message = "The door at the end is locked." if index == len(level.cells) - 1 else "A locked gate."
         else:
