@@ -137,6 +137,11 @@ class RolloutConfig(Section):
         "would pass this many tokens, the policy writes a summary first. None: 3/4 of max_context_tokens"
     )
     summary_max_tokens: int = Field(32, ge=1, description="summarize: tokens the policy may generate for a summary")
+    summary_keep_first: bool = Field(
+        True, description="summarize: a restarted context repeats the episode's first observation (the task, as ReSum "
+        "keeps the query) before the summary; false: only the system prompt, the summary and the latest observation "
+        "(SUPO's reset to prompt + summary, for envs whose first observation is itself something to remember)"
+    )
     summary_prompt: str = Field(
         "Your context is full and will restart with the task, your summary and the latest observation. "
         "Write the summary: what you still need to know.",

@@ -67,3 +67,15 @@ def test_whole_episode_samples_pass_the_loop_filter_unchanged():
 @pytest.mark.parametrize("name", ["infra", "success", "reward", "truncation", "loops", "length", "dedup", "task_cap"])
 def test_every_filter_accepts_an_empty_list(name):
     assert apply_filters([], [name], FilterParams())[0] == []
+
+
+def test_every_segment_of_a_kept_episode_is_trained():
+    """A summarize episode's segments all span several turns: none may be lost."""
+    from dataclasses import replace
+
+    t = traj("s", 1, ["a", "b", "c"])
+    segments = tuple(Sample(np.array([1, 2, 3]), np.array([0, 1, 1], np.int8), np.array([np.nan, -1, -1], np.float32),
+                            np.array([-1, 0, 0], np.int32), "s", -1, segment_index=k, parent_segment=k - 1, first_turn=k)
+                     for k in range(3))
+    kept, _ = apply_filters([Candidate.of(replace(t, samples=segments))], ["success", "loops"], FilterParams())
+    assert kept_samples(kept) == list(segments)

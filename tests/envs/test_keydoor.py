@@ -82,6 +82,7 @@ def test_check_env_passes():
 
 @pytest.mark.parametrize("kwargs, message", [
     ({"key_distance": (3, 1)}, "key_distance must be a range"),
+    ({"key_distance": (-1, 1)}, "key_distance must be a range"),
     ({"min_length": 5, "max_length": 4}, "min_length <= max_length"),
     ({"lamp_every": 0}, "lamp_every must be >= 1"),
     ({"gate_every": -1}, "gate_every must be >= 0"),
@@ -89,3 +90,11 @@ def test_check_env_passes():
 def test_bad_options(kwargs, message):
     with pytest.raises(UserError, match=message):
         make("keydoor", **kwargs)
+
+
+def test_a_key_at_the_start_is_held_from_the_first_observation():
+    env = _env(key_distance=(0, 0), gate_every=8)
+    first = env.reset(env.task("train", 2), 0)
+    colour = env.state.level.key_colour
+    assert env.state.has_key and f"Key: {colour}." in first and env.expert_summary() == f"Key: {colour}."
+    assert env.state.level.locks[0] == 8

@@ -82,7 +82,7 @@ def test_summary_is_trained_where_written_and_context_where_reused(tiny_policy):
             # the next segment: system, the first observation, the summary's ids copied as context, the held observation
             head, _ = chat.start("Say anything.")
             first = list(chat.encode(t.turns[0].observation))
-            sep = list(chat.encode("\n\nYour summary so far:\n"))
+            sep = list(chat.encode("\n\n") + chat.encode("Your summary so far:\n"))
             ids = seg.token_ids.tolist()
             at = len(head) + len(first) + len(sep)
             assert ids[: len(head)] == list(head)
@@ -171,3 +171,15 @@ def test_segments_rescore_with_the_prefix_cache_on(tiny_policy):
     for i, s in enumerate(samples):
         sampled = s.versions >= 0
         np.testing.assert_allclose(lp[i, : len(s)][torch.from_numpy(sampled)].numpy(), s.logprobs[sampled], atol=1e-4)
+
+
+def test_without_the_first_observation_a_segment_restarts_from_the_summary(tiny_policy):
+    cfg = RolloutConfig(context="summarize", max_turns=8, max_new_tokens=3, max_context_tokens=512,
+                        summary_threshold=90, summary_max_tokens=6, summary_keep_first=False)
+    trajs, stats = _play(tiny_policy, cfg, n=2, episode_len=8, max_obs_words=10)
+    assert stats.summaries > 0
+    head, _ = tiny_policy.chat.start("Say anything.")
+    sep = list(tiny_policy.chat.encode("Your summary so far:\n"))
+    for t in trajs:
+        for seg in t.samples[1:]:
+            assert seg.token_ids[len(head): len(head) + len(sep)].tolist() == sep

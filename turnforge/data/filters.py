@@ -159,14 +159,16 @@ def apply_filters(cands: Sequence[Candidate], names: Sequence[str], params: Filt
 
 
 def kept_samples(cands: Sequence[Candidate]) -> list:
-    """The samples of the kept turns (per-turn samples), or each episode's whole-episode sample."""
+    """The samples of the kept turns (per-turn samples), or all of an episode's samples of
+    several turns (its whole-episode sample, or every segment of a ``summarize`` context)."""
     out = []
     for c in cands:
         t = c.trajectory
-        by_turn = {x.turn_index: x for x in t.samples}
-        if -1 in by_turn:
-            out.append(by_turn[-1])
+        spans = [x for x in t.samples if x.turn_index < 0]
+        if spans:
+            out.extend(spans)
         else:
+            by_turn = {x.turn_index: x for x in t.samples}
             out.extend(by_turn[i] for i in c.turns if i in by_turn)
     return out
 

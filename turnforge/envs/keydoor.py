@@ -109,7 +109,8 @@ def _around(pos: Pos) -> list[Pos]:
 
 class KeyDoorEnv(LevelEnv[KeyDoorLevel]):
     """The key-and-door corridor (see the module docstring). Levels: ``min_length`` to
-    ``max_length`` moves of corridor; the key lies ``key_distance`` (a range) cells in; about
+    ``max_length`` moves of corridor; the key lies ``key_distance`` (a range) cells in (0: the
+    agent starts with it, its colour said in the first observation); about
     one cell in ``lamp_every`` has a lamp of a random colour; with ``gate_every`` > 0 a locked
     gate stands every that many cells after the key (none closer than that to the door)."""
 
@@ -130,8 +131,8 @@ class KeyDoorEnv(LevelEnv[KeyDoorLevel]):
     ) -> None:
         super().__init__(invalid_action_penalty=invalid_action_penalty, max_steps=max_steps, first_word=first_word)
         lo, hi = (int(v) for v in key_distance)
-        if not 1 <= lo <= hi:
-            raise UserError(f"keydoor: key_distance must be a range [lo, hi] with 1 <= lo <= hi, got {list(key_distance)}")
+        if not 0 <= lo <= hi:
+            raise UserError(f"keydoor: key_distance must be a range [lo, hi] with 0 <= lo <= hi, got {list(key_distance)}")
         if not hi + 2 <= min_length <= max_length:
             raise UserError(f"keydoor: need key_distance[1] + 2 <= min_length <= max_length; got key_distance={list(key_distance)}, "
                             f"min_length={min_length}, max_length={max_length}")
@@ -174,6 +175,9 @@ class KeyDoorEnv(LevelEnv[KeyDoorLevel]):
         return f"{'/'.join(f'{r}:{c}' for r, c in level.cells)}|key {level.key_index} {level.key_colour}|{lamps}|{locks}"
 
     def initial_state(self, level: KeyDoorLevel, rng: random.Random) -> KeyDoorState:
+        if level.key_index == 0:  # the agent starts with the key
+            return KeyDoorState(level, level.cells[0], {level.cells[0]}, True, 0, "You stand at the start of a long "
+                                f"corridor. You pick up a key. Key: {level.key_colour}. Open the locks with it.")
         return KeyDoorState(level, level.cells[0], {level.cells[0]}, False, 0,
                             "You stand at the start of a long corridor. Find the key, then open the locks with it.")
 

@@ -12,13 +12,13 @@ Three context policies:
   policy writes one (its own sampled tokens; the expert's ``expert_summary`` text in
   demonstrations). That context, summary included, is one training sample (a *segment*),
   and the next segment starts from the system prompt and one user message: the first
-  observation (the task), the summary's ids copied (context there: loss mask 0, never
+  observation (the task; not with ``rollout.summary_keep_first=false``), the summary's ids copied (context there: loss mask 0, never
   re-tokenized) and the held-back observation. Each segment's prompt ids are exactly those
   the sampler saw; the trainer gives every segment its trajectory's advantages
   (``turnforge.train.credit``). At most ``rollout.max_summaries`` summaries per episode
   (``SummaryLimit``). Departures: ReSum's summaries come from a separate summary model, here
-  the policy writes them (as in SUPO); the restarted context keeps the first observation,
-  not only the summary.
+  the policy writes them (as in SUPO); by default the restarted context keeps the first
+  observation (ReSum's query), not only the summary.
 
 Invariants: the policy's generated ids are stored as sampled (never re-tokenized);
 template, observation and marker tokens are context (loss mask 0). An observation that
@@ -229,7 +229,8 @@ class EpisodeContext:
             body.pop()
         self._ids, self._mask, self._logprobs, self._versions = [], [], [], []
         self._segment_first_turn = self._actions
-        content = (self._first_obs + self.chat.encode("\n\nYour summary so far:\n") + tuple(body)
+        first = self._first_obs + self.chat.encode("\n\n") if self.cfg.summary_keep_first else ()
+        content = (first + self.chat.encode("Your summary so far:\n") + tuple(body)
                    + self.chat.encode("\n\nNow:\n") + self._held)
         head, tail = self.chat.start(self.spec.system, self.spec.tools, self.spec.examples, self.spec.observation_role)
         fixed = len(head) + len(tail) + len(content) - len(self._held)
