@@ -6,7 +6,8 @@ episodes, side by side: peak RSS and seconds per env step of each.
 
 Each length is one ``turnforge train`` run of ``--recipe`` in its own process (so the peak RSS
 is that run's alone: ``summary.json``'s ``peak_memory``), with corridors of exactly that many
-cells and no gates (an episode is that long whenever the policy walks on), a short BC stage,
+cells and no gates (an episode is that long whenever the policy walks on), a short BC stage
+(32 demonstrations, 4 epochs: the policy walks),
 a few RL iterations and a small evaluation. With ``rollout.context=summarize`` every context
 stays under the budget, so memory and time per step should not grow with the episode. Results:
 ``--out`` (default ``runs/benchmarks/long_horizon.json``) and a Markdown table next to it.
@@ -37,7 +38,7 @@ def main() -> None:
     for n in args.lengths:
         run_dir = args.work / f"len-{n}"
         overrides = [f"env.kwargs.min_length={n}", f"env.kwargs.max_length={n}", "env.kwargs.gate_every=0",
-                     f"rollout.max_turns={n + 20}", "bc.num_demos=16", "bc.epochs=2", "rl.iterations=3",
+                     f"rollout.max_turns={n + 20}", "bc.num_demos=32", "bc.epochs=4", "flywheel.rounds=0", "rl.iterations=3",
                      "rl.tasks_per_iteration=4", "rl.group_size=2", "eval.episodes=8", "eval.bc_temperatures=[]",
                      "checkpoint_every=5"]
         if not (run_dir / "summary.json").exists():

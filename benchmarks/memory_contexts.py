@@ -1,5 +1,5 @@
 """Context policies on a memory env: summarize (summaries trained or masked) against window and
-full_history, each trained BC -> GRPO at an equal env-step budget, over several seeds.
+full_history, each trained BC -> flywheel rounds at an equal env-step budget, over several seeds.
 
     python benchmarks/memory_contexts.py                                  # 4 variants, seeds 0 1
     python benchmarks/memory_contexts.py --variants summarize window --seeds 0 --episodes 200
@@ -7,14 +7,14 @@ full_history, each trained BC -> GRPO at an equal env-step budget, over several 
 Every variant runs the recipe (default ``keydoor-tiny``: a 100-300 cell corridor, the key's
 colour shown once, a lock every 40 cells; a 512-token context budget) from the same
 demonstrations (the same expert labels: ``bc.num_demos`` episodes of the same tasks) with its
-own context policy, then GRPO until ``rl.max_env_steps`` (the same for all: env steps of the
-whole run, the identical demonstrations included), then ``--episodes``
-held-out episodes. Variants:
+own context policy, then the recipe's flywheel rounds (each round's budget is env steps, so
+every variant plays as many), then ``--episodes`` held-out episodes. Variants:
 
 - ``summarize``: the recipe (``rollout.context=summarize``, summaries trained);
 - ``summarize_mask``: ``rollout.summary_loss=mask`` (the summaries' tokens get no gradient in BC
   or RL: the CompactionRL ablation);
-- ``window``: the last ``--window`` turns (the key is out of sight after that);
+- ``window``: the last ``--window`` turns (the key is out of sight after that), with
+  ``--window-bc-epochs`` BC epochs (its per-turn samples repeat every turn's context);
 - ``full_history``: the whole episode in one context (it overflows the budget).
 
 Outputs (``--out``, default ``runs/benchmarks/``): ``memory_contexts.json`` (one record per
@@ -37,11 +37,11 @@ from _runs import RESULTS, Job, run_all
 VARIANTS = ("summarize", "summarize_mask", "window", "full_history")
 
 
-def overrides(variant: str, window: int) -> tuple[str, ...]:
+def overrides(variant: str, window: int, window_epochs: int) -> tuple[str, ...]:
     return {
         "summarize": (),
         "summarize_mask": ("rollout.summary_loss=mask",),
-        "window": ("rollout.context=window", f"rollout.history_window={window}"),
+        "window": ("rollout.context=window", f"rollout.history_window={window}", f"bc.epochs={window_epochs}"),
         "full_history": ("rollout.context=full_history",),
     }[variant]
 
@@ -60,19 +60,15 @@ def main() -> None:
     ap.add_argument("--recipe", default="keydoor-tiny")
     ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
-    ap.add_argument("--env-steps", type=int, default=70_000,
-                    help="Env steps of every run, its demonstrations included (the same in every variant; about 31 k in "
-                    "keydoor-tiny), so RL gets the rest (default %(default)s)")
     ap.add_argument("--episodes", type=int, default=500, help="Held-out episodes per evaluation (default %(default)s)")
-    ap.add_argument("--window", type=int, default=8, help="History turns of the window variant (default %(default)s)")
+    ap.add_argument("--window", type=int, default=2, help="History turns of the window variant (default %(default)s)")
+    ap.add_argument("--window-bc-epochs", type=int, default=2, help="BC epochs of the window variant (default %(default)s)")
     ap.add_argument("--jobs", type=int, default=1, help="Runs at once (default %(default)s)")
     ap.add_argument("--work", type=Path, default=RESULTS / "memory_contexts")
     ap.add_argument("--out", type=Path, default=RESULTS / "memory_contexts.json")
     args = ap.parse_args()
-    # RL runs until the env-step budget (the iteration cap is out of reach): short failed episodes
-    # (a window forgets the key at the first lock) buy more iterations, not more env steps
-    common = (f"rl.max_env_steps={args.env_steps}", "rl.iterations=1000", f"eval.episodes={args.episodes}")
-    jobs = [Job(args.recipe, (f"seed={s}", *common, *overrides(v, args.window)), args.work / f"{v}-{s}")
+    common = (f"eval.episodes={args.episodes}",)
+    jobs = [Job(args.recipe, (f"seed={s}", *common, *overrides(v, args.window, args.window_bc_epochs)), args.work / f"{v}-{s}")
             for v in args.variants for s in args.seeds]
     t0 = time.time()
     summaries = run_all(jobs, args.jobs)
@@ -83,7 +79,6 @@ def main() -> None:
             rows.append({"variant": variant, "seed": int(seed), "failed": True})
             continue
         metrics = [json.loads(line) for line in (job.out_dir / "metrics.jsonl").read_text().splitlines()]
-        rl = [m for m in metrics if m.get("event") == "rl_iter"]
         best = summary.eval_bc_best_temperature
         rows.append({
             "variant": variant, "seed": int(seed), "overrides": list(job.overrides),
@@ -91,25 +86,24 @@ def main() -> None:
             "bc_best_temperature": best.temperature if best else None,
             "bc_t1": summary.eval_before_rl.success_rate, "final": summary.eval_after_rl.success_rate,
             "gain_over_bc_best_points": summary.gain_over_bc_best_points,
-            "mean_turns": summary.eval_after_rl.mean_turns, "rl_iterations": summary.rl_iterations,
+            "mean_turns": summary.eval_after_rl.mean_turns,
             "env_steps": summary.env_steps, "wall_seconds": round(summary.wall_seconds),
-            "rl_env_steps": sum(m["rollout"]["turns"] for m in rl),
-            "rl_summaries_per_episode": round(sum(m["rollout"]["summaries"] for m in rl)
-                                              / max(1, sum(m["rollout"]["episodes"] for m in rl)), 2),
-            "rl_context_overflows": sum(m["rollout"]["context_overflows"] for m in rl),
+            "rounds": [m["eval"]["success_rate"] for m in metrics if m.get("event") == "flywheel_round"],
             "peak_rss_mib": summary.peak_memory.process_mib if summary.peak_memory else None,
         })
     ok = [r for r in rows if not r.get("failed")]
-    table = [f"`{args.recipe}`: {args.episodes} held-out episodes per evaluation, RL to {args.env_steps} env steps, "
-             f"seeds {args.seeds}; {cpu()}, {round(time.time() - t0)} s", "",
-             "| variant | BC (best T) per seed | after RL per seed | mean BC | mean after RL |", "|---|---|---|---|---|"]
+    table = [f"`{args.recipe}`: {args.episodes} held-out episodes per evaluation, seeds {args.seeds}; {cpu()}, "
+             f"{round(time.time() - t0)} s", "",
+             "| variant | BC (best T) per seed | after the flywheel per seed | mean BC | mean after |", "|---|---|---|---|---|"]
     for v in args.variants:
         mine = [r for r in ok if r["variant"] == v]
         if not mine:
             table.append(f"| {v} | failed | | | |")
             continue
-        table.append(f"| {v} | {', '.join(f'{r['bc_best']:.3f}' for r in mine)} | {', '.join(f'{r['final']:.3f}' for r in mine)} | "
-                     f"{statistics.mean(r['bc_best'] for r in mine):.3f} | {statistics.mean(r['final'] for r in mine):.3f} |")
+        bc = ", ".join(f"{r['bc_best']:.3f}" for r in mine)
+        final = ", ".join(f"{r['final']:.3f}" for r in mine)
+        table.append(f"| {v} | {bc} | {final} | {statistics.mean(r['bc_best'] for r in mine):.3f} | "
+                     f"{statistics.mean(r['final'] for r in mine):.3f} |")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(rows, indent=2) + "\n")
     args.out.with_suffix(".md").write_text("\n".join(table) + "\n")
