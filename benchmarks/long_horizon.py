@@ -58,8 +58,8 @@ def main() -> None:
         })
         print(json.dumps(rows[-1]), flush=True)
     base = rows[0]
-    table = [f"`{args.recipe}` with corridors of {', '.join(map(str, args.lengths))} cells (one run each, in its own "
-             f"process); {cpu()}, {time.strftime('%Y-%m-%d')}", "",
+    table = [(f"`{args.recipe}` with corridors of {', '.join(map(str, args.lengths))} cells (one run each, in its own "
+              f"process); {cpu()}, {time.strftime('%Y-%m-%d')}"), "",
              "| corridor | peak RSS (MiB) | vs shortest | RL seconds per env step | vs shortest | mean turns (eval) |",
              "|---|---|---|---|---|---|"]
     for r in rows:

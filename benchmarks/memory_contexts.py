@@ -92,8 +92,8 @@ def main() -> None:
             "peak_rss_mib": summary.peak_memory.process_mib if summary.peak_memory else None,
         })
     ok = [r for r in rows if not r.get("failed")]
-    table = [f"`{args.recipe}`: {args.episodes} held-out episodes per evaluation, seeds {args.seeds}; {cpu()}, "
-             f"{round(time.time() - t0)} s", "",
+    table = [(f"`{args.recipe}`: {args.episodes} held-out episodes per evaluation, seeds {args.seeds}; {cpu()}, "
+              f"{round(time.time() - t0)} s"), "",
              "| variant | BC (best T) per seed | after the flywheel per seed | mean BC | mean after |", "|---|---|---|---|---|"]
     for v in args.variants:
         mine = [r for r in ok if r["variant"] == v]

@@ -6,8 +6,8 @@ from __future__ import annotations
 import duckdb
 import numpy as np
 import pytest
-
 from helpers import NO_FLYWHEEL, TINY_TEST_SHAPE
+
 from turnforge.config import load_config
 from turnforge.train.run import train
 

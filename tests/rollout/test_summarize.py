@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from helpers import inline_engine
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from helpers import inline_engine
 from turnforge.config import RolloutConfig, TrainConfig
 from turnforge.policy.generate import pad_right, token_logprobs
 from turnforge.rollout.actors import ExpertActor, PolicyActor

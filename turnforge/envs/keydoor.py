@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+
 from turnforge.envs.base import InvalidAction, parse_choice
 from turnforge.envs.levels import LevelEnv, Outcome
 from turnforge.errors import UserError
@@ -272,4 +273,4 @@ class KeyDoorEnv(LevelEnv[KeyDoorLevel]):
         return f"Key: {s.level.key_colour}." if s.has_key else "Key: none yet."
 
 
-__all__ = ["ACTIONS", "COLOURS", "KeyDoorEnv", "KeyDoorLevel", "KeyDoorState", "MOVES"]
+__all__ = ["ACTIONS", "COLOURS", "MOVES", "KeyDoorEnv", "KeyDoorLevel", "KeyDoorState"]
