@@ -4,8 +4,8 @@ summarize rollout whose segments carry the running best."""
 from __future__ import annotations
 
 import pytest
-
 from helpers import inline_engine
+
 from turnforge.config import RolloutConfig
 from turnforge.envs import check_env, make
 from turnforge.errors import UserError
