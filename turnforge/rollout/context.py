@@ -12,8 +12,8 @@ Three context policies:
   policy writes one (its own sampled tokens; the expert's ``expert_summary`` text in
   demonstrations). That context, summary included, is one training sample (a *segment*),
   and the next segment starts from the system prompt and one user message: the first
-  observation (the task; not with ``rollout.summary_keep_first=false``), the summary's ids copied (context there: loss mask 0, never
-  re-tokenized) and the held-back observation. Each segment's prompt ids are exactly those
+  observation (the task; not with ``rollout.summary_keep_first=false``), the summary's ids
+  copied (context there: loss mask 0, never re-tokenized) and the held-back observation. Each segment's prompt ids are exactly those
   the sampler saw; the trainer gives every segment its trajectory's advantages
   (``turnforge.train.credit``). At most ``rollout.max_summaries`` summaries per episode
   (``SummaryLimit``). Departures: ReSum's summaries come from a separate summary model, here
