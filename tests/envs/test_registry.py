@@ -13,6 +13,7 @@ from turnforge.errors import UserError
 # mcp-tools needs its server and task file (tests/envs/test_mcp_tools.py checks it)
 BUILTIN = [name for name, spec in list_envs().items() if str(spec.factory).startswith("turnforge.envs.") and name != "mcp-tools"]
 GRID_GAMES = [name for name in BUILTIN if make(name).action_names]  # the games with Up/Down/Left/Right moves
+MOVES_ONLY = [name for name in GRID_GAMES if make(name).action_names == ("Up", "Down", "Left", "Right")]
 
 
 def test_builtins_are_registered():
@@ -53,8 +54,12 @@ def test_invalid_action_observation(env_id):
 
 @pytest.mark.parametrize("env_id", GRID_GAMES)
 def test_instructions_are_short(env_id):
-    text = make(env_id).instructions
-    assert "Answer with one of Up, Down, Left, Right." in text and len(text) < 300
+    text, actions = make(env_id).instructions, make(env_id).action_names
+    assert "Answer with one of Up, Down, Left, Right" in text and len(text) < 300
+    if env_id in MOVES_ONLY:
+        assert "Answer with one of Up, Down, Left, Right." in text
+    else:  # keydoor: the moves, and colours at a lock
+        assert all(a in text for a in actions)
 
 
 def test_unknown_env_lists_valid_ids():
