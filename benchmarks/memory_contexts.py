@@ -46,6 +46,16 @@ def overrides(variant: str, window: int, window_epochs: int) -> tuple[str, ...]:
     }[variant]
 
 
+def _metrics(run_dir: Path) -> list[dict]:
+    path = run_dir / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def _last_line(log: Path) -> str | None:
+    lines = [x for x in log.read_text().splitlines() if x.strip()] if log.exists() else []
+    return lines[-1][-300:] if lines else None
+
+
 def cpu() -> str:
     try:
         with open("/proc/cpuinfo") as f:
@@ -75,10 +85,13 @@ def main() -> None:
     rows = []
     for job, summary in zip(jobs, summaries):
         variant, seed = job.out_dir.name.rsplit("-", 1)
-        if summary is None:
-            rows.append({"variant": variant, "seed": int(seed), "failed": True})
+        if summary is None:  # e.g. the flywheel stops when no episode of a round succeeded: nothing to train on
+            evals = [m for m in _metrics(job.out_dir) if m.get("event") == "eval"]
+            bc = [m["result"]["success_rate"] for m in evals if m["tag"] in ("before-rl", "bc")]
+            rows.append({"variant": variant, "seed": int(seed), "failed": True, "bc_best": max(bc) if bc else None,
+                         "stopped": _last_line(job.out_dir.with_suffix(".log"))})
             continue
-        metrics = [json.loads(line) for line in (job.out_dir / "metrics.jsonl").read_text().splitlines()]
+        metrics = _metrics(job.out_dir)
         best = summary.eval_bc_best_temperature
         rows.append({
             "variant": variant, "seed": int(seed), "overrides": list(job.overrides),
@@ -98,7 +111,9 @@ def main() -> None:
     for v in args.variants:
         mine = [r for r in ok if r["variant"] == v]
         if not mine:
-            table.append(f"| {v} | failed | | | |")
+            stopped = [r for r in rows if r["variant"] == v]
+            bc = ", ".join("n/a" if r.get("bc_best") is None else f"{r['bc_best']:.3f}" for r in stopped)
+            table.append(f"| {v} | {bc} | stopped before training (see the JSON) | | |")
             continue
         bc = ", ".join(f"{r['bc_best']:.3f}" for r in mine)
         final = ", ".join(f"{r['final']:.3f}" for r in mine)
