@@ -569,6 +569,49 @@ class FlywheelConfig(Section):
                             "in reward units")
     awr_max_weight: float = Field(20.0, gt=0, description="mc_awr, group_awr: the largest weight of a sample (AWR's clip)")
 
+MEMORY_SOURCES = ("demo", "plain", "retry", "evolved", "curriculum", "anchor")
+
+
+class MemoryConfig(Section):
+    """Episodic memory (``turnforge.rollout.episodic``): at each reset, the run's most similar
+    past successes, in a compact form, before the first observation (context, loss mask 0)."""
+
+    enabled: bool = Field(
+        False, description="Retrieve past successes of this run (BM25 over their first observations) at each reset "
+        "and show them before the first observation, in every prompt of the episode"
+    )
+    k: int = Field(1, ge=1, le=8, description="Past successes shown per episode (at most one per task: its shortest)")
+    max_tokens: int = Field(
+        128, ge=16, description="Tokens the memory block may take in each prompt; a longer block is cut and marked "
+        "(rollout.truncation_marker)"
+    )
+    sources: list[str] = Field(
+        default_factory=lambda: ["demo", "plain", "retry"], description="Which successes enter the memory, by where "
+        f"the episode came from: any of {', '.join(MEMORY_SOURCES)} ('demo': the BC demonstrations, and the "
+        "flywheel's anchor solutions; RL episodes are 'plain'). Only train-split episodes enter; evaluations never do"
+    )
+    demo_waves: int = Field(
+        4, ge=1, description="With 'demo' in memory.sources: BC's demonstrations are played in this many waves, each "
+        "entering the memory before the next is played, so all but the first wave are shown earlier ones and BC "
+        "learns prompts with and without a memory block"
+    )
+    store: str | None = Field(
+        None, description="A finished run directory whose memory (RUN/memory.parquet) this run retrieves from, "
+        "read-only (nothing is added): to evaluate or train with another run's memory of the same env"
+    )
+    min_score: float = Field(0.0, ge=0, description="BM25 score a past success needs to be shown")
+
+    @field_validator("sources")
+    @classmethod
+    def _sources(cls, value: list[str]) -> list[str]:
+        bad = [x for x in value if x not in MEMORY_SOURCES]
+        if bad:
+            raise ValueError(f"unknown memory source {bad[0]!r}; valid sources: {', '.join(MEMORY_SOURCES)}")
+        if not value:
+            raise ValueError(f"memory.sources is empty; name at least one of {', '.join(MEMORY_SOURCES)}")
+        return value
+
+
 class AgentConfig(Section):
     """Train an agent program through the OpenAI-compatible gateway (``turnforge.gateway``)
     instead of an env: set ``entrypoint`` and ``tasks``."""
@@ -645,6 +688,7 @@ class TrainConfig(Section):
     engine: EngineConfig = Field(default_factory=EngineConfig, description="Synchronous or asynchronous rollouts")
     agent: AgentConfig = Field(default_factory=AgentConfig, description="An agent program trained through the gateway")
     reward: RewardConfig = Field(default_factory=RewardConfig, description="Rewards beyond the env's own (a judge model)")
+    memory: MemoryConfig = Field(default_factory=MemoryConfig, description="Episodic memory: past successes shown at reset")
     cluster: Literal["local", "ray"] = Field(
         "local", description="'local': one process (plus env worker processes); 'ray': env and rollout workers are Ray actors"
     )
@@ -770,6 +814,15 @@ def incompatible_options(cfg: TrainConfig) -> str | None:
         return f"engine.env_slots={eng.env_slots} cannot hold one group of rl.group_size={rl.group_size}"
     if eng.env_slots is not None and eng.mode == "sync":
         return "engine.env_slots sizes the asynchronous rollout worker; engine.mode=sync plays each iteration's groups at once"
+    if cfg.memory.enabled:
+        if eng.mode == "async" or cfg.cluster == "ray":
+            what = "engine.mode=async" if eng.mode == "async" else "cluster=ray"
+            return (f"memory.enabled=true with {what}: episodes would start while the memory grows, in no fixed order; "
+                    "use engine.mode=sync and cluster=local")
+        if cfg.agent.entrypoint is not None:
+            return "memory.enabled=true is for env runs: an agent run's prompts are its own (set memory.enabled=false)"
+    elif cfg.memory.store is not None:
+        return f"memory.store={cfg.memory.store} is read by episodic memory; set memory.enabled=true"
     if eng.ray_address is not None and cfg.cluster != "ray":
         return f"engine.ray_address={eng.ray_address} is only used with cluster=ray (got cluster={cfg.cluster})"
     return None

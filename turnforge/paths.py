@@ -51,12 +51,12 @@ def check_out_file(path: Path, label: str, *, refuse_existing: bool) -> None:
     probe_writable(parent, f"{label} {str(path)!r}")
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file, fsync and a rename (never half a file)."""
+def write_atomic(path: Path, text: str | bytes) -> None:
+    """Write ``text`` (str or bytes) to ``path`` through a temporary file, fsync and a rename (never half a file)."""
     target = Path(path).resolve()  # through a symlink to its file
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     try:
-        with open(tmp, "w") as f:
+        with open(tmp, "wb" if isinstance(text, bytes) else "w") as f:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())

@@ -185,6 +185,7 @@ class Trajectory:
     resumed_steps: int = 0  # env steps replayed from a snapshot after a worker crash or hang (EnvPool)
     snapshots: tuple[EnvSnapshot, ...] = field(default=(), repr=False, compare=False)  # [num_turns] or ()
     judge: JudgeRecord | None = None  # the judge's verdict when a judge gave the reward
+    memory_tokens: int = 0  # tokens of the episodic memory block its prompts opened with (0: none)
 
     @property
     def num_turns(self) -> int:
@@ -208,6 +209,7 @@ class EvalResult:
     mean_turns: float
     infra_failures: int = 0
     tool_call_rate: float | None = None  # episodes with at least one tool call / episodes; None for envs without tools
+    memory_recall_rate: float | None = None  # episodes shown a past success / episodes; None without episodic memory
 
     def as_dict(self) -> dict[str, Scalar]:
         return {
@@ -220,4 +222,5 @@ class EvalResult:
             "mean_turns": self.mean_turns,
             "infra_failures": self.infra_failures,
             "tool_call_rate": self.tool_call_rate,
+            "memory_recall_rate": self.memory_recall_rate,
         }

@@ -20,6 +20,9 @@ Three context policies:
   the policy writes them (as in SUPO); by default the restarted context keeps the first
   observation (ReSum's query), not only the summary.
 
+Episodic memory (``turnforge.rollout.episodic``): ``EpisodeContext.memory`` ids open the first
+user message of every prompt of the episode (every window, every segment), as context.
+
 Invariants: the policy's generated ids are stored as sampled (never re-tokenized);
 template, observation and marker tokens are context (loss mask 0). An observation that
 would overflow ``max_context_tokens`` (prompt + ``max_new_tokens``) is cut by tokens
@@ -149,6 +152,8 @@ class EpisodeContext:
     _held: tuple[int, ...] = ()  # the observation held back while a summary is written
     _actions: int = 0  # actions recorded so far (the episode's turn count)
     _segment_first_turn: int = 0
+    #: episodic memory (``turnforge.rollout.episodic``): ids at the start of the first user message of every prompt
+    memory: tuple[int, ...] = ()
 
     # ------------------------------------------------------------ observations
     def observe(self, observation: str) -> int:
@@ -174,12 +179,14 @@ class EpisodeContext:
 
     def _observe_full(self, content: tuple[int, ...]) -> tuple[int, tuple[int, ...]]:
         """Append an observation message; (tokens cut, the content as written)."""
+        memory: tuple[int, ...] = ()
         if not self._ids:
             head, tail = self.chat.start(self.spec.system, self.spec.tools, self.spec.examples, self.spec.observation_role)
+            memory = self.memory
         else:
             head, tail = self.chat.turn(self.spec.observation_role)
-        content, cut = self._fit(content, len(self._ids) + len(head) + len(tail))
-        self._context(head + content + tail)
+        content, cut = self._fit(content, len(self._ids) + len(head) + len(memory) + len(tail))
+        self._context(head + memory + content + tail)
         return cut, content
 
     def _context(self, ids: tuple[int, ...]) -> None:
@@ -230,7 +237,7 @@ class EpisodeContext:
         self._ids, self._mask, self._logprobs, self._versions = [], [], [], []
         self._segment_first_turn = self._actions
         first = self._first_obs + self.chat.encode("\n\n") if self.cfg.summary_keep_first else ()
-        content = (first + self.chat.encode("Your summary so far:\n") + tuple(body)
+        content = (self.memory + first + self.chat.encode("Your summary so far:\n") + tuple(body)
                    + self.chat.encode("\n\nNow:\n") + self._held)
         head, tail = self.chat.start(self.spec.system, self.spec.tools, self.spec.examples, self.spec.observation_role)
         fixed = len(head) + len(tail) + len(content) - len(self._held)
@@ -259,7 +266,7 @@ class EpisodeContext:
         first message would be an orphan), later ones in messages of the observation role."""
         head, tail = self.chat.start(self.spec.system, self.spec.tools, self.spec.examples, self.spec.observation_role)
         later_head, later_tail = self.chat.turn(self.spec.observation_role)
-        out: list[int] = list(head)
+        out: list[int] = list(head) + list(self.memory)
         for i, (obs, act) in enumerate(turns):
             if i > 0:
                 out.extend(later_head)

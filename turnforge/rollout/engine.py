@@ -34,6 +34,11 @@ or restore gives such a trajectory too, with no turns and no samples, so every r
 returns one trajectory and every failure is counted (``turnforge.train.run_dir.failures``
 decides whether a stage may go on).
 
+Episodic memory (``engine.memory``, ``turnforge.rollout.episodic``): at an episode's first
+observation the engine recalls the memory's most similar past successes and writes their block
+into the episode's context (``EpisodeContext.memory``); the trainer adds to the memory between
+rounds, never while episodes run.
+
 ``Engine`` is what the trainer asks of an engine; the gateway's ``AgentEngine``
 (``turnforge.gateway.agents``: agent programs instead of envs) has the same shape.
 """
@@ -54,6 +59,7 @@ from turnforge.policy.generate import Generation
 from turnforge.policy.model import Policy
 from turnforge.rollout.actors import Actor, ActorInput
 from turnforge.rollout.context import ContextOverflow, EpisodeContext, PromptSpec, SummaryLimit, check_summary_budget
+from turnforge.rollout.episodic import EpisodicMemory
 from turnforge.types import EnvSnapshot, Task, Trajectory, Turn
 
 
@@ -100,6 +106,8 @@ class RolloutStats:
     summaries: int = 0  # summaries written (rollout.context=summarize)
     summary_tokens: int = 0  # their tokens
     summary_limits: int = 0  # episodes ended by rollout.max_summaries
+    memory_recalls: int = 0  # episodes shown past successes (episodic memory)
+    memory_tokens: int = 0  # their memory blocks' tokens, once per episode
 
 
 @dataclass
@@ -212,6 +220,9 @@ class RolloutEngine:
         self._by_slot: dict[int, Episode] = {}
         self.stats = EngineStats()
         self._seq = 0
+        #: Episodic memory (``turnforge.rollout.episodic``): read at each reset of a token context; the
+        #: trainer adds to it between rounds (None: no memory)
+        self.memory: EpisodicMemory | None = None
         #: Guards the episode tables while a ``GroupStream`` drives the engine from a thread; its
         #: waiters are woken after every round that collected env results.
         self.lock = threading.Condition()
@@ -341,6 +352,8 @@ class RolloutEngine:
             self._finish(ep)
         else:
             if ep.ctx is not None:
+                if r.kind != "step" and self.memory is not None:  # the first observation: recall past successes
+                    ep.ctx.memory = self._memory_ids(ep.observation)
                 try:
                     ep.cut = ep.ctx.observe(ep.observation)
                 except (ContextOverflow, SummaryLimit) as err:
@@ -352,6 +365,17 @@ class RolloutEngine:
                 assert r.after.snapshot is not None, "the env host returned no snapshot"
                 ep.snapshots.append(r.after.snapshot)
             ep.awaiting_action = True
+
+    def _memory_ids(self, observation: str) -> tuple[int, ...]:
+        """The memory block's ids for an episode whose first observation is ``observation``
+        (cut to ``memory.max_tokens`` with the truncation marker)."""
+        assert self.memory is not None and self.policy is not None
+        text = self.memory.block(observation)
+        if not text:
+            return ()
+        ids = self.policy.chat.encode(text)
+        limit = self.memory.cfg.max_tokens
+        return ids if len(ids) <= limit else ids[: limit - len(self.marker)] + self.marker
 
     def _finish(self, ep: Episode) -> None:
         ep.done, ep.awaiting_action = True, False
@@ -486,6 +510,7 @@ class RolloutEngine:
             policy_version=e.min_version if e.min_version is not None else e.actor.version,
             infra_failure=e.failure, resumed_steps=e.resumed_steps,
             snapshots=tuple(e.snapshots[: len(e.turns)]),  # one per played turn (a failed step has none)
+            memory_tokens=len(e.ctx.memory) if e.ctx is not None else 0,
         )
 
     def close(self) -> None:
@@ -506,6 +531,8 @@ def rollout_stats(episodes: Sequence[Episode]) -> RolloutStats:
         summaries=sum(e.ctx.summaries for e in episodes if e.ctx is not None),
         summary_tokens=sum(e.summary_tokens for e in episodes),
         summary_limits=sum(e.reason == "summary_limit" for e in episodes),
+        memory_recalls=sum(bool(e.ctx.memory) for e in episodes if e.ctx is not None),
+        memory_tokens=sum(len(e.ctx.memory) for e in episodes if e.ctx is not None),
     )
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
 import torch
 
 from turnforge.algos import sft_loss
@@ -34,8 +35,16 @@ def run_bc(s: Session) -> BCStats:
     requests = [EpisodeRequest(env.task("train", i), stable_hash(cfg.seed, "demo", i), f"demo-{i}", f"demo-{i}")
                 for i in range(bc.num_demos)]
     #    (all written, failures included; more than max_failure_share of them failing stops the run)
+    #    (with episodic memory that remembers demonstrations, in memory.demo_waves waves: each wave's
+    #    demonstrations enter the memory before the next is played, so BC learns prompts with a memory block)
+    waves = cfg.memory.demo_waves if s.memory is not None and "demo" in cfg.memory.sources and not s.memory.frozen else 1
+    bounds = np.linspace(0, len(requests), waves + 1).astype(int)
+    trajs = []
     with s.progress.activity("bc demonstrations", len(requests)) as advance:
-        trajs, _ = s.engine.play(requests, expert, on_progress=advance)
+        for lo, hi in zip(bounds[:-1], bounds[1:]):
+            got, _ = s.engine.play(requests[lo:hi], expert, on_progress=lambda n, lo=lo: advance(int(lo) + n))
+            s.remember(((t, "demo") for t in got), "bc", 0)
+            trajs += got
     write_trajectories(s.run_dir / "trajectories" / "bc_demos.parquet", trajs, stage="bc", iteration=0)
     failed = check_trajectories("bc", env.env_id, trajs, cfg.max_failure_share, kind="demonstration episodes")
     demos = [t for t in trajs if t.infra_failure is None]

@@ -48,7 +48,8 @@ def evaluate(
     requests = [EpisodeRequest(env.task(split, i), i, f"eval-{i}", f"eval-{split}-{i}") for i in range(episodes)]
     trajectories, _ = engine.play(requests, actor, on_progress=on_progress)
     check_trajectories(stage, env.env_id, trajectories, max_failure_share, kind=f"{split} evaluation episodes")
-    return summarize(env.env_id, split, trajectories, has_tools=bool(env.tools)), trajectories
+    memory = getattr(engine, "memory", None) is not None
+    return summarize(env.env_id, split, trajectories, has_tools=bool(env.tools), memory=memory), trajectories
 
 
 def prefill_cache(policy: Policy, budget_mb: int) -> PrefillCache | None:
@@ -60,10 +61,12 @@ def prefill_cache(policy: Policy, budget_mb: int) -> PrefillCache | None:
     return PrefillCache(budget_mb << 20, policy.version)
 
 
-def summarize(env_id: str, split: str, trajectories: Sequence[Trajectory], has_tools: bool = False) -> EvalResult:
+def summarize(env_id: str, split: str, trajectories: Sequence[Trajectory], has_tools: bool = False,
+              memory: bool = False) -> EvalResult:
     """Aggregate episodes into an ``EvalResult`` (infra failures excluded and counted);
     ``has_tools``: the env offers tools, so the share of episodes that called one (an
-    ``n_tool_calls`` event in any turn) is counted too. Raises ``ValueError`` when no episode is left to score."""
+    ``n_tool_calls`` event in any turn) is counted too; ``memory``: episodic memory was on, so
+    the share of episodes shown a past success is counted. Raises ``ValueError`` when no episode is left to score."""
     ok = [t for t in trajectories if t.infra_failure is None]
     n = len(ok)
     if n == 0:
@@ -79,4 +82,5 @@ def summarize(env_id: str, split: str, trajectories: Sequence[Trajectory], has_t
         mean_turns=actions / n,
         infra_failures=len(trajectories) - n,
         tool_call_rate=sum(any(turn.info.get("n_tool_calls", 0) for turn in t.turns) for t in ok) / n if has_tools else None,
+        memory_recall_rate=sum(t.memory_tokens > 0 for t in ok) / n if memory else None,
     )

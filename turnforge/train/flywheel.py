@@ -206,6 +206,8 @@ def _round(s: Session, st: FlywheelState, guided: RolloutEngine | None, optimize
     if "evolve" in fw.mechanisms:
         _evolve(s, st, plain, unsolved, r)
 
+    remembered = s.remember(played, "flywheel", r)  # episodic memory: the evaluation and later rounds recall them
+
     # 3. filter and route
     params = FilterParams(fw.min_reward, fw.max_length, fw.per_task_cap)
     candidates = [Candidate.of(t, src) for t, src in played if src not in ("guided", "demo")]
@@ -266,6 +268,8 @@ def _round(s: Session, st: FlywheelState, guided: RolloutEngine | None, optimize
         boundary=boundary, awr=awr_stats, anchor=count("anchor"), anchor_live=len(st.anchors.anchors),
         anchor_graduated=st.anchors.graduated, anchor_dropped=st.anchors.dropped,
         anchor_expert_share=st.anchors.expert_share(), anchor_expert_moves=st.anchors.expert_moves,
+        memory_entries=len(s.memory) if s.memory is not None else 0, memory_added=remembered,
+        memory_recalls=sum(1 for t, _ in played if t.memory_tokens),
     )
     s.metrics.log(record, s.state.env_steps)
     s.progress.message(
@@ -279,6 +283,8 @@ def _round(s: Session, st: FlywheelState, guided: RolloutEngine | None, optimize
         + f"; kept {len(kept)} episodes, {rft_samples} samples; "
         + (f"{cfg.flywheel.weighting}: {awr_stats.states} states, {awr_stats.env_steps} restart steps, "
            f"ESS {awr_stats.ess:.2f}; " if awr_stats else "")
+        + (f"memory {record.memory_entries} tasks (+{remembered}), recalled in {record.memory_recalls} episodes; "
+           if s.memory is not None else "")
         + f"held-out success {result.success_rate:.3f}"
     )
     return record

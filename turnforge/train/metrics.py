@@ -182,6 +182,9 @@ class FlywheelRound:
     anchor_expert_share: float | None = None  # mean share of the expert's moves played before the policy's, over the pool
     anchor_expert_moves: int = 0  # expert moves played to find anchor states, so far
     awr: AWRStats | None = None  # flywheel.weighting=mc_awr|group_awr: the round's advantages and weights
+    memory_entries: int = 0  # episodic memory (memory.enabled): tasks remembered after the round
+    memory_added: int = 0  # of them, entered or shortened by this round
+    memory_recalls: int = 0  # the round's episodes shown past successes
     env_steps: int = 0
     time: float = 0.0
 

@@ -38,6 +38,7 @@ from turnforge.errors import RunStopped
 from turnforge.policy.model import Policy
 from turnforge.rollout.actors import PolicyActor
 from turnforge.rollout.engine import EpisodeRequest
+from turnforge.rollout.episodic import EpisodicMemory
 from turnforge.seeding import generator, rng, stable_hash
 from turnforge.train.common import GuardedStep, event_counts, lr_factor
 from turnforge.train.credit import assign_credit, monte_carlo_returns
@@ -112,6 +113,7 @@ def run_rl(
                                    reference=reference, mc=mc)
             write_trajectories(s.run_dir / "trajectories" / f"rl_{it:05d}.parquet", trajs, stage="rl", iteration=it,
                                advantages=credit.per_turn or None)
+            s.remember(((t, "plain") for t in ok), "rl", it)  # episodic memory: the next iteration's episodes recall them
             t_credit = time.time() - t1
 
             # 3. policy update: PPO-clip with rl.loss_agg aggregation, minibatches in a seeded order;
@@ -200,7 +202,7 @@ def run_rl(
             if (it + 1) % cfg.checkpoint_every == 0 or last:
                 s.state.stage = "rl"
                 s.state.wall_seconds = s.wall_seconds()
-                save_resumable(s.run_dir, policy, s.state, training_state(policy, optimizer, critic))
+                save_resumable(s.run_dir, policy, s.state, training_state(policy, optimizer, critic, s.memory))
 
 
 def budget_spent(s: Session) -> bool:
@@ -248,12 +250,14 @@ def pretrain_values(s: Session, critic: Critic) -> ValuePretrainStats:
     return result
 
 
-def training_state(policy: Policy, optimizer: torch.optim.Optimizer, critic: Critic | None) -> TrainingState:
+def training_state(policy: Policy, optimizer: torch.optim.Optimizer | None, critic: Critic | None = None,
+                   memory: EpisodicMemory | None = None) -> TrainingState:
     """What a resumable checkpoint keeps besides the weights."""
     return TrainingState(
-        version=policy.version, optimizer=optimizer.state_dict(),
+        version=policy.version, optimizer=optimizer.state_dict() if optimizer is not None else None,
         critic=critic.model.state_dict() if critic is not None else None,
         critic_optimizer=critic.optimizer.state_dict() if critic is not None else None,
+        memory=memory.state() if memory is not None else None,
     )
 
 

@@ -37,8 +37,8 @@ from turnforge.train.bc import run_bc
 from turnforge.train.flywheel import run_flywheel, write_flywheel_report
 from turnforge.train.metrics import BestTemperature, RunSummary, TemperatureEval, to_json
 from turnforge.train.reporting import final_line, plot_learning_curve, plot_pass_at_k, run_summary, start_name
-from turnforge.train.rl import budget_spent, run_rl
-from turnforge.train.run_dir.checkpoint import TrainingState, save_model, save_resumable
+from turnforge.train.rl import budget_spent, run_rl, training_state
+from turnforge.train.run_dir.checkpoint import save_model, save_resumable
 from turnforge.train.run_dir.session import Session
 from turnforge.train.setup import freeze_bc, make_critic, open_run, preflight, rl_references
 from turnforge.types import EvalResult
@@ -78,7 +78,7 @@ def train(cfg: TrainConfig, out: str | Path, *, resume: bool = False, live: bool
             state.eval_before_rl, state.bc_temperatures = evaluate_start(s, prefills)
             state.boundary_start = s.boundary("start", state.eval_before_rl, prefills)
             state.wall_seconds = s.wall_seconds()
-            save_resumable(run_dir, policy, state, TrainingState(version=policy.version))
+            save_resumable(run_dir, policy, state, training_state(policy, None, memory=s.memory))
 
         # 3. the data flywheel (flywheel.rounds > 0): rounds of collect -> filter -> train -> evaluate
         optimizer = torch.optim.AdamW(trainable_parameters(policy.model), lr=cfg.rl.lr, weight_decay=0.0)
@@ -88,7 +88,7 @@ def train(cfg: TrainConfig, out: str | Path, *, resume: bool = False, live: bool
             state.anchor_moves = rounds[-1].anchor_expert_moves
             state.stage = "flywheel"
             state.wall_seconds = s.wall_seconds()
-            save_resumable(run_dir, policy, state, TrainingState(version=policy.version, optimizer=optimizer.state_dict()))
+            save_resumable(run_dir, policy, state, training_state(policy, optimizer, memory=s.memory))
 
         # 4. the critic (rl.advantage=gae with critic.enabled): the BC policy's trunk plus a
         #    value head, pretrained on Monte-Carlo returns of the BC policy

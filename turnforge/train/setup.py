@@ -36,7 +36,8 @@ from turnforge.policy.lora import ADAPTER_DIR, FrozenBase, add_lora, check_lora_
 from turnforge.policy.model import ChatFormat, Policy, check_model_dir, load_policy
 from turnforge.policy.tiny import build_tiny_model, build_tokenizer, default_corpus, tiny_hf_config
 from turnforge.rollout.context import PromptSpec, check_summary_budget
-from turnforge.rollout.engine import Engine, make_engine
+from turnforge.rollout.engine import Engine, RolloutEngine, make_engine
+from turnforge.rollout.episodic import EpisodicMemory, read_store
 from turnforge.train.checks import check_env_at_start, check_options
 from turnforge.train.metrics import RunSummary, RunWarning, read_summary
 from turnforge.train.reporting import MetricsLog, Progress
@@ -78,6 +79,7 @@ class Checked:
     env: Env | None
     agent_tasks: Any = None  # turnforge.gateway.agents.AgentTasks (agent runs)
     agent_fn: Callable[..., Any] | None = None
+    memory: EpisodicMemory | None = None  # memory.store's (read-only) memory
 
 
 def preflight(cfg: TrainConfig, run_dir: Path, resume: bool) -> Checked:
@@ -88,7 +90,9 @@ def preflight(cfg: TrainConfig, run_dir: Path, resume: bool) -> Checked:
 
         checked = Checked(None, AgentTasks(cfg.agent.tasks, cfg.agent.heldout_fraction), load_agent(cfg.agent.entrypoint))
     else:
-        checked = Checked(build_env(cfg.env.id, cfg.env.kwargs, cfg.env.tasks, cfg.env.heldout_fraction))
+        env = build_env(cfg.env.id, cfg.env.kwargs, cfg.env.tasks, cfg.env.heldout_fraction)
+        stored = read_store(cfg.memory, env.env_id) if cfg.memory.enabled and cfg.memory.store is not None else None
+        checked = Checked(env, memory=stored)
         check_options(cfg, checked.env)
         if cfg.check_env:
             check_env_at_start(cfg)
@@ -172,11 +176,17 @@ def open_run(cfg: TrainConfig, run_dir: Path, checked: Checked, stack: ExitStack
     engine, too_long = _make_engine(cfg, policy, run_dir, checked, stack)
     if training is not None:
         policy.version = training.version
+    memory = None
+    if cfg.memory.enabled and isinstance(engine, RolloutEngine):  # memory.store's, or the run's own (as checkpointed)
+        memory = checked.memory or EpisodicMemory.from_state(cfg.memory, engine.env.env_id,
+                                                             training.memory if training is not None else None)
+        engine.memory = memory
     metrics = MetricsLog(run_dir, keep_until_env_steps=state.env_steps if found else None)
     stack.callback(metrics.close)
     if found is None:
         (run_dir / "metrics.jsonl").write_text("")
-    s = Session(cfg, run_dir, policy, engine, metrics, progress, state, wall_offset=state.wall_seconds, stop=stop)
+    s = Session(cfg, run_dir, policy, engine, metrics, progress, state, wall_offset=state.wall_seconds, stop=stop,
+                memory=memory)
     if found is not None:
         progress.message(f"resuming {run_dir} from {found.path.name}/ at RL iteration {state.iteration} "
                          f"({state.env_steps} env steps)")

@@ -64,6 +64,7 @@ class TrainingState:
     optimizer: dict[str, Any] | None = None  # the policy optimizer's state dict (None before RL)
     critic: dict[str, Any] | None = None  # the learned critic's weights
     critic_optimizer: dict[str, Any] | None = None
+    memory: list[dict[str, Any]] | None = None  # the episodic memory's entries (EpisodicMemory.state)
 
 
 @dataclass(frozen=True)

@@ -5,18 +5,20 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterable
 
 from turnforge.config import TrainConfig
 from turnforge.policy.generate import PrefillCache
 from turnforge.policy.model import Policy
 from turnforge.rollout.engine import Engine, EngineEnv, RolloutEngine
+from turnforge.rollout.episodic import EpisodicMemory
 from turnforge.train.boundary import format_boundary, measure_boundary, plan
 from turnforge.train.evaluate import evaluate, prefill_cache
 from turnforge.train.metrics import BoundaryReport, EvalRecord
 from turnforge.train.reporting import MetricsLog, Progress
 from turnforge.train.run_dir.checkpoint import TrainerState
 from turnforge.train.run_dir.interrupts import Interrupts
-from turnforge.types import EvalResult
+from turnforge.types import EvalResult, Trajectory
 
 
 @dataclass
@@ -32,6 +34,17 @@ class Session:
     wall_offset: float = 0.0  # wall seconds of earlier (interrupted) parts of the run
     rl_started: float | None = None  # time.time() when this process began the RL stage (rl.max_seconds)
     stop: Interrupts | None = None  # SIGINT/SIGTERM handling of the run (None: not handled)
+    memory: EpisodicMemory | None = None  # episodic memory (memory.enabled), the engine's too
+
+    def remember(self, trajectories: Iterable[tuple[Trajectory, str]], stage: str, iteration: int) -> int:
+        """Add a stage's ``(trajectory, source)`` pairs to the episodic memory (its successes of
+        the sources ``memory.sources`` names) and rewrite ``memory.parquet``; returns the entries
+        added or shortened (0 without memory)."""
+        if self.memory is None or self.memory.frozen:
+            return 0
+        changed = self.memory.add(trajectories, stage, iteration)
+        self.memory.write(self.run_dir)
+        return changed
 
     @property
     def stop_requested(self) -> bool:
@@ -76,7 +89,8 @@ class Session:
         self.progress.message(
             f"eval {tag}: success {result.success_rate:.3f}  return {result.mean_return:.2f}  "
             f"invalid {result.invalid_action_rate:.3f}  turns {result.mean_turns:.1f}  "
-            f"{'' if result.tool_call_rate is None else f'tool calls {result.tool_call_rate:.3f}  '}({result.episodes} {e.split} episodes"
+            f"{'' if result.tool_call_rate is None else f'tool calls {result.tool_call_rate:.3f}  '}"
+            f"{'' if result.memory_recall_rate is None else f'shown a memory {result.memory_recall_rate:.2f}  '}({result.episodes} {e.split} episodes"
             f"{'' if temperature == e.temperature else f', T={temperature}'}{failures})"
         )
         return result
