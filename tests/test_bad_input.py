@@ -48,7 +48,17 @@ def checkpoints(tiny_model_dir, tmp_path_factory):
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
     empty = shutil.copytree(tiny_model_dir, root / "empty")
     (empty / "model.safetensors").write_bytes(b"")
-    return {"ckpt": good, "truncated": truncated, "empty": empty}
+    from turnforge.config import MemoryConfig
+    from turnforge.rollout.episodic import EpisodicMemory, MemoryEntry
+
+    memory_empty, memory_frozenlake = root / "memory_empty", root / "memory_frozenlake"
+    memory_empty.mkdir()
+    memory_frozenlake.mkdir()
+    EpisodicMemory(MemoryConfig(enabled=True), "sokoban").write(memory_empty)
+    entry = MemoryEntry("frozenlake:train:0", "t", "rl", 0, "plain", "SFFF", ("Right",))
+    EpisodicMemory(MemoryConfig(enabled=True), "frozenlake", [entry]).write(memory_frozenlake)
+    return {"ckpt": good, "truncated": truncated, "empty": empty, "memory_empty": memory_empty,
+            "memory_frozenlake": memory_frozenlake}
 
 
 # (case id, argv, substring of the one error line). Placeholders: {ckpt}, {truncated}, {empty}
@@ -158,6 +168,19 @@ CASES = [
      "need 330 tokens, above rollout.max_context_tokens=256; set rollout.summary_threshold to at most 146"),
     ("summarize-bc-without-expert-summary", ["train", "rollout.context=summarize", "rollout.max_context_tokens=1024", "--out", "run"],
      "BC demonstrations with rollout.context=summarize (the expert writes the summaries) needs env 'sokoban' to implement expert_summary()"),
+    # episodic memory: a store that is missing, empty or of another env; options that cannot go with it
+    ("memory-store-missing", ["train", "memory.enabled=true", "memory.store={tmp}/a_dir", "--out", "run"],
+     "memory.store={tmp}/a_dir: no memory.parquet there"),
+    ("memory-store-empty", ["train", "memory.enabled=true", "memory.store={memory_empty}", "--out", "run"],
+     "memory.store={memory_empty}: its memory is empty"),
+    ("memory-store-other-env", ["train", "memory.enabled=true", "memory.store={memory_frozenlake}", "--out", "run"],
+     "memory.store={memory_frozenlake} remembers env frozenlake, not 'sokoban'"),
+    ("memory-store-without-memory", ["train", "memory.store=a_dir", "--out", "run"],
+     "memory.store=a_dir is read by episodic memory; set memory.enabled=true"),
+    ("memory-async", ["train", "memory.enabled=true", "engine.mode=async", "--out", "run"],
+     "memory.enabled=true with engine.mode=async"),
+    ("memory-source-unknown", ["train", "memory.sources=[guided]", "--out", "run"],
+     "unknown memory source 'guided'; valid sources: demo, plain, retry, evolved, curriculum, anchor"),
     ("vllm-backend-unknown", ["train", "rollout.backend=sglang", "--out", "run"], "bad value for 'rollout.backend'"),
     # MCP tool servers and judge rewards
     ("mcp-server-does-not-start", ["train", "mcp-tiny", f"env.tasks={MCP_TASKS}", "env.kwargs.server=/usr/bin/false",

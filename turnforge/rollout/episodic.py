@@ -9,7 +9,8 @@ task: its shortest success (ties: the first). Evaluations never add.
 
 What is retrieved: at each reset the engine scores every entry's first observation against the
 episode's first observation with BM25 (``rank_bm25.BM25Plus``: Okapi's idf goes negative for a
-term in more than half of the documents, which every small memory of early training has) and
+term in more than half of the documents, which every small memory of early training has; BM25+'s
+constant lower-bound term is taken off, so a score of 0 means no term in common) and
 shows the ``memory.k`` best with a score above ``memory.min_score``, each as its first
 observation and its valid actions (invalid ones, which changed nothing, are left out). Terms are the words and punctuation marks of an observation, each
 alone and with its line and column: two grid maps match cell by cell, two texts word by word.
@@ -133,7 +134,9 @@ class EpisodicMemory:
         if self._index is None:
             self._entries = self.entries
             self._index = BM25Plus([terms(e.observation) for e in self._entries])
-        scores = self._index.get_scores(terms(observation))
+        query = terms(observation)
+        # BM25+ adds delta * idf(q) for every query term to every document, a constant: without it 0 means no term in common
+        scores = self._index.get_scores(query) - self._index.delta * sum(self._index.idf.get(q, 0.0) for q in query)
         order = np.argsort(-scores, kind="stable")[: self.cfg.k]
         return [self._entries[i] for i in order if scores[i] > self.cfg.min_score]
 
