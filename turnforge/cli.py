@@ -208,7 +208,9 @@ EVAL_HELP = (
     "--pass-at-k N also plays N samples on each of eval.pass_at_k_tasks held-out tasks (at most eval.episodes) at "
     "eval.pass_at_k_temperature (default rollout.temperature) and reports pass@k for k = 1, 2, 4, ... N "
     "(eval.pass_at_k), the never-solved share, distinct successes, entropy and I(A; O) under 'boundary' "
-    "(N >= 64 recommended for benchmarks); on RUN/checkpoints/final with the run's N it repeats the run's boundary_after."
+    "(N >= 64 recommended for benchmarks); on RUN/checkpoints/final with the run's N it repeats the run's boundary_after.\n\n"
+    "A run with episodic memory (memory.enabled) is evaluated with its memory as the run ended (RUN/memory.parquet, "
+    "read-only), or memory.store's."
 )
 
 
@@ -285,7 +287,16 @@ def eval_cmd(
     from turnforge.train.boundary import format_boundary, measure_boundary, plan
     from turnforge.train.evaluate import evaluate, prefill_cache
 
-    build_env(cfg.env.id, cfg.env.kwargs, cfg.env.tasks, cfg.env.heldout_fraction)
+    env = build_env(cfg.env.id, cfg.env.kwargs, cfg.env.tasks, cfg.env.heldout_fraction)
+    memory = None
+    if cfg.memory.enabled:  # the run's episodic memory as it ended (or memory.store's), read-only
+        from turnforge.rollout.episodic import read_store
+
+        store = cfg.memory.store or (str(in_run.parent) if in_run is not None and base == in_run else None)
+        if store is None:
+            raise UserError("memory.enabled=true recalls a run's memory: evaluate a checkpoint inside its run directory, "
+                            "or set memory.store=RUN (or memory.enabled=false)")
+        memory = read_store(cfg.memory.model_copy(update={"store": store}), env.env_id)
     quiet_hf()
     torch.set_num_threads(cfg.threads)
     policy = load_policy(checkpoint, cfg.model.dtype)
@@ -297,6 +308,7 @@ def eval_cmd(
         "history_window": r.history_window, "max_turns": r.max_turns, "max_new_tokens": r.max_new_tokens,
         "max_context_tokens": r.max_context_tokens, "include_instructions": r.include_instructions,
         "prefix_cache": r.prefix_cache,
+        "memory": None if memory is None else {"store": memory.cfg.store, "tasks": len(memory), "k": cfg.memory.k},
         "dtype": cfg.model.dtype, "config": str(base) if base is not None else None,
     }
     for note in notes:
@@ -310,6 +322,7 @@ def eval_cmd(
         settings.update(pass_at_k_samples=measure.samples, pass_at_k_tasks=measure.tasks, pass_at_k=list(measure.ks),
                         pass_at_k_temperature=measure.temperature)
     with closing(make_engine(cfg, policy)) as engine:  # the run's env slots: the same waves give the same numbers
+        engine.memory = memory
         prefills = prefill_cache(policy, e.prefill_cache_mb)
         result, _ = evaluate(engine, policy, episodes=e.episodes, split=e.split, temperature=e.temperature, seed=cfg.seed,
                              prefills=prefills)

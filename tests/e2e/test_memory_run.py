@@ -5,11 +5,13 @@ resumed run retrieving exactly what an uninterrupted one does, and ``memory.stor
 from __future__ import annotations
 
 import hashlib
+import json
+import shutil
 
 import duckdb
 import pyarrow.parquet as pq
 import pytest
-from helpers import TINY_TEST_SHAPE
+from helpers import TINY_TEST_SHAPE, run_main
 
 from transformers import AutoTokenizer
 
@@ -36,7 +38,7 @@ def _sha(path) -> str:
     return hashlib.sha256((path / "model.safetensors").read_bytes()).hexdigest()
 
 
-def test_memory_run_recalls_its_own_successes_and_resumes_exactly(tmp_path):
+def test_memory_run_recalls_its_own_successes_and_resumes_exactly(tmp_path, monkeypatch, capsys):
     out = tmp_path / "run"
     summary = train(load_config("sokoban-tiny", FAST), out, live=False)
     memory = pq.read_table(out / "memory.parquet").to_pylist()
@@ -60,6 +62,16 @@ def test_memory_run_recalls_its_own_successes_and_resumes_exactly(tmp_path):
     assert _sha(other / "checkpoints" / "final") == _sha(out / "checkpoints" / "final")
     assert pq.read_table(other / "memory.parquet").to_pylist() == memory
     assert resumed.eval_after_rl == read_summary(out).eval_after_rl
+    # `turnforge eval` of the final checkpoint recalls from the run's memory: the run's final evaluation, exactly
+    code, _, err = run_main(["eval", out / "checkpoints" / "final", "--out", tmp_path / "eval.json"], tmp_path, monkeypatch, capsys)
+    assert code == 0, err
+    evaluated = json.loads((tmp_path / "eval.json").read_text())
+    assert evaluated["settings"]["memory"] == {"store": str(out), "tasks": len(memory), "k": 1}
+    assert {k: evaluated[k] for k in ("success_rate", "mean_return", "mean_turns", "memory_recall_rate")} == {
+        k: getattr(summary.eval_after_rl, k) for k in ("success_rate", "mean_return", "mean_turns", "memory_recall_rate")}
+    elsewhere = shutil.copytree(out / "checkpoints" / "final", tmp_path / "elsewhere")  # no run directory around it
+    code, _, err = run_main(["eval", elsewhere, "--config", out / "config.yaml"], tmp_path, monkeypatch, capsys)
+    assert code == 2 and "memory.enabled=true recalls a run's memory: evaluate a checkpoint inside its run directory" in err
     # another run retrieves from this one's memory, read-only
     reader = tmp_path / "reader"
     train(load_config("sokoban-tiny", [*FAST, f"memory.store={out}", "flywheel.rounds=0", "rl.iterations=1"]), reader,
