@@ -3,7 +3,6 @@ fault injection (killed and hung env workers), Ray scale-out, bad input."""
 
 from __future__ import annotations
 
-import json
 
 import pyarrow.parquet as pq
 import pytest

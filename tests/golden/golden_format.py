@@ -13,7 +13,6 @@ import json
 import math
 from pathlib import Path
 
-import numpy as np
 
 TINY = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1}
 

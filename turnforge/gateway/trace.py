@@ -97,7 +97,7 @@ def compile_trace(calls: list[CallRecord], trajectory_id: str) -> CompiledTrace:
     samples: list[Sample] = []
     splits: list[Split] = []
     cur: _Builder | None = None
-    first_call = 0
+    first_call = cur_calls = 0
     for call in sorted(calls, key=lambda c: c.index):
         if len(call.completion_ids) != len(call.logprobs):
             raise ValueError(f"call {call.index}: {len(call.completion_ids)} completion ids but {len(call.logprobs)} logprobs")

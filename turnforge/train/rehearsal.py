@@ -31,7 +31,6 @@ import torch
 from turnforge.algos import masked_mean
 from turnforge.errors import RunStopped
 from turnforge.policy.generate import token_logprobs
-from turnforge.policy.model import Policy
 from turnforge.rollout.actors import PolicyActor
 from turnforge.rollout.engine import EpisodeRequest
 from turnforge.seeding import generator, rng, stable_hash
