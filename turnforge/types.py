@@ -100,6 +100,10 @@ class Sample:
     the first). ``first_turn`` is the episode turn of the sample's first action, and the last
     ``summary_tokens`` tokens of a segment that ends in a summary are that summary (as
     sampled; the next segment holds a copy of them as context).
+
+    Episodic memory (``memory.enabled``): ``token_ids[memory_start : memory_start +
+    memory_tokens]`` is the block of recalled past successes in the sample's prompt (context,
+    loss mask 0; ``memory_tokens`` 0 when none was shown).
     """
 
     token_ids: np.ndarray  # [T] int64
@@ -112,6 +116,8 @@ class Sample:
     parent_segment: int = -1
     first_turn: int = 0  # turn of the first action in a sample of several turns
     summary_tokens: int = 0  # trailing tokens that are the segment's summary (0: none)
+    memory_start: int = 0  # where the episodic-memory block starts in token_ids
+    memory_tokens: int = 0  # its length (0: no memory shown)
 
     def __post_init__(self) -> None:
         check_alignment(self.token_ids, self.loss_mask, self.logprobs, self.versions, where=self.trajectory_id)

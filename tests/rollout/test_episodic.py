@@ -10,6 +10,7 @@ import torch
 from helpers import inline_engine
 
 from turnforge.config import MemoryConfig, RolloutConfig
+from turnforge.data.store import read_trajectories, write_trajectories
 from turnforge.errors import UserError
 from turnforge.policy.generate import pad_right, token_logprobs
 from turnforge.rollout.actors import PolicyActor
@@ -72,7 +73,7 @@ def test_render_shows_each_success_then_the_task():
 
 
 @pytest.mark.parametrize("context", ["window", "full_history", "summarize"])
-def test_the_block_opens_every_prompt_as_context_and_samples_rescore(any_policy, context):
+def test_the_block_opens_every_prompt_as_context_and_samples_rescore(any_policy, context, tmp_path):
     cfg = RolloutConfig(context=context, history_window=1, max_turns=6, max_new_tokens=3, max_context_tokens=400,
                         summary_threshold=120, summary_max_tokens=6, max_summaries=10)
     engine = inline_engine(any_policy, "test-echo", cfg, 3, episode_len=5, max_obs_words=12)
@@ -91,6 +92,11 @@ def test_the_block_opens_every_prompt_as_context_and_samples_rescore(any_policy,
         start = tuple(x.token_ids[: len(head) + len(block)].tolist())
         assert start == tuple(head) + block
         assert not x.loss_mask[: len(head) + len(block)].any()
+        assert (x.memory_start, x.memory_tokens) == (len(head), len(block))  # the span the store and the viewer show
+    write_trajectories(tmp_path / "t.parquet", trajs, stage="rl", iteration=0)
+    rows = read_trajectories(tmp_path / "t.parquet").to_pylist()
+    assert [(r["memory_start"], r["memory_tokens"]) for r in rows] == [(len(head), len(block))] * len(samples)
+    assert all(tuple(r["token_ids"][r["memory_start"]: r["memory_start"] + r["memory_tokens"]]) == block for r in rows)
     ids, attn = pad_right([x.token_ids for x in samples], any_policy.pad_id)
     with torch.no_grad():
         lp, _ = token_logprobs(any_policy.model, ids, attn)
@@ -107,7 +113,7 @@ def test_an_empty_memory_changes_nothing(tiny_policy):
     with_memory.memory = EpisodicMemory(MemoryConfig(enabled=True), "test-echo")
     a, _ = plain.play(reqs(plain), PolicyActor(tiny_policy, 3, 1.0, torch.Generator().manual_seed(1)))
     b, stats = with_memory.play(reqs(with_memory), PolicyActor(tiny_policy, 3, 1.0, torch.Generator().manual_seed(1)))
-    assert stats.memory_recalls == 0
+    assert stats.memory_recalls == 0 and not any(x.memory_tokens for t in b for x in t.samples)
     assert [x.token_ids.tolist() for t in a for x in t.samples] == [x.token_ids.tolist() for t in b for x in t.samples]
 
 

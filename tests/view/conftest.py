@@ -133,12 +133,21 @@ def page(browser):
 @pytest.fixture(scope="session")
 def segment_run(tmp_path_factory, tiny_model_dir) -> Path:
     """A tiny RL run with ``rollout.context=summarize`` on the echo env, its threshold low enough
-    that every episode has several segments, each but the last ending in the policy's summary."""
+    that every episode has several segments, each but the last ending in the policy's summary;
+    episodic memory recalls from a store of one success (every echo observation shares a word
+    with it), so every segment opens with a memory block."""
     def make(path: Path) -> None:
-        from turnforge.config import load_config
+        from turnforge.config import MemoryConfig, load_config
+        from turnforge.rollout.episodic import EpisodicMemory, MemoryEntry
         from turnforge.train.run import train
 
+        store = path.parent / f"{path.name}-memory"
+        store.mkdir(exist_ok=True)
+        words = "the box wall floor target up down left right # _ . $ @ 2 4 8 16 hole goal"  # test-echo's words
+        EpisodicMemory(MemoryConfig(enabled=True), "test-echo",
+                       [MemoryEntry("test-echo:train:0", "t", "rl", 0, "plain", words, ("up",))]).write(store)
         train(load_config("sokoban-tiny", [
+            "memory.enabled=true", f"memory.store={store}", "memory.max_tokens=24",
             "env.id=test-echo", "env.kwargs={episode_len: 8, max_obs_words: 8}", "check_env=false", "bc.enabled=false",
             "flywheel.rounds=0", "eval.bc_temperatures=[]", "eval.pass_at_k_samples=0", "eval.episodes=2",
             "rollout.context=summarize", "rollout.max_turns=8", "rollout.max_context_tokens=256",

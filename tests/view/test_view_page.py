@@ -209,7 +209,7 @@ def test_served_page_pages_the_same_data(page, browser, served, page_file, view_
     page.screenshot(path=str(tmp_path / "served.png"), full_page=True)
 
 
-def test_segments_and_their_summaries_are_shown(page, segment_run, tmp_path):
+def test_segments_their_summaries_and_memory_are_shown(page, segment_run, tmp_path):
     out = build([segment_run], tmp_path / "segments.html")
     row = duck(segment_run, "SELECT trajectory_id, count(*) AS n, sum(summary_tokens) AS summary FROM samples "
                             "WHERE stage = 'rl' AND iteration = 0 GROUP BY trajectory_id ORDER BY n DESC, trajectory_id LIMIT 1")[0]
@@ -218,4 +218,8 @@ def test_segments_and_their_summaries_are_shown(page, segment_run, tmp_path):
     heads = page.locator("[data-testid=segment]").all_inner_texts()
     assert len(heads) == row["n"] and heads[0].startswith("segment 0 · from turn 0") and "(continues 0)" in heads[1]
     assert page.locator(".tok.summary").count() == row["summary"]
+    memory = duck(segment_run, "SELECT memory_tokens FROM samples WHERE trajectory_id = ? AND stage = 'rl'", [row["trajectory_id"]])
+    assert len(memory) == row["n"] and all(0 < m["memory_tokens"] <= 24 for m in memory)  # the recalled block, in every segment
+    assert page.locator(".tok.memory").count() == sum(m["memory_tokens"] for m in memory)
+    assert page.locator("[data-testid=memory]").first.inner_text().startswith("recalled memory")
     check_trajectory(page, segment_run, "rl", 0, row["trajectory_id"])

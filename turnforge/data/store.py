@@ -4,7 +4,8 @@ One row per *sample* (the trainer's unit): with the ``window`` context a traject
 has one sample per turn, with ``full_history`` exactly one, with ``summarize`` one per
 segment (``segment_index`` 0, 1, ..., ``parent_segment`` the one it continues, -1 for the
 first; ``first_turn`` the turn of its first action; its last ``summary_tokens`` tokens are the
-summary that ended it, 0 for the last segment). Episode-level columns
+summary that ended it, 0 for the last segment; ``token_ids[memory_start : memory_start +
+memory_tokens]`` is the episodic-memory block in its prompt, 0 tokens without memory). Episode-level columns
 (``reward``, ``success``, ``num_turns``, ...) repeat on each row of a trajectory;
 ``turn_index`` is -1 for samples of several turns. ``logprobs`` is null where no policy
 sampled the token (context tokens, expert demonstrations).
@@ -67,6 +68,8 @@ SCHEMA = pa.schema(
         ("parent_segment", pa.int32()),
         ("first_turn", pa.int32()),
         ("summary_tokens", pa.int32()),
+        ("memory_start", pa.int32()),
+        ("memory_tokens", pa.int32()),
         ("token_ids", pa.list_(pa.int32())),
         ("logprobs", pa.list_(pa.float32())),
         ("loss_mask", pa.list_(pa.int8())),
@@ -88,6 +91,9 @@ SCHEMA = pa.schema(
         ("verifier_reward", pa.float32()),
     ]
 )
+
+#: Per-sample integer columns copied from ``Sample`` attributes of the same name.
+SAMPLE_SPANS: tuple[str, ...] = ("segment_index", "parent_segment", "first_turn", "summary_tokens", "memory_start", "memory_tokens")
 
 #: Where an episode came from: the values of the ``source`` column.
 SOURCES: tuple[str, ...] = ("demo", "plain", "retry", "guided", "curriculum", "anchor", "evolved", "replay")
@@ -132,7 +138,7 @@ def write_trajectories(
             rows["group_id"].append(traj.group_id)
             rows["env_seed"].append(traj.env_seed)
             rows["turn_index"].append(turn_index)
-            for name in ("segment_index", "parent_segment", "first_turn", "summary_tokens"):
+            for name in SAMPLE_SPANS:
                 rows[name].append(None if s is None else getattr(s, name))
             rows["token_ids"].append(None if s is None else s.token_ids.tolist())
             lp = None if s is None else s.logprobs.astype(np.float64)

@@ -259,7 +259,16 @@ class EpisodeContext:
             parent_segment=k - 1,
             first_turn=self._segment_first_turn,
             summary_tokens=summary_tokens,
+            **self._memory_span(),
         )
+
+    def _memory_span(self) -> dict[str, int]:
+        """``Sample.memory_start`` / ``memory_tokens``: the block follows the opening of the first
+        user message in every prompt (window, full history, each segment)."""
+        if not self.memory:
+            return {}
+        head, _ = self.chat.start(self.spec.system, self.spec.tools, self.spec.examples, self.spec.observation_role)
+        return {"memory_start": len(head), "memory_tokens": len(self.memory)}
 
     def _window_prompt(self, turns, content: tuple[int, ...]) -> tuple[int, ...]:
         """The window's first observation goes in the first user message (a tool result as
@@ -332,6 +341,7 @@ class EpisodeContext:
                     versions=np.asarray([-1] * n + [ver] * len(ids), dtype=np.int32),
                     trajectory_id=self.trajectory_id,
                     turn_index=len(self._turns),
+                    **self._memory_span(),
                 )
             )
             self._turns.append((self._obs_ids, action))
@@ -352,6 +362,7 @@ class EpisodeContext:
                     versions=np.asarray(self._versions, dtype=np.int32),
                     trajectory_id=self.trajectory_id,
                     turn_index=-1,
+                    **self._memory_span(),
                 )
             ]
         return self.samples

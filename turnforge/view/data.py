@@ -32,6 +32,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from turnforge.data.query import TrajectoryStore
+from turnforge.data.store import SAMPLE_SPANS
 from turnforge.errors import UserError
 from turnforge.view.records import (BrowseQuery, Detail, GroupPage, Overview, SampleTokens, StageStats, Table,
                                     TokenArrays, Totals, TrajectoryDetail, json_value)
@@ -83,7 +84,8 @@ _ORDER = {"run": "ord", "spread": "best - worst DESC NULLS LAST, ord", "best": "
           "worst": "worst ASC NULLS LAST, ord"}
 
 _SEGMENT = ("coalesce(segment_index, 0) AS segment_index, coalesce(parent_segment, -1) AS parent_segment, "
-            "coalesce(first_turn, 0) AS first_turn, coalesce(summary_tokens, 0) AS summary_tokens")
+            "coalesce(first_turn, 0) AS first_turn, coalesce(summary_tokens, 0) AS summary_tokens, "
+            "coalesce(memory_start, 0) AS memory_start, coalesce(memory_tokens, 0) AS memory_tokens")
 _SAMPLES = f"""
 SELECT trajectory_id, turn_index, action_text, turn_reward, advantage, token_ids, logprobs, loss_mask, versions, {_SEGMENT}
 FROM ({{src}}) WHERE token_ids IS NOT NULL AND stage = ? AND iteration = ? AND trajectory_id IN ({{ids}})
@@ -281,7 +283,7 @@ class RunView:
                 env_seed=x.get("env_seed"),
                 samples=[SampleTokens(s["turn_index"], s["action_text"], json_value(s["turn_reward"]), json_value(s["advantage"]),
                                       s["token_ids"], [json_value(v, 5) for v in s["logprobs"]], s["loss_mask"], s["versions"],
-                                      s["segment_index"], s["parent_segment"], s["first_turn"], s["summary_tokens"])
+                                      *(s[name] for name in SAMPLE_SPANS))
                          for s in mine],
                 splits=splits.get(tid, [])))
         return self._with_pieces(out, used)
@@ -330,7 +332,7 @@ class RunView:
             ids=tokens.flatten().to_numpy().astype(np.int32), logprobs=flat("logprobs", np.float32, float("nan")),
             mask=flat("loss_mask", np.int8, 0), versions=flat("versions", np.int32, -1),
             **{name: t.column(name).to_numpy().astype(np.int32)
-               for name in ("segment_index", "parent_segment", "first_turn", "summary_tokens")})
+               for name in SAMPLE_SPANS})
 
     def splits(self) -> dict[str, list[dict[str, Any]]]:
         """``RUN/gateway_splits.jsonl`` by rollout (trajectory id); a line that does not parse

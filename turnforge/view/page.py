@@ -20,6 +20,7 @@ from typing import Sequence
 
 import numpy as np
 
+from turnforge.data.store import SAMPLE_SPANS
 from turnforge.view.data import RunView
 from turnforge.view.records import to_jsonable
 
@@ -69,7 +70,7 @@ def run_document(run: RunView) -> tuple[dict, dict[str, np.ndarray]]:
         "samples": {"episode": arrays.episode.tolist(), "turn_index": arrays.turn_index.tolist(),
                     "action_text": arrays.action_text, "turn_reward": arrays.turn_reward, "advantage": arrays.advantage,
                     "start": arrays.start.tolist(), "length": arrays.length.tolist(),
-                    **{k: getattr(arrays, k).tolist() for k in ("segment_index", "parent_segment", "first_turn", "summary_tokens")}},
+                    **{k: getattr(arrays, k).tolist() for k in SAMPLE_SPANS}},
         "pieces": pieces,
         "special": special,
         "splits": run.splits(),

@@ -203,6 +203,8 @@ class SampleTokens:
     parent_segment: int = -1
     first_turn: int = 0
     summary_tokens: int = 0  # trailing tokens that are the summary that ended the segment
+    memory_start: int = 0  # episodic memory: ids[memory_start : memory_start + memory_tokens] is the recalled block
+    memory_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -247,6 +249,8 @@ class TokenArrays:
     parent_segment: np.ndarray  # [S] int32
     first_turn: np.ndarray  # [S] int32
     summary_tokens: np.ndarray  # [S] int32
+    memory_start: np.ndarray  # [S] int32
+    memory_tokens: np.ndarray  # [S] int32 (0 where no memory was shown)
 
 
 def json_value(value: Any, digits: int = 7) -> Any:

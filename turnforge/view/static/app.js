@@ -210,7 +210,8 @@ class FileSource {
           turn_reward: r.samples.turn_reward[s], advantage: r.samples.advantage[s], ids: r.ids.subarray(a, b),
           logprobs: r.logprobs.subarray(a, b), mask: r.mask.subarray(a, b), versions: r.versions.subarray(a, b),
           segment_index: r.samples.segment_index[s], parent_segment: r.samples.parent_segment[s],
-          first_turn: r.samples.first_turn[s], summary_tokens: r.samples.summary_tokens[s] });
+          first_turn: r.samples.first_turn[s], summary_tokens: r.samples.summary_tokens[s],
+          memory_start: r.samples.memory_start[s], memory_tokens: r.samples.memory_tokens[s] });
       }
       return { episode: this.row(r, i), judge_prompt: E.judge_prompt[i], judge_output: E.judge_output[i],
         turn_advantages: E.turn_advantages[i], env_seed: E.env_seed[i], samples, splits: r.splits[E.trajectory_id[i]] || [] };
@@ -718,6 +719,7 @@ function tokenHtml(s, texts, mode, adv, maxAdv) {
     let text = t.text, cls = "tok " + (m ? "act" : "ctx");
     if (t.special) cls += " special";
     if (k >= s.ids.length - (s.summary_tokens || 0)) cls += " summary";
+    if (k >= s.memory_start && k < s.memory_start + (s.memory_tokens || 0)) cls += " memory";
     if (text === "") { cls += " partial"; text = "·"; }
     const shown = t.special ? esc(text) : visible(esc(text));
     parts.push(`<span class="${cls}" data-k="${k}" data-id="${s.ids[k]}" style="${bg}" title="${esc(title)}">${shown}</span>`);
@@ -783,6 +785,7 @@ async function viewTrajectory(params) {
       : "whole episode";
     const head = el("div", { class: "th", "data-testid": segmented ? "segment" : null }, el("b", {}, what),
       s.summary_tokens > 0 ? el("span", { class: "muted" }, `ends with its summary (${s.summary_tokens} tokens, outlined)`) : null,
+      s.memory_tokens > 0 ? el("span", { class: "muted", "data-testid": "memory" }, `recalled memory: ${s.memory_tokens} tokens, underlined`) : null,
       s.action_text !== null ? el("span", {}, "action ", el("code", {}, JSON.stringify(s.action_text))) : null,
       s.turn_reward !== null ? el("span", {}, `turn reward ${num(s.turn_reward, 4)}`) : null,
       el("span", {}, `advantage ${num(s.advantage, 4)}`), el("span", { class: "muted" }, `${s.ids.length} tokens, ${trained} trained`),
