@@ -57,16 +57,25 @@ def checkpoints(tiny_model_dir, tmp_path_factory):
     EpisodicMemory(MemoryConfig(enabled=True), "sokoban").write(memory_empty)
     entry = MemoryEntry("frozenlake:train:0", "t", "rl", 0, "plain", "SFFF", ("Right",))
     EpisodicMemory(MemoryConfig(enabled=True), "frozenlake", [entry]).write(memory_frozenlake)
+    # merge: a model lacking a parameter (another architecture) and one with another chat template
+    from safetensors.torch import load_file, save_file
+
+    other_arch = shutil.copytree(tiny_model_dir, root / "other_arch")
+    weights = load_file(str(other_arch / "model.safetensors"))
+    weights.pop("model.norm.weight")
+    save_file(weights, str(other_arch / "model.safetensors"), metadata={"format": "pt"})
+    other_template = shutil.copytree(tiny_model_dir, root / "other_template")
+    (other_template / "chat_template.jinja").write_text("{# another template #}" + (other_template / "chat_template.jinja").read_text())
     return {"ckpt": good, "truncated": truncated, "empty": empty, "memory_empty": memory_empty,
-            "memory_frozenlake": memory_frozenlake}
+            "memory_frozenlake": memory_frozenlake, "other_arch": other_arch, "other_template": other_template}
 
 
 # (case id, argv, substring of the one error line). Placeholders: {ckpt}, {truncated}, {empty}
 # (checkpoints), {tmp} (the working directory, which holds existing.json, file.txt, a_dir/).
 CASES = [
     # the command line itself
-    ("no-command", [], "give a command: train, flywheel, recipes, envs, check-env, eval, tiny-model, serve, data, view, model"),
-    ("unknown-command", ["nope"], "no such command 'nope'; valid commands: train, flywheel, recipes, envs, check-env, eval, tiny-model, serve, data, view, model"),
+    ("no-command", [], "give a command: train, flywheel, recipes, envs, check-env, eval, tiny-model, serve, merge, data, view, model"),
+    ("unknown-command", ["nope"], "no such command 'nope'; valid commands: train, flywheel, recipes, envs, check-env, eval, tiny-model, serve, merge, data, view, model"),
     ("unknown-flag-eval", ["eval", "{ckpt}", "--bogus"], "no such option: --bogus"),
     ("unknown-flag-train", ["train", "--bogus"], "no such option: --bogus"),
     ("unknown-flag-check-env", ["check-env", "sokoban", "--bogus"], "no such option: --bogus"),
@@ -181,6 +190,30 @@ CASES = [
      "memory.enabled=true with engine.mode=async"),
     ("memory-source-unknown", ["train", "memory.sources=[guided]", "--out", "run"],
      "unknown memory source 'guided'; valid sources: demo, plain, retry, evolved, curriculum, anchor"),
+    # turnforge merge
+    ("merge-method-unknown", ["merge", "{ckpt}", "{ckpt}", "--method", "soup", "--out", "m"],
+     "unknown merge method 'soup'; valid methods: linear, slerp, task_arithmetic, ties, dare, ram"),
+    ("merge-one-checkpoint", ["merge", "{ckpt}", "--out", "m"], "--method linear needs at least 2 checkpoints, got 1"),
+    ("merge-slerp-three", ["merge", "{ckpt}", "{ckpt}", "{ckpt}", "--method", "slerp", "--out", "m"],
+     "--method slerp interpolates exactly 2 checkpoints, got 3; use linear for more"),
+    ("merge-ties-without-base", ["merge", "{ckpt}", "{ckpt}", "--method", "ties", "--out", "m"],
+     "--method ties merges task vectors (checkpoint - base): give --base INIT"),
+    ("merge-weights-count", ["merge", "{ckpt}", "{ckpt}", "--weights", "0.2,0.3,0.5", "--out", "m"],
+     "--weights has 3 values for 2 checkpoints; give one per checkpoint"),
+    ("merge-weights-sum", ["merge", "{ckpt}", "{ckpt}", "--weights", "0.5,0.6", "--out", "m"],
+     "--method linear needs non-negative weights that sum to 1, got [0.5, 0.6]"),
+    ("merge-weights-text", ["merge", "{ckpt}", "{ckpt}", "--weights", "half,half", "--out", "m"],
+     "--weights 'half,half': give comma-separated numbers"),
+    ("merge-density", ["merge", "{ckpt}", "{ckpt}", "--base", "{ckpt}", "--method", "dare", "--density", "0", "--out", "m"],
+     "--density 0 is outside (0, 1]"),
+    ("merge-missing", ["merge", "{ckpt}", "{tmp}/nope", "--out", "m"], "checkpoint 2 ('{tmp}/nope') does not exist"),
+    ("merge-truncated", ["merge", "{ckpt}", "{truncated}", "--out", "m"],
+     "checkpoint 2 ('{truncated}'): {truncated}/model.safetensors cannot be read as safetensors"),
+    ("merge-architectures", ["merge", "{ckpt}", "{other_arch}", "--out", "m"],
+     "checkpoint 2 ('{other_arch}') and checkpoint 1 ('{ckpt}') have different architectures: checkpoint 2 ('{other_arch}') lacks 'model.norm.weight'"),
+    ("merge-templates", ["merge", "{ckpt}", "{other_template}", "--out", "m"],
+     "checkpoint 2 ('{other_template}') and checkpoint 1 ('{ckpt}') have different tokenizers or chat templates"),
+    ("merge-out-not-empty", ["merge", "{ckpt}", "{ckpt}", "--out", "{tmp}"], "--out '{tmp}' is not empty; give a new directory"),
     ("vllm-backend-unknown", ["train", "rollout.backend=sglang", "--out", "run"], "bad value for 'rollout.backend'"),
     # MCP tool servers and judge rewards
     ("mcp-server-does-not-start", ["train", "mcp-tiny", f"env.tasks={MCP_TASKS}", "env.kwargs.server=/usr/bin/false",

@@ -1,4 +1,4 @@
-"""The ``turnforge`` command line: train, eval, recipes, envs, check-env, tiny-model, data, view.
+"""The ``turnforge`` command line: train, eval, recipes, envs, check-env, tiny-model, merge, data, view.
 
 How a command ends (``main``):
 
@@ -41,7 +41,7 @@ from rich.table import Column, Table
 
 from turnforge import errors
 from turnforge.errors import Interrupted, RunStopped, UserError, choices
-from turnforge.paths import check_out_dir, check_out_file, write_json
+from turnforge.paths import check_out_dir, check_out_file, run_config_of, write_json
 
 app = typer.Typer(
     add_completion=False,
@@ -190,13 +190,6 @@ def check_env_cmd(
     console.print(f"{env_id}: ok ({', '.join(report.checks)})", highlight=False, soft_wrap=True)
 
 
-def _run_config_of(checkpoint: Path) -> Path | None:
-    """RUN/config.yaml for a checkpoint at RUN/checkpoints/<name>/, else None."""
-    ckpt = checkpoint.resolve()
-    run_cfg = ckpt.parent.parent / "config.yaml"
-    return run_cfg if ckpt.parent.name == "checkpoints" and run_cfg.is_file() else None
-
-
 EVAL_HELP = (
     "Evaluate a checkpoint; prints the eval dict and writes it as JSON.\n\n"
     "A checkpoint inside a run directory (RUN/checkpoints/<name>/ next to RUN/config.yaml) is evaluated with "
@@ -240,7 +233,7 @@ def eval_cmd(
         raise UserError(f"unknown split {split!r}; valid splits: 'heldout', 'train'")
     if not checkpoint.exists():
         raise UserError(f"model path {str(checkpoint)!r} does not exist; give a local directory saved with save_pretrained")
-    in_run = _run_config_of(checkpoint)
+    in_run = run_config_of(checkpoint)
     base = config if config is not None else in_run
     if config is not None:
         _check_readable(config, "--config")
@@ -279,13 +272,11 @@ def eval_cmd(
         check_out_file(path, "output file", refuse_existing=False)
 
     # 3. env (a bad id or option fails before the model loads), model, engine sized as train() sizes it
-    import torch
-
     from turnforge.envs.registry import build_env
-    from turnforge.policy.model import load_policy, quiet_hf
+    from turnforge.policy.model import quiet_hf
     from turnforge.rollout.engine import make_engine
     from turnforge.train.boundary import format_boundary, measure_boundary, plan
-    from turnforge.train.evaluate import evaluate, prefill_cache
+    from turnforge.train.evaluate import evaluate, load_for_eval, prefill_cache
 
     env = build_env(cfg.env.id, cfg.env.kwargs, cfg.env.tasks, cfg.env.heldout_fraction)
     memory = None
@@ -298,10 +289,8 @@ def eval_cmd(
                             "or set memory.store=RUN (or memory.enabled=false)")
         memory = read_store(cfg.memory.model_copy(update={"store": store}), env.env_id)
     quiet_hf()
-    torch.set_num_threads(cfg.threads)
-    policy = load_policy(checkpoint, cfg.model.dtype)
+    policy = load_for_eval(cfg, checkpoint)  # as the run samples
     r = cfg.rollout
-    policy.prefix_cache, policy.kv_cache_gib = r.prefix_cache, r.kv_cache_gib  # as the run samples
     settings = {
         "env": cfg.env.id, "env_kwargs": dict(cfg.env.kwargs), "env_tasks": cfg.env.tasks, "split": e.split,
         "episodes": e.episodes, "temperature": e.temperature, "seed": cfg.seed, "context": r.context,
@@ -405,6 +394,93 @@ def import_gguf_cmd(
     quiet_hf()
     import_gguf(gguf_file, out, log=lambda line: print(line, file=sys.stderr, flush=True))
     console.print(f"saved {gguf_file.name} as an HF model directory: {out}  (use model.path={out})")
+
+
+MERGE_HELP = (
+    "Merge checkpoints of one architecture and tokenizer into a new HF model directory (sealed like a checkpoint, "
+    "with merge.json).\n\nMethods: linear (weighted average, weights summing to 1), slerp (2 checkpoints, t = the "
+    "second weight), task_arithmetic, ties, dare, ram (task vectors against --base: the model the checkpoints were "
+    "trained from, e.g. RUN/base_model). A LoRA adapter directory is read merged into --base. With --base the "
+    "command prints each checkpoint's task-vector sparsity.\n\n"
+    "--toward init interpolates one checkpoint toward --base (its start weights). --sweep N merges at N weights "
+    "(1 - t, t), t from 0 to 1, into OUT/t=<t>/ and evaluates each on the env of every checkpoint (from its run's "
+    "config.yaml, --episodes held-out episodes): OUT/sweep.md, sweep.json, sweep.png.\n\n"
+    "Example: turnforge merge runs/a/checkpoints/final runs/b/checkpoints/final --base runs/a/base_model --method ram --out merged"
+)
+
+
+@app.command("merge", help=MERGE_HELP)
+def merge_cmd(
+    checkpoints: List[Path] = typer.Argument(..., metavar="CKPT...", help="HF model or LoRA adapter directories"),
+    out: Path = typer.Option(..., "--out", help="New directory for the merged model (with --sweep: for the models and the report)"),
+    method: str = typer.Option("linear", "--method", help="linear, slerp, task_arithmetic, ties, dare or ram"),
+    base: Optional[Path] = typer.Option(None, "--base", help="The model the checkpoints were trained from (task-vector methods, adapters, --toward)"),
+    weights: Optional[str] = typer.Option(None, "--weights", help="Comma-separated, one per checkpoint (default: equal for linear/slerp, 1.0 each otherwise)"),
+    density: float = typer.Option(0.2, "--density", help="ties, dare: the share of each task vector kept"),
+    eps: float = typer.Option(0.0, "--eps", help="ram: |delta| above this counts as a change"),
+    seed: int = typer.Option(0, "--seed", help="dare: the drop masks' seed"),
+    toward: Optional[str] = typer.Option(None, "--toward", help="'init': interpolate the one checkpoint toward --base"),
+    sweep: Optional[int] = typer.Option(None, "--sweep", help="Merge at N weights (1 - t, t), t = 0 .. 1, and evaluate each"),
+    episodes: int = typer.Option(200, "--episodes", min=1, help="--sweep: held-out episodes per model and env"),
+) -> None:
+    from turnforge.merge.methods import METHODS, MergeSpec, check_spec, default_weights
+
+    if method not in METHODS:
+        raise UserError(f"unknown merge method {method!r}; valid methods: {', '.join(METHODS)}")
+    labels = [f"checkpoint {i + 1} ({str(p)!r})" for i, p in enumerate(checkpoints)]
+    if toward is not None:
+        if toward != "init":
+            raise UserError(f"--toward {toward!r}: the only valid value is 'init' (interpolate toward --base)")
+        if base is None:
+            raise UserError("--toward init interpolates a checkpoint toward its start weights: give --base INIT (e.g. RUN/base_model)")
+        if len(checkpoints) != 1:
+            raise UserError(f"--toward init takes one checkpoint, got {len(checkpoints)}")
+        if method not in ("linear", "slerp"):
+            raise UserError(f"--toward init interpolates with linear or slerp, not --method {method}")
+        checkpoints, labels, base = [checkpoints[0], base], [labels[0], f"--base ({str(base)!r})"], None
+    if sweep is not None:
+        if sweep < 2:
+            raise UserError(f"--sweep {sweep}: give at least 2 points (t = 0 and 1)")
+        if len(checkpoints) != 2:
+            raise UserError(f"--sweep mixes 2 checkpoints (or one with --toward init), got {len(checkpoints)}")
+        if weights is not None:
+            raise UserError("--sweep sets the weights (1 - t, t) itself; leave out --weights")
+    if weights is None:
+        ws = default_weights(method, len(checkpoints))
+    else:
+        try:
+            ws = tuple(float(x) for x in weights.split(","))
+        except ValueError:
+            raise UserError(f"--weights {weights!r}: give comma-separated numbers, one per checkpoint (e.g. 0.5,0.5)") from None
+    spec = MergeSpec(method=method, weights=ws, density=density, eps=eps, seed=seed)
+    if (problem := check_spec(spec, len(checkpoints), base is not None)) is not None:
+        raise UserError(problem)
+    check_out_dir(out, "--out")
+    if out.exists() and any(out.iterdir()):
+        raise UserError(f"--out {str(out)!r} is not empty; give a new directory")
+    from turnforge.merge.checkpoints import merge_checkpoints
+
+    if sweep is not None:
+        from turnforge.merge.sweep import run_sweep, sweep_targets
+        from turnforge.policy.model import quiet_hf
+
+        targets = sweep_targets(checkpoints[:1] if toward else checkpoints, labels)  # before any merge
+        quiet_hf()
+        run_sweep(checkpoints, out, spec, base, sweep, episodes, targets, labels, log=lambda line: console.print(line, soft_wrap=True))
+        console.print((out / "sweep.md").read_text(), soft_wrap=True)
+        return
+    result = merge_checkpoints(checkpoints, out, spec, base, labels)
+    if result.sparsity:
+        table = Table("checkpoint", Column("changed", justify="right"), Column("|d| > 1e-6", justify="right"),
+                      Column("|d| > 1e-4", justify="right"), Column("shared", justify="right"), Column("norm", justify="right"),
+                      title="task vectors against --base (share of parameters)")
+        for i, sp in enumerate(result.sparsity):
+            c = list(sp.changed.values())
+            table.add_row(f"{i + 1}: {Path(*Path(sp.parent).parts[-3:])}", f"{c[0]:.3f}", f"{c[1]:.3f}", f"{c[2]:.3f}",
+                          f"{sp.shared:.3f}", f"{sp.norm:.3g}")
+        console.print(table)
+    console.print(f"merged {len(checkpoints)} checkpoints ({method}, weights {list(ws)}, {result.params:,} parameters) "
+                  f"in {result.seconds:.1f} s: {out}", soft_wrap=True)
 
 
 DATA_HELP = (

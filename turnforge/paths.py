@@ -72,3 +72,10 @@ def write_json(path: Path, data: dict) -> None:
         write_atomic(path, json.dumps(data, indent=2) + "\n")
     except OSError as err:
         raise UserError(f"cannot write {str(path)!r}: {err.strerror}") from None
+
+
+def run_config_of(checkpoint: Path) -> Path | None:
+    """RUN/config.yaml for a checkpoint at RUN/checkpoints/<name>/, else None."""
+    ckpt = checkpoint.resolve()
+    run_cfg = ckpt.parent.parent / "config.yaml"
+    return run_cfg if ckpt.parent.name == "checkpoints" and run_cfg.is_file() else None

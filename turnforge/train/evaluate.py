@@ -84,3 +84,16 @@ def summarize(env_id: str, split: str, trajectories: Sequence[Trajectory], has_t
         tool_call_rate=sum(any(turn.info.get("n_tool_calls", 0) for turn in t.turns) for t in ok) / n if has_tools else None,
         memory_recall_rate=sum(t.memory_tokens > 0 for t in ok) / n if memory else None,
     )
+
+
+def load_for_eval(cfg, checkpoint) -> Policy:
+    """The checkpoint's policy set up as a run with ``cfg`` samples (threads, dtype, the prefix
+    cache and its budget): what ``turnforge eval`` and ``turnforge merge --sweep`` evaluate."""
+    import torch
+
+    from turnforge.policy.model import load_policy
+
+    torch.set_num_threads(cfg.threads)
+    policy = load_policy(checkpoint, cfg.model.dtype)
+    policy.prefix_cache, policy.kv_cache_gib = cfg.rollout.prefix_cache, cfg.rollout.kv_cache_gib
+    return policy
