@@ -22,7 +22,7 @@ def _derive(base, out, seed: int, share: float):
     """A copy of ``base`` with ``share`` of its weights moved (seeded), tokenizer files copied."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(base, torch_dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in model.parameters():

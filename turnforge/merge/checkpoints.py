@@ -100,7 +100,7 @@ def _adapter_weights(path: Path, base: Path, label: str) -> dict[str, torch.Tens
         raise UserError(f"{str(path)!r} is a LoRA adapter: merging it needs peft (pip install 'turnforge[lora]')") from None
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(base, torch_dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
     try:
         merged = PeftModel.from_pretrained(model, path).merge_and_unload()
     except (ValueError, RuntimeError, KeyError, OSError) as err:  # an adapter for another model, a bad file
