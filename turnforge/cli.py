@@ -203,7 +203,12 @@ EVAL_HELP = (
     "(eval.pass_at_k), the never-solved share, distinct successes, entropy and I(A; O) under 'boundary' "
     "(N >= 64 recommended for benchmarks); on RUN/checkpoints/final with the run's N it repeats the run's boundary_after.\n\n"
     "A run with episodic memory (memory.enabled) is evaluated with its memory as the run ended (RUN/memory.parquet, "
-    "read-only), or memory.store's."
+    "read-only), or memory.store's.\n\n"
+    "--best-of 1,2,4,8,16 plays the largest N attempts on each pass@k task (the --pass-at-k episodes) and reports the "
+    "success of the attempt each --select selector picks at every N (exact over N-subsets): oracle (the env's success: "
+    "pass@N, the ceiling), logprob (mean sampling logprob), vote (majority final answer; envs with final_answer), critic "
+    "(the run's learned value model, saved in RUN/checkpoints/last), with the share of the pass@1 -> pass@N gap closed, "
+    "AUC and cost per task; written to best_of_<env>_<split>.json, .md and .png beside the eval JSON."
 )
 
 
@@ -224,6 +229,9 @@ def eval_cmd(
     force: bool = typer.Option(False, "--force", help="Overwrite the --out file if it exists"),
     pass_at_k: Optional[int] = typer.Option(
         None, "--pass-at-k", min=1, help="Also measure pass@k with N samples per task (sets eval.pass_at_k_samples=N)"),
+    best_of: Optional[str] = typer.Option(
+        None, "--best-of", help="Best-of-N: attempt counts, e.g. 1,2,4,8,16 (the largest attempts per task; pass@k's episodes)"),
+    select: str = typer.Option("oracle,logprob", "--select", help="--best-of selectors: oracle, logprob, vote, critic"),
 ) -> None:
     """``turnforge eval``: see ``EVAL_HELP``. Settings: the config (the run's, --config's or the
     defaults), then key=value overrides, then the flags."""
@@ -247,6 +255,14 @@ def eval_cmd(
         )
     if out is not None:
         check_out_file(out, "--out", refuse_existing=not force)
+    ns = None
+    if best_of is not None:
+        from turnforge.scaling.best_of import parse_ns
+
+        ns = parse_ns(best_of)
+        if pass_at_k is not None:
+            raise UserError("--best-of plays the pass@k episodes itself (its oracle row is pass@N): leave out --pass-at-k")
+        pass_at_k = ns[-1]
 
     # 2. the settings: the config (the run's, --config's or the defaults), key=value overrides, then the flags
     from turnforge.config import config_from_dict, load_config, parse_overrides
@@ -288,8 +304,19 @@ def eval_cmd(
             raise UserError("memory.enabled=true recalls a run's memory: evaluate a checkpoint inside its run directory, "
                             "or set memory.store=RUN (or memory.enabled=false)")
         memory = read_store(cfg.memory.model_copy(update={"store": store}), env.env_id)
+    selectors: tuple[str, ...] = ()
+    if ns is not None:
+        from turnforge.scaling.best_of import parse_selectors
+
+        selectors = parse_selectors(select, env, has_critic=True)  # names and env support; the critic after loading
     quiet_hf()
     policy = load_for_eval(cfg, checkpoint)  # as the run samples
+    critic = None
+    if "critic" in selectors:
+        from turnforge.scaling.best_of import load_run_critic
+
+        critic, why = load_run_critic(checkpoint, in_run if base == in_run else None, cfg, policy)
+        parse_selectors(select, env, has_critic=critic is not None, critic_problem=why)
     r = cfg.rollout
     settings = {
         "env": cfg.env.id, "env_kwargs": dict(cfg.env.kwargs), "env_tasks": cfg.env.tasks, "split": e.split,
@@ -315,8 +342,18 @@ def eval_cmd(
         prefills = prefill_cache(policy, e.prefill_cache_mb)
         result, _ = evaluate(engine, policy, episodes=e.episodes, split=e.split, temperature=e.temperature, seed=cfg.seed,
                              prefills=prefills)
-        boundary = None
-        if measure is not None:
+        boundary = best = None
+        if measure is not None and ns is not None:
+            from turnforge.scaling.best_of import format_best_of, run_best_of
+            from turnforge.train.boundary import play_samples
+
+            t0 = time.perf_counter()
+            attempts = play_samples(engine, policy, measure, prefills)
+            best = run_best_of(attempts, measure.samples, ns, selectors, env, split=measure.split,
+                               temperature=measure.temperature, seed=measure.seed, play_seconds=time.perf_counter() - t0,
+                               critic=critic, pad_id=policy.pad_id)
+            print(format_best_of(best), file=sys.stderr)
+        elif measure is not None:
             boundary = measure_boundary(engine, policy, measure, tag="eval", evaluation=result,
                                         eval_temperature=e.temperature, prefills=prefills)
             print(format_boundary(boundary), file=sys.stderr)
@@ -327,6 +364,12 @@ def eval_cmd(
         from turnforge.train.metrics import to_json
 
         data["boundary"] = to_json(boundary)
+    if best is not None:
+        from turnforge.scaling.best_of import write_best_of
+
+        best_path = path.with_name(path.name.replace("eval_", "best_of_", 1) if path.name.startswith("eval_") else f"best_of_{path.name}")
+        write_best_of(best, best_path, {**settings, "selectors": list(selectors)})
+        data["best_of"] = str(best_path)
     write_json(path, data)
     print(json.dumps(data, indent=2))
 

@@ -43,6 +43,8 @@ needs a missing one stops the run at start with a one-line error naming the meth
   observation, ``env.reset_expert_queries``, also added to the first step's count);
 - ``derive_tasks(task, n, seed) -> list[Task]``: easier train tasks derived from ``task``
   (a self-evolving curriculum, as in WebRL); they carry their level in ``task.data``;
+- ``final_answer(action_text) -> str | None``: the answer an action gives, which best-of-N
+  majority voting compares across attempts (``turnforge eval --best-of N --select vote``);
 - ``close()``: release what the env holds outside Python objects (an MCP env's server
   process); env backends call it when they close.
 
@@ -201,6 +203,7 @@ CAPABILITY_METHODS: dict[str, str] = {
     "reseed": "reseed(seed)",
     "guidance": "guidance_levels (one description per hint level) and hints(level), turned on by a guidance=LEVEL option",
     "derive": "derive_tasks(task, n, seed)",
+    "final_answer": "final_answer(action_text) (the answer an action gives, for majority voting)",
 }
 
 
@@ -217,6 +220,7 @@ class Capabilities:
     reseed: bool
     guidance: bool
     derive: bool
+    final_answer: bool = False
 
     def require(self, name: str, env_id: str, needed_by: str, otherwise: str = "") -> None:
         """Raise ``UserError`` naming the method to add (and ``otherwise``, another fix)
@@ -245,5 +249,6 @@ def capabilities(env: Env) -> Capabilities:
         reseed=has("reseed"),
         guidance=bool(getattr(env, "guidance_levels", ())),
         derive=has("derive_tasks"),
+        final_answer=has("final_answer"),
     )
 

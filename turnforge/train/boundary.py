@@ -35,7 +35,7 @@ from turnforge.seeding import generator, stable_hash
 from turnforge.train.common import action_entropy
 from turnforge.train.metrics import BoundaryReport, PassAtK
 from turnforge.train.run_dir.failures import check_trajectories
-from turnforge.types import EvalResult, Sample
+from turnforge.types import EvalResult, Sample, Trajectory
 
 
 @dataclass(frozen=True)
@@ -72,11 +72,7 @@ def measure_boundary(engine: Engine, policy: Policy, p: PassAtKPlan, *, tag: str
     infrastructure failures."""
     t0 = time.time()
     env = engine.env
-    actor = PolicyActor(policy, engine.cfg.max_new_tokens, p.temperature,
-                        generator(p.seed, "pass-at-k", p.split, p.tasks, p.samples), prefills=prefills)
-    requests = [EpisodeRequest(env.task(p.split, i), stable_hash(p.seed, "pass-at-k", p.split, i, j), f"pass-at-k-{i}",
-                               f"pass-at-k-{p.split}-{i}-{j}") for i in range(p.tasks) for j in range(p.samples)]
-    trajectories, _ = engine.play(requests, actor, on_progress=on_progress)
+    trajectories = play_samples(engine, policy, p, prefills, on_progress)
     failed = check_trajectories(f"pass@k {tag}", env.env_id, trajectories, max_failure_share, kind=f"{p.split} pass@k episodes")
     by_task = [[t for t in trajectories[i * p.samples:(i + 1) * p.samples] if t.infra_failure is None] for i in range(p.tasks)]
     ok = [t for group in by_task for t in group]
@@ -108,6 +104,20 @@ def measure_boundary(engine: Engine, policy: Policy, p: PassAtKPlan, *, tag: str
         episodes=len(ok), infra_failures=failed, turns=sum(t.num_turns for t in trajectories),
         seconds=round(time.time() - t0, 2), policy_version=policy.version,
     )
+
+
+def play_samples(engine: Engine, policy: Policy, p: PassAtKPlan, prefills: PrefillCache | None = None,
+                 on_progress: Callable[[int], None] | None = None) -> list[Trajectory]:
+    """The ``p.samples`` episodes on each of ``p.tasks`` tasks, task by task (the j-th attempt at
+    task i is ``trajectories[i * p.samples + j]``): the same episodes for the same plan, whoever
+    asks (pass@k here, best-of-N selection in ``turnforge.scaling``)."""
+    env = engine.env
+    actor = PolicyActor(policy, engine.cfg.max_new_tokens, p.temperature,
+                        generator(p.seed, "pass-at-k", p.split, p.tasks, p.samples), prefills=prefills)
+    requests = [EpisodeRequest(env.task(p.split, i), stable_hash(p.seed, "pass-at-k", p.split, i, j), f"pass-at-k-{i}",
+                               f"pass-at-k-{p.split}-{i}-{j}") for i in range(p.tasks) for j in range(p.samples)]
+    trajectories, _ = engine.play(requests, actor, on_progress=on_progress)
+    return trajectories
 
 
 def _first_prompt(sample: Sample) -> tuple[int, ...]:

@@ -182,6 +182,15 @@ class ToolEnv(LevelEnv):
         key = repr((self.level_key(self.state["level"]), self.state["calls"]))
         return hashlib.blake2b(key.encode(), digest_size=12).hexdigest()
 
+    def final_answer(self, action_text: str) -> str | None:
+        """The answer ``action_text`` gives (its last ``<answer>`` tag's text), None for a tool
+        call, a malformed turn or an env that ends with ``final_tool``: what majority voting
+        (``turnforge eval --best-of N --select vote``) compares across attempts."""
+        if self.final_tool is not None:
+            return None
+        answers = _ANSWER.findall(action_text)
+        return answers[-1].strip() if answers else None
+
     def parse_action(self, text: str) -> tuple[str, Any]:
         calls = parse_tool_calls(text, self.tool_call_format)
         if self.final_tool is not None and any(c.name == self.final_tool for c in calls):

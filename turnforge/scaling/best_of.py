@@ -1,0 +1,221 @@
+"""Best-of-N at evaluation (``turnforge eval CKPT --best-of 1,2,4,8,16 --select ...``).
+
+N attempts per held-out task, played once with the rollout engine (the episodes of
+``--pass-at-k N``: the same plan gives the same attempts, so the oracle's curve is the run's
+pass@k), then each selector scores every attempt and picks one per task; its success at n <= N is
+the exact expectation over n-subsets of the attempts (``turnforge.scaling.select``). Selectors:
+
+- ``oracle``: the env's own success (the ceiling: pass@n);
+- ``logprob``: the mean sampling logprob of the attempt's action tokens;
+- ``vote``: the majority final answer (envs with ``final_answer``, e.g. the tool envs' ``<answer>``);
+- ``critic``: the learned value model of the checkpoint's run (``critic.enabled``), saved in
+  ``RUN/checkpoints/last`` with these same weights; an attempt's score is the mean of its turns'
+  predicted values V(s_k). Departure from Digi-Q, which ranks candidate actions by a Q function
+  at each step: whole attempts are ranked here; per-step selection is lookahead's job.
+
+The report gives success against n per selector, the share of the pass@1 -> pass@N gap each
+closes, the ROC AUC of scoring selectors as classifiers of success, and the cost per task
+(attempts x generated tokens, env steps and seconds of one attempt).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from turnforge.envs.base import capabilities
+from turnforge.errors import UserError
+from turnforge.scaling.select import best_of_n, gap_closed, roc_auc, vote_of_n
+from turnforge.types import Trajectory
+
+SELECTORS: tuple[str, ...] = ("oracle", "logprob", "vote", "critic")
+
+
+@dataclass(frozen=True)
+class SelectorCurve:
+    selector: str
+    success: tuple[float, ...]  # expected success of its pick at each n of ``BestOfReport.ns``
+    gap_closed: float | None  # at the largest n: (success - pass@1) / (pass@N - pass@1); None without a gap
+    auc: float | None  # its scores as a classifier of success over all attempts (None: oracle, vote)
+    seconds: float  # scoring time (the critic's forward passes)
+
+
+@dataclass(frozen=True)
+class BestOfReport:
+    env_id: str
+    split: str
+    tasks: int  # tasks scored (those with an infrastructure failure among their attempts left out)
+    attempts: int  # N per task
+    ns: tuple[int, ...]
+    temperature: float
+    seed: int
+    curves: tuple[SelectorCurve, ...]
+    tokens_per_attempt: float  # generated tokens (actions, summaries)
+    env_steps_per_attempt: float
+    seconds_per_attempt: float  # wall seconds of playing, per attempt
+    infra_failures: int  # attempts that failed (their tasks left out)
+
+
+def parse_ns(text: str) -> tuple[int, ...]:
+    """``--best-of 1,2,4,8`` as sorted distinct ints >= 1, or one ``UserError`` line."""
+    try:
+        ns = tuple(sorted({int(x) for x in text.split(",") if x.strip()}))
+    except ValueError:
+        raise UserError(f"--best-of {text!r}: give comma-separated attempt counts, e.g. 1,2,4,8,16") from None
+    if not ns or ns[0] < 1:
+        raise UserError(f"--best-of {text!r}: every N must be >= 1 (N attempts per task, one picked)")
+    return ns
+
+
+def parse_selectors(text: str, env, has_critic: bool, critic_problem: str = "") -> tuple[str, ...]:
+    """``--select oracle,logprob`` checked against what the env and checkpoint support."""
+    chosen = tuple(dict.fromkeys(x.strip() for x in text.split(",") if x.strip()))
+    for name in chosen:
+        if name not in SELECTORS:
+            raise UserError(f"unknown selector {name!r}; valid selectors: {', '.join(SELECTORS)}")
+    if not chosen:
+        raise UserError(f"--select {text!r}: name at least one of {', '.join(SELECTORS)}")
+    if "vote" in chosen and not capabilities(env).final_answer:
+        raise UserError(f"--select vote compares final answers: env {env.env_id!r} has none (it needs final_answer(action_text)); "
+                        "use oracle, logprob or critic")
+    if "critic" in chosen and not has_critic:
+        raise UserError(f"--select critic needs the run's learned value model: {critic_problem}")
+    return chosen
+
+
+def _mean_logprob(t: Trajectory) -> float:
+    lps = [x.logprobs[(x.loss_mask == 1) & (x.versions >= 0)] for x in t.samples]
+    flat = np.concatenate(lps) if lps else np.zeros(0, np.float32)
+    return float(flat.mean()) if flat.size else float("-inf")
+
+
+def _generated(t: Trajectory) -> int:
+    return int(sum(((x.loss_mask == 1) & (x.versions >= 0)).sum() for x in t.samples))
+
+
+def run_best_of(trajectories: Sequence[Trajectory], attempts: int, ns: Sequence[int], selectors: Sequence[str], env, *,
+                split: str, temperature: float, seed: int, play_seconds: float, critic=None, pad_id: int = 0) -> BestOfReport:
+    """Score the attempts (task by task, ``attempts`` each) with every selector; see the module docstring."""
+    tasks = len(trajectories) // attempts
+    groups = [list(trajectories[i * attempts:(i + 1) * attempts]) for i in range(tasks)]
+    failed = sum(t.infra_failure is not None for t in trajectories)
+    groups = [g for g in groups if all(t.infra_failure is None for t in g)]
+    if not groups:
+        raise UserError("every task had an attempt that failed (infrastructure failures): nothing to select from")
+    success = [[bool(t.success) for t in g] for g in groups]
+    flat_ok = [s for g in success for s in g]
+    pass1, pass_n = (float(np.mean([best_of_n([float(s) for s in g], g, n) for g in success])) for n in (1, max(ns)))
+    curves = []
+    for name in selectors:
+        t0 = time.perf_counter()
+        auc = None
+        if name == "vote":
+            answers = [[env.final_answer(t.turns[-1].action_text) if t.turns else None for t in g] for g in groups]
+            values = [float(np.mean([vote_of_n(a, s, n, seed=seed) for a, s in zip(answers, success)])) for n in ns]
+        else:
+            if name == "oracle":
+                scores = [[float(s) for s in g] for g in success]
+            elif name == "logprob":
+                scores = [[_mean_logprob(t) for t in g] for g in groups]
+            else:  # critic
+                from turnforge.critic.value import turn_values
+
+                values_by_id = turn_values(critic, [t for g in groups for t in g], pad_id)
+                scores = [[float(values_by_id[t.trajectory_id].mean()) if t.num_turns else 0.0 for t in g] for g in groups]
+            if name != "oracle":
+                auc = roc_auc([x for g in scores for x in g], flat_ok)
+            values = [float(np.mean([best_of_n(sc, s, n) for sc, s in zip(scores, success)])) for n in ns]
+        curves.append(SelectorCurve(name, tuple(values), gap_closed(values[-1], pass1, pass_n), auc,
+                                    round(time.perf_counter() - t0, 3)))
+    ok = [t for g in groups for t in g]
+    return BestOfReport(
+        env_id=env.env_id, split=split, tasks=len(groups), attempts=attempts, ns=tuple(ns), temperature=temperature,
+        seed=seed, curves=tuple(curves), tokens_per_attempt=float(np.mean([_generated(t) for t in ok])),
+        env_steps_per_attempt=float(np.mean([t.num_turns for t in ok])),
+        seconds_per_attempt=play_seconds / max(1, len(trajectories)), infra_failures=failed)
+
+
+def format_best_of(r: BestOfReport) -> str:
+    """The report as a Markdown table (success per selector and n, then cost per task)."""
+    head = (f"best-of-N on {r.tasks} {r.split} tasks of {r.env_id}, {r.attempts} attempts each at T={r.temperature:g} "
+            f"(seed {r.seed}); success of the picked attempt, exact over n-subsets")
+    lines = [head, "", "| selector | " + " | ".join(f"N={n}" for n in r.ns) + " | gap closed at N=" + str(r.ns[-1]) + " | AUC |",
+             "|---|" + "---|" * (len(r.ns) + 2)]
+    for c in r.curves:
+        gap = "" if c.gap_closed is None else f"{100 * c.gap_closed:.0f}%"
+        auc = "" if c.auc is None else f"{c.auc:.3f}"
+        lines.append(f"| {c.selector} | " + " | ".join(f"{v:.3f}" for v in c.success) + f" | {gap} | {auc} |")
+    lines += ["", "| N | generated tokens per task | env steps per task | seconds per task |", "|---|---|---|---|"]
+    lines += [f"| {n} | {n * r.tokens_per_attempt:.0f} | {n * r.env_steps_per_attempt:.1f} | {n * r.seconds_per_attempt:.2f} |"
+              for n in r.ns]
+    if r.infra_failures:
+        lines.append(f"\n{r.infra_failures} attempts failed (infrastructure); their tasks are left out.")
+    return "\n".join(lines)
+
+
+def write_best_of(r: BestOfReport, path: Path, settings: dict) -> None:
+    """``path`` (JSON: the report and the settings), and beside it ``.md`` and ``.png``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from turnforge.paths import write_json
+
+    write_json(path, {**asdict(r), "settings": settings})
+    path.with_suffix(".md").write_text(format_best_of(r) + "\n")
+    fig, ax = plt.subplots(figsize=(5.5, 3.6))
+    for c in r.curves:
+        ax.plot(r.ns, c.success, marker="o", label=c.selector, linestyle="--" if c.selector == "oracle" else "-")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(r.ns, [str(n) for n in r.ns])
+    ax.set_xlabel("N (attempts per task)")
+    ax.set_ylabel("held-out success of the pick")
+    ax.set_title(f"best-of-N, {r.env_id}")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path.with_suffix(".png"), dpi=120)
+    plt.close(fig)
+
+
+def load_run_critic(checkpoint: Path, run_config: Path | None, cfg, policy):
+    """(the learned value model of the checkpoint's run, None) or (None, why not): it is in
+    ``RUN/checkpoints/last/trainer_state.pt`` and counts only when ``last`` holds the same
+    weights as ``checkpoint``."""
+    import torch
+
+    if run_config is None:
+        return None, f"checkpoint {str(checkpoint)!r} is not inside a run directory"
+    if not cfg.critic.enabled:
+        return None, "the run trained no critic (critic.enabled=false)"
+    last = run_config.parent / "checkpoints" / "last"
+    state_file = last / "trainer_state.pt"
+    if not state_file.is_file():
+        return None, f"{state_file} does not exist"
+    if _weights_digest(last) != _weights_digest(checkpoint):
+        return None, f"{last} (where the critic is saved) holds other weights than {str(checkpoint)!r}"
+    from turnforge.critic.value import build_value_model
+
+    state = torch.load(state_file, weights_only=False)
+    if not state.get("critic"):
+        return None, f"{state_file} holds no critic"
+    model = build_value_model(policy.model, cfg.critic.init, cfg.seed)
+    model.load_state_dict(state["critic"])
+    return model, ""
+
+
+def _weights_digest(directory: Path) -> str | None:
+    """The sha256 of ``model.safetensors`` (from the manifest when sealed)."""
+    manifest = directory / "manifest.json"
+    if manifest.is_file():
+        entry = json.loads(manifest.read_text())["files"].get("model.safetensors")
+        if entry:
+            return entry["sha256"]
+    weights = directory / "model.safetensors"
+    return hashlib.sha256(weights.read_bytes()).hexdigest() if weights.is_file() else None
