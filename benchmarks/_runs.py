@@ -146,3 +146,27 @@ def model_dir(spec: str) -> Path:
     from turnforge.policy.gguf import cached_import
 
     return cached_import(spec)
+
+
+def cpu_info() -> dict[str, str]:
+    """CPU model name, family and model number (from /proc/cpuinfo), and cores."""
+    import os
+    import platform
+
+    info: dict[str, str] = {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            key = key.strip()
+            if key in ("model name", "cpu family", "model") and key not in info:
+                info[key] = value.strip()
+    except OSError:
+        pass
+    return {"model_name": info.get("model name", platform.processor() or "unknown"), "family": info.get("cpu family", "?"),
+            "model": info.get("model", "?"), "cores": str(os.cpu_count())}
+
+
+def cpu() -> str:
+    """``cpu_info()`` as one line for a report: 'NAME (family F model M, C cores)'."""
+    c = cpu_info()
+    return f"{c['model_name']} (family {c['family']} model {c['model']}, {c['cores']} cores)"

@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
-import platform
 import statistics
 import time
 from contextlib import closing
@@ -32,26 +31,11 @@ from pathlib import Path
 import torch
 
 from _checkpoints import save
-from _runs import RESULTS
+from _runs import RESULTS, cpu_info
 from turnforge.config import load_config
 from turnforge.policy.model import load_policy, quiet_hf
 from turnforge.rollout.engine import make_engine
 from turnforge.train.evaluate import evaluate, prefill_cache
-
-
-def cpu() -> dict[str, str]:
-    """CPU model name, family and model number (from /proc/cpuinfo), and cores."""
-    info: dict[str, str] = {}
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            key = key.strip()
-            if key in ("model name", "cpu family", "model") and key not in info:
-                info[key] = value.strip()
-    except OSError:
-        pass
-    return {"model_name": info.get("model name", platform.processor()), "family": info.get("cpu family", "?"),
-            "model": info.get("model", "?"), "cores": str(os.cpu_count())}
 
 
 def digest(trajectories) -> str:
@@ -120,7 +104,7 @@ def main() -> None:
         "shared_seconds": [round(x["seconds"], 2) for x in runs["shared"]],
         "plain_median_s": round(plain, 2), "shared_median_s": round(shared, 2), "speedup": round(plain / shared, 3),
         "identical": True, "success": first["success"], "cache_hits": last["hits"], "cache_misses": last["misses"],
-        "cache_mb": last["cache_mb"], "cpu": cpu(), "load_average_before": [round(x, 2) for x in load_before],
+        "cache_mb": last["cache_mb"], "cpu": cpu_info(), "load_average_before": [round(x, 2) for x in load_before],
         "load_average_after": [round(x, 2) for x in os.getloadavg()], "torch": torch.__version__,
     }
     c = row["cpu"]

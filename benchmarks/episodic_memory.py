@@ -30,8 +30,8 @@ import statistics
 import time
 from pathlib import Path
 
-from _runs import RESULTS, Job, run_all
-from memory_contexts import _metrics, cpu
+from _runs import RESULTS, Job, cpu, run_all
+from memory_contexts import _metrics
 
 VARIANTS = {
     "off": (),

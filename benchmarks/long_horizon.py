@@ -23,8 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from _runs import RESULTS
-from memory_contexts import cpu
+from _runs import RESULTS, cpu
 
 
 def main() -> None:

@@ -27,12 +27,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import time
 from pathlib import Path
 
-from _runs import RESULTS, Job, run_all
+from _runs import RESULTS, Job, cpu, run_all
 
 VARIANTS = ("summarize", "summarize_mask", "window", "full_history")
 
@@ -54,15 +53,6 @@ def _metrics(run_dir: Path) -> list[dict]:
 def _last_line(log: Path) -> str | None:
     lines = [x for x in log.read_text().splitlines() if x.strip()] if log.exists() else []
     return lines[-1][-300:] if lines else None
-
-
-def cpu() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            fields = dict(line.split(":", 1) for line in f if ":" in line)
-        return f"{fields['model name'].strip()} (family {fields['cpu family'].strip()} model {fields['model'].strip()})"
-    except (OSError, KeyError):
-        return platform.processor() or "unknown"
 
 
 def main() -> None:

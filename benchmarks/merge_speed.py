@@ -22,8 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from _runs import RESULTS, model_dir
-from memory_contexts import cpu
+from _runs import RESULTS, cpu, model_dir
 
 METHODS = ("linear", "slerp", "task_arithmetic", "ties", "dare", "ram")
 
