@@ -232,6 +232,10 @@ def eval_cmd(
     best_of: Optional[str] = typer.Option(
         None, "--best-of", help="Best-of-N: attempt counts, e.g. 1,2,4,8,16 (the largest attempts per task; pass@k's episodes)"),
     select: str = typer.Option("oracle,logprob", "--select", help="--best-of selectors: oracle, logprob, vote, critic"),
+    lookahead: Optional[int] = typer.Option(
+        None, "--lookahead", min=1, help="Also evaluate with lookahead: K candidate actions per turn, the best by Monte-Carlo Q"),
+    lookahead_rollouts: int = typer.Option(4, "--lookahead-rollouts", min=1, help="--lookahead: Monte-Carlo rollouts per candidate"),
+    lookahead_horizon: int = typer.Option(8, "--lookahead-horizon", min=1, help="--lookahead: turns per rollout, the candidate's included"),
 ) -> None:
     """``turnforge eval``: see ``EVAL_HELP``. Settings: the config (the run's, --config's or the
     defaults), then key=value overrides, then the flags."""
@@ -309,6 +313,10 @@ def eval_cmd(
         from turnforge.scaling.best_of import parse_selectors
 
         selectors = parse_selectors(select, env, has_critic=True)  # names and env support; the critic after loading
+    if lookahead is not None:
+        from turnforge.envs.base import capabilities
+
+        capabilities(env).require("snapshot", env.env_id, "--lookahead (Monte-Carlo Q-values from env snapshots)")
     quiet_hf()
     policy = load_for_eval(cfg, checkpoint)  # as the run samples
     critic = None
@@ -358,8 +366,26 @@ def eval_cmd(
                                         eval_temperature=e.temperature, prefills=prefills)
             print(format_boundary(boundary), file=sys.stderr)
 
+        look = None
+        if lookahead is not None:
+            from turnforge.scaling.lookahead import evaluate_lookahead
+
+            t = e.pass_at_k_temperature if e.pass_at_k_temperature is not None else r.temperature
+            with closing(make_engine(cfg, policy)) as mc_engine:
+                look = evaluate_lookahead(engine, mc_engine, policy, k=lookahead, rollouts=lookahead_rollouts,
+                                          horizon=lookahead_horizon, episodes=e.episodes, split=e.split, temperature=t,
+                                          seed=cfg.seed)
+            print(f"lookahead K={lookahead} M={lookahead_rollouts} H={lookahead_horizon} at T={t:g}: success "
+                  f"{look[0].success_rate:.3f} (plain {result.success_rate:.3f} at T={e.temperature:g}); "
+                  f"{look[1].mc_env_steps / max(1, look[0].episodes):.0f} Monte-Carlo env steps per episode, "
+                  f"{look[1].changed:.0%} of turns changed, {look[1].seconds:.0f} s", file=sys.stderr)
+
     # 4. write (whole or not at all) and print
     data = {**result.as_dict(), "checkpoint": str(checkpoint), "settings": settings}
+    if look is not None:
+        from dataclasses import asdict
+
+        data["lookahead"] = {"result": look[0].as_dict(), "stats": asdict(look[1])}
     if boundary is not None:
         from turnforge.train.metrics import to_json
 

@@ -8,25 +8,9 @@ import json
 
 import pytest
 
-from helpers import NO_FLYWHEEL, run_main
+from helpers import run_main
 from turnforge.scaling.best_of import run_best_of
 from turnforge.types import Task, Trajectory, Turn
-
-QUICK = [*NO_FLYWHEEL, "bc.num_demos=48", "bc.epochs=3", "eval.episodes=8", "check_env=false", "rl.iterations=1",
-         "rl.tasks_per_iteration=2", "rl.group_size=2", "checkpoint_every=1"]
-
-
-@pytest.fixture(scope="module")
-def critic_run(tmp_path_factory):
-    """frozenlake-tiny's own tiny model, BC from 48 demonstrations, one GAE iteration with a
-    critic: about 0.3 held-out success at T = 1, so attempts differ."""
-    from turnforge.config import load_config
-    from turnforge.train.run import train
-
-    run = tmp_path_factory.mktemp("best_of") / "run"
-    train(load_config("frozenlake-tiny", [*QUICK, "rl.advantage=gae", "critic.enabled=true"]), run, live=False)
-    return run
-
 
 def _eval(run, tmp_path, monkeypatch, capsys, *args):
     return run_main(["eval", run / "checkpoints" / "final", "--episodes", "8", *args], tmp_path, monkeypatch, capsys)
