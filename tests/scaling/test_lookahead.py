@@ -51,18 +51,19 @@ def test_lookahead_repeats_and_its_tokens_rescore(critic_run):
         np.testing.assert_allclose(lp[i, : len(x)][torch.from_numpy(sampled)].numpy(), x.logprobs[sampled], atol=1e-4)
 
 
-def test_the_pick_is_the_candidate_with_the_highest_q(critic_run, monkeypatch):
+def test_the_pick_is_the_candidate_with_the_highest_q(critic_run):
     cfg, policy = _setup(critic_run)
     seen = []
 
-    def fake_q(engine, snapshot, task, texts, actor, **kw):  # Q = 1 for the last distinct candidate only
-        seen.append(list(texts))
+    def fake_q(engine, starts, actor, **kw):  # one episode: Q = 1 for its last distinct candidate only
+        texts = [st.first_actions[0] for st in starts]
+        seen.append(texts)
         return MCEstimate(np.array([0.0] * (len(texts) - 1) + [1.0]), np.zeros(len(texts)), 0)
 
-    monkeypatch.setattr(la, "mc_q_values", fake_q)
     with closing(make_engine(cfg, policy)) as engine:
         actor = la.LookaheadActor(policy, engine, max_new_tokens=cfg.rollout.max_new_tokens, temperature=1.0, k=4, rollouts=1,
                                   horizon=2, max_turns=cfg.rollout.max_turns, gamma=1.0, seed=0)
+        actor.estimate = fake_q
         trajs, _ = engine.play([EpisodeRequest(engine.env.task("heldout", 0), 0, "g", "t0")], actor, keep_snapshots=True)
     played = [turn.action_text for turn in trajs[0].turns]
     assert played == [texts[-1] for texts in seen[: len(played)]]

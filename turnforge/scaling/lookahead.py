@@ -3,8 +3,9 @@
 At every turn the policy samples K candidate actions; each distinct one is scored by its
 Monte-Carlo Q-value from the env's snapshot of the current state (``turnforge.critic.mc``:
 M rollouts that play the candidate, then the policy for at most ``horizon - 1`` more turns, on
-a second engine with env slots of its own), and the episode plays the best (ties: the first
-sampled). The played action is the candidate's own generation, so its tokens and sampling
+a second engine with env slots of its own; the candidates of one state share their rollouts'
+env draws, and every waiting episode's candidates are scored in one batched call), and the
+episode plays the best (ties: the first sampled). The played action is the candidate's own generation, so its tokens and sampling
 logprobs are recorded as sampled. ProAct's MC critic uses a random rollout policy; here the
 rollouts are the policy's own at the evaluation temperature (or greedy at temperature 0): the
 Q-value is that of the policy acting after the candidate, which is what the pick is for.
@@ -22,7 +23,7 @@ from typing import Sequence
 
 import numpy as np
 
-from turnforge.critic.mc import mc_q_values
+from turnforge.critic.mc import MCStart, estimate
 from turnforge.envpool.host import Probe
 from turnforge.policy.generate import Generation
 from turnforge.policy.model import Policy
@@ -60,6 +61,7 @@ class LookaheadActor:
         self.candidates = PolicyActor(policy, max_new_tokens, temperature, generator(seed, "lookahead", "candidates"))
         self.rollout_actor = PolicyActor(policy, max_new_tokens, temperature, generator(seed, "lookahead", "rollouts"))
         self.turns = self.distinct = self.changed = self.mc_env_steps = self.mc_failed = 0
+        self.estimate = estimate  # turnforge.critic.mc.estimate (a test may replace it)
 
     @property
     def version(self) -> int:
@@ -69,26 +71,34 @@ class LookaheadActor:
         return Probe(snapshot=True)  # the engine plays with keep_snapshots=True (see ``evaluate_lookahead``)
 
     def act(self, inputs: Sequence[ActorInput]) -> list[Generation | str]:
+        """K candidates per input in one batched call, then every distinct candidate of every
+        input scored in one Monte-Carlo call (one ``engine.play``), then the picks."""
         prompts = [x.prompt for x in inputs for _ in range(self.k)]
         keys = [f"{x.trajectory_id}/c{j}" for x in inputs for j in range(self.k)]
         gens = self.candidates.generate(prompts, keys)  # type: ignore[arg-type]
         texts = self.policy.tokenizer.batch_decode([g.ids for g in gens], skip_special_tokens=True)
-        picks: list[Generation | str] = []
+        starts, owners = [], []
         for i, x in enumerate(inputs):
-            mine, mine_text = gens[i * self.k:(i + 1) * self.k], texts[i * self.k:(i + 1) * self.k]
-            distinct = list(dict.fromkeys(mine_text))
             assert x.after.snapshot is not None, "lookahead needs the engine to keep snapshots"
-            budget = min(self.horizon, self.max_turns - x.turn)
-            est = mc_q_values(self.mc_engine, x.after.snapshot, x.task, distinct, self.rollout_actor, rollouts=self.rollouts,
-                              gamma=self.gamma, max_turns=max(1, budget), seed=stable_hash(self.seed, x.trajectory_id, x.turn))
-            q = np.where(np.isnan(est.values), -np.inf, est.values)
-            best = distinct[int(np.argmax(q))]  # the first of the best, in sampled order
+            budget = max(1, min(self.horizon, self.max_turns - x.turn))
+            for text in dict.fromkeys(texts[i * self.k:(i + 1) * self.k]):
+                # candidates of one state share their rollouts' env draws (common random numbers)
+                starts.append(MCStart(x.task, x.after.snapshot, budget, (text,), noise_key=(x.trajectory_id, x.turn)))
+                owners.append(i)
+        est = self.estimate(self.mc_engine, starts, self.rollout_actor, rollouts=self.rollouts, gamma=self.gamma,
+                            seed=stable_hash(self.seed, "lookahead"), prefix="lookahead")
+        self.mc_env_steps += est.env_steps
+        self.mc_failed += est.failed
+        q = np.where(np.isnan(est.values), -np.inf, est.values)
+        picks: list[Generation | str] = []
+        for i in range(len(inputs)):
+            mine = [j for j, o in enumerate(owners) if o == i]
+            best = starts[mine[int(np.argmax(q[mine]))]].first_actions[0]  # the first of the best, in sampled order
+            first = texts[i * self.k]
             self.turns += 1
-            self.distinct += len(distinct)
-            self.changed += best != mine_text[0]
-            self.mc_env_steps += est.env_steps
-            self.mc_failed += est.failed
-            picks.append(mine[mine_text.index(best)])
+            self.distinct += len(mine)
+            self.changed += best != first
+            picks.append(gens[i * self.k + texts[i * self.k:(i + 1) * self.k].index(best)])
         return picks
 
 
