@@ -61,7 +61,7 @@ def main() -> None:
             rows.append({"variant": variant, "seed": int(seed), "failed": True})
             continue
         best = summary.eval_bc_best_temperature
-        bc_best = best.success_rate if best else summary.eval_before_rl.success_rate
+        bc_best = best.eval.success_rate if best else summary.eval_before_rl.success_rate
         rounds = [m for m in _metrics(job.out_dir) if m.get("event") == "flywheel_round"]
         evals = [m for m in _metrics(job.out_dir) if m.get("event") == "eval" and m["tag"] == "after-rl"]
         rows.append({

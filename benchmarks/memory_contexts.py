@@ -85,7 +85,7 @@ def main() -> None:
         best = summary.eval_bc_best_temperature
         rows.append({
             "variant": variant, "seed": int(seed), "overrides": list(job.overrides),
-            "bc_best": best.success_rate if best else summary.eval_before_rl.success_rate,
+            "bc_best": best.eval.success_rate if best else summary.eval_before_rl.success_rate,
             "bc_best_temperature": best.temperature if best else None,
             "bc_t1": summary.eval_before_rl.success_rate, "final": summary.eval_after_rl.success_rate,
             "gain_over_bc_best_points": summary.gain_over_bc_best_points,
