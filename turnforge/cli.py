@@ -208,7 +208,10 @@ EVAL_HELP = (
     "success of the attempt each --select selector picks at every N (exact over N-subsets): oracle (the env's success: "
     "pass@N, the ceiling), logprob (mean sampling logprob), vote (majority final answer; envs with final_answer), critic "
     "(the run's learned value model, saved in RUN/checkpoints/last), with the share of the pass@1 -> pass@N gap closed, "
-    "AUC and cost per task; written to best_of_<env>_<split>.json, .md and .png beside the eval JSON."
+    "AUC and cost per task; written to best_of_<env>_<split>.json, .md and .png beside the eval JSON.\n\n"
+    "--lookahead K also plays the evaluation's episodes picking, at every turn, the best of K sampled candidate "
+    "actions by Monte-Carlo Q from env snapshots (--lookahead-rollouts M rollouts of --lookahead-horizon H turns "
+    "each); the result and its cost go under 'lookahead'."
 )
 
 
