@@ -41,3 +41,19 @@ def run_main(args, cwd, monkeypatch, capsys):
         cli.main()
     out, err = capsys.readouterr()
     return exit_.value.code, out, err
+
+
+def assert_rescores(policy, samples, atol: float = 1e-4) -> None:
+    """Every sampled token of ``samples`` (``versions >= 0``) re-scores under ``policy``'s model
+    to the logprob recorded when it was sampled, within ``atol`` (token-exactness)."""
+    import numpy as np
+    import torch
+
+    from turnforge.policy.generate import pad_right, token_logprobs
+
+    ids, attn = pad_right([s.token_ids for s in samples], policy.pad_id)
+    with torch.no_grad():
+        lp, _ = token_logprobs(policy.model, ids, attn)
+    for i, s in enumerate(samples):
+        sampled = s.versions >= 0
+        np.testing.assert_allclose(lp[i, : len(s)][torch.from_numpy(sampled)].numpy(), s.logprobs[sampled], atol=atol)

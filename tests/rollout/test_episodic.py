@@ -4,15 +4,13 @@ mask 0, token-exact), persistence, and ``memory.store``'s checks."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
-from helpers import inline_engine
+from helpers import assert_rescores, inline_engine
 
 from turnforge.config import MemoryConfig, RolloutConfig
 from turnforge.data.store import read_trajectories, write_trajectories
 from turnforge.errors import UserError
-from turnforge.policy.generate import pad_right, token_logprobs
 from turnforge.rollout.actors import PolicyActor
 from turnforge.rollout.engine import EpisodeRequest
 from turnforge.rollout.episodic import HEADER, EpisodicMemory, MemoryEntry, read_store, render, terms
@@ -97,12 +95,7 @@ def test_the_block_opens_every_prompt_as_context_and_samples_rescore(any_policy,
     rows = read_trajectories(tmp_path / "t.parquet").to_pylist()
     assert [(r["memory_start"], r["memory_tokens"]) for r in rows] == [(len(head), len(block))] * len(samples)
     assert all(tuple(r["token_ids"][r["memory_start"]: r["memory_start"] + r["memory_tokens"]]) == block for r in rows)
-    ids, attn = pad_right([x.token_ids for x in samples], any_policy.pad_id)
-    with torch.no_grad():
-        lp, _ = token_logprobs(any_policy.model, ids, attn)
-    for i, x in enumerate(samples):
-        sampled = x.versions >= 0
-        np.testing.assert_allclose(lp[i, : len(x)][torch.from_numpy(sampled)].numpy(), x.logprobs[sampled], atol=1e-4)
+    assert_rescores(any_policy, samples)
 
 
 def test_an_empty_memory_changes_nothing(tiny_policy):

@@ -6,12 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from helpers import inline_engine
+from helpers import assert_rescores, inline_engine
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from turnforge.config import RolloutConfig, TrainConfig
-from turnforge.policy.generate import pad_right, token_logprobs
 from turnforge.rollout.actors import ExpertActor, PolicyActor
 from turnforge.rollout.engine import EpisodeRequest
 from turnforge.train.credit import action_turns, overlong_episodes, sample_advantage
@@ -45,13 +44,8 @@ def test_every_segment_rescores_to_its_sampling_logprobs(any_policy, threshold, 
                         summary_threshold=threshold, summary_max_tokens=summary_max_tokens, max_summaries=20)
     trajs, stats = _play(any_policy, cfg, episode_len=episode_len, max_obs_words=max_obs_words, seed=seed)
     samples = [s for t in trajs for s in t.samples]
-    ids, attn = pad_right([s.token_ids for s in samples], any_policy.pad_id)
-    with torch.no_grad():
-        lp, _ = token_logprobs(any_policy.model, ids, attn)
-    for i, s in enumerate(samples):
-        sampled = s.versions >= 0
-        assert sampled.sum() == s.loss_mask.sum() > 0
-        np.testing.assert_allclose(lp[i, : len(s)][torch.from_numpy(sampled)].numpy(), s.logprobs[sampled], atol=1e-4)
+    assert all((s.versions >= 0).sum() == s.loss_mask.sum() > 0 for s in samples)
+    assert_rescores(any_policy, samples)
     for t in trajs:
         assert [x.segment_index for x in t.samples] == list(range(len(t.samples)))
         assert [x.parent_segment for x in t.samples] == list(range(-1, len(t.samples) - 1))
@@ -164,13 +158,7 @@ def test_segments_rescore_with_the_prefix_cache_on(tiny_policy):
     finally:
         tiny_policy.prefix_cache = False
     assert stats.summaries > 0
-    samples = [s for t in trajs for s in t.samples]
-    ids, attn = pad_right([s.token_ids for s in samples], tiny_policy.pad_id)
-    with torch.no_grad():
-        lp, _ = token_logprobs(tiny_policy.model, ids, attn)
-    for i, s in enumerate(samples):
-        sampled = s.versions >= 0
-        np.testing.assert_allclose(lp[i, : len(s)][torch.from_numpy(sampled)].numpy(), s.logprobs[sampled], atol=1e-4)
+    assert_rescores(tiny_policy, [s for t in trajs for s in t.samples])
 
 
 def test_without_the_first_observation_a_segment_restarts_from_the_summary(tiny_policy):

@@ -9,13 +9,11 @@ import json
 from contextlib import closing
 
 import numpy as np
-import torch
 
 import turnforge.scaling.lookahead as la
-from helpers import run_main
+from helpers import assert_rescores, run_main
 from turnforge.config import load_config
 from turnforge.critic.mc import MCEstimate
-from turnforge.policy.generate import pad_right, token_logprobs
 from turnforge.rollout.engine import EpisodeRequest, make_engine
 from turnforge.train.evaluate import load_for_eval
 
@@ -42,13 +40,7 @@ def test_lookahead_repeats_and_its_tokens_rescore(critic_run):
                                   horizon=4, max_turns=cfg.rollout.max_turns, gamma=1.0, seed=0)
         trajs, _ = engine.play([EpisodeRequest(engine.env.task("heldout", i), i, "g", f"t{i}") for i in range(2)], actor,
                                keep_snapshots=True)
-    samples = [x for t in trajs for x in t.samples]
-    ids, attn = pad_right([x.token_ids for x in samples], policy.pad_id)
-    with torch.no_grad():
-        lp, _ = token_logprobs(policy.model, ids, attn)
-    for i, x in enumerate(samples):
-        sampled = x.versions >= 0
-        np.testing.assert_allclose(lp[i, : len(x)][torch.from_numpy(sampled)].numpy(), x.logprobs[sampled], atol=1e-4)
+    assert_rescores(policy, [x for t in trajs for x in t.samples])
 
 
 def test_the_pick_is_the_candidate_with_the_highest_q(critic_run):
