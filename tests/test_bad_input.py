@@ -214,6 +214,9 @@ CASES = [
     ("merge-templates", ["merge", "{ckpt}", "{other_template}", "--out", "m"],
      "checkpoint 2 ('{other_template}') and checkpoint 1 ('{ckpt}') have different tokenizers or chat templates"),
     ("merge-out-not-empty", ["merge", "{ckpt}", "{ckpt}", "--out", "{tmp}"], "--out '{tmp}' is not empty; give a new directory"),
+    ("merge-soup-not-a-run", ["merge", "--soup", "{ckpt}", "--out", "m"], "--soup '{ckpt}' is not a run directory (no config.yaml)"),
+    ("merge-soup-and-checkpoints", ["merge", "{ckpt}", "--soup", "{tmp}", "--out", "m"], "--soup RUN takes the run's kept weights"),
+    ("merge-nothing", ["merge", "--out", "m"], "give the checkpoints to merge (CKPT...), or --soup RUN"),
     ("vllm-backend-unknown", ["train", "rollout.backend=sglang", "--out", "run"], "bad value for 'rollout.backend'"),
     # MCP tool servers and judge rewards
     ("mcp-server-does-not-start", ["train", "mcp-tiny", f"env.tasks={MCP_TASKS}", "env.kwargs.server=/usr/bin/false",

@@ -207,10 +207,12 @@ EVAL_HELP = (
     "--best-of 1,2,4,8,16 plays the largest N attempts on each pass@k task (the --pass-at-k episodes) and reports the "
     "success of the attempt each --select selector picks at every N (exact over N-subsets): oracle (the env's success: "
     "pass@N, the ceiling), logprob (mean sampling logprob), vote (majority final answer; envs with final_answer), critic "
-    "(the run's learned value model, saved in RUN/checkpoints/last), with the share of the pass@1 -> pass@N gap closed, "
-    "AUC and cost per task; written to best_of_<env>_<split>.json, .md and .png beside the eval JSON.\n\n"
+    "(the run's learned value model, saved in RUN/checkpoints/last), mc (Monte-Carlo values of the states each attempt "
+    "reached: --mc-rollouts M rollouts of --mc-horizon H turns from env snapshots), judge (the reward.judge model, "
+    "model=policy being the checkpoint itself, without the reference answer), with the share of the pass@1 -> pass@N "
+    "gap closed, AUC and cost per task; written to best_of_<env>_<split>.json, .md and .png beside the eval JSON.\n\n"
     "--lookahead K also plays the evaluation's episodes picking, at every turn, the best of K sampled candidate "
-    "actions by Monte-Carlo Q from env snapshots (--lookahead-rollouts M rollouts of --lookahead-horizon H turns "
+    "actions by Monte-Carlo Q from env snapshots (--mc-rollouts M rollouts of --mc-horizon H turns "
     "each); the result and its cost go under 'lookahead'."
 )
 
@@ -234,11 +236,13 @@ def eval_cmd(
         None, "--pass-at-k", min=1, help="Also measure pass@k with N samples per task (sets eval.pass_at_k_samples=N)"),
     best_of: Optional[str] = typer.Option(
         None, "--best-of", help="Best-of-N: attempt counts, e.g. 1,2,4,8,16 (the largest attempts per task; pass@k's episodes)"),
-    select: str = typer.Option("oracle,logprob", "--select", help="--best-of selectors: oracle, logprob, vote, critic"),
+    select: str = typer.Option("oracle,logprob", "--select", help="--best-of selectors: oracle, logprob, vote, critic, mc, judge"),
     lookahead: Optional[int] = typer.Option(
         None, "--lookahead", min=1, help="Also evaluate with lookahead: K candidate actions per turn, the best by Monte-Carlo Q"),
-    lookahead_rollouts: int = typer.Option(4, "--lookahead-rollouts", min=1, help="--lookahead: Monte-Carlo rollouts per candidate"),
-    lookahead_horizon: int = typer.Option(8, "--lookahead-horizon", min=1, help="--lookahead: turns per rollout, the candidate's included"),
+    mc_rollouts: int = typer.Option(4, "--mc-rollouts", "--lookahead-rollouts", min=1,
+                                    help="--lookahead and --select mc: Monte-Carlo rollouts per candidate or state"),
+    mc_horizon: int = typer.Option(8, "--mc-horizon", "--lookahead-horizon", min=1,
+                                   help="--lookahead and --select mc: turns per rollout (a candidate's included)"),
 ) -> None:
     """``turnforge eval``: see ``EVAL_HELP``. Settings: the config (the run's, --config's or the
     defaults), then key=value overrides, then the flags."""
@@ -328,6 +332,11 @@ def eval_cmd(
 
         critic, why = load_run_critic(checkpoint, in_run if base == in_run else None, cfg, policy)
         parse_selectors(select, env, has_critic=critic is not None, critic_problem=why)
+    judge = None
+    if "judge" in selectors:  # before any episode: a judge that does not load stops here
+        from turnforge.rewards.judge import Judge
+
+        judge = Judge.load(cfg.reward.judge, checkpoint)  # model=policy: the evaluated checkpoint judges itself
     r = cfg.rollout
     settings = {
         "env": cfg.env.id, "env_kwargs": dict(cfg.env.kwargs), "env_tasks": cfg.env.tasks, "split": e.split,
@@ -359,10 +368,20 @@ def eval_cmd(
             from turnforge.train.boundary import play_samples
 
             t0 = time.perf_counter()
-            attempts = play_samples(engine, policy, measure, prefills)
+            attempts = play_samples(engine, policy, measure, prefills, keep_snapshots="mc" in selectors)
+            play_seconds = time.perf_counter() - t0
+            mc = None
+            if "mc" in selectors:
+                from turnforge.rollout.actors import PolicyActor
+                from turnforge.scaling.best_of import MCScorer
+                from turnforge.seeding import generator
+
+                mc = MCScorer(engine, PolicyActor(policy, r.max_new_tokens, measure.temperature,
+                                                  generator(measure.seed, "best-of", "mc")),
+                              mc_rollouts, mc_horizon, r.max_turns, measure.seed)
             best = run_best_of(attempts, measure.samples, ns, selectors, env, split=measure.split,
-                               temperature=measure.temperature, seed=measure.seed, play_seconds=time.perf_counter() - t0,
-                               critic=critic, pad_id=policy.pad_id)
+                               temperature=measure.temperature, seed=measure.seed, play_seconds=play_seconds,
+                               critic=critic, pad_id=policy.pad_id, mc=mc, judge=judge)
             print(format_best_of(best), file=sys.stderr)
         elif measure is not None:
             boundary = measure_boundary(engine, policy, measure, tag="eval", evaluation=result,
@@ -375,10 +394,10 @@ def eval_cmd(
 
             t = e.pass_at_k_temperature if e.pass_at_k_temperature is not None else r.temperature
             with closing(make_engine(cfg, policy)) as mc_engine:
-                look = evaluate_lookahead(engine, mc_engine, policy, k=lookahead, rollouts=lookahead_rollouts,
-                                          horizon=lookahead_horizon, episodes=e.episodes, split=e.split, temperature=t,
+                look = evaluate_lookahead(engine, mc_engine, policy, k=lookahead, rollouts=mc_rollouts,
+                                          horizon=mc_horizon, episodes=e.episodes, split=e.split, temperature=t,
                                           seed=cfg.seed)
-            print(f"lookahead K={lookahead} M={lookahead_rollouts} H={lookahead_horizon} at T={t:g}: success "
+            print(f"lookahead K={lookahead} M={mc_rollouts} H={mc_horizon} at T={t:g}: success "
                   f"{look[0].success_rate:.3f} (plain {result.success_rate:.3f} at T={e.temperature:g}); "
                   f"{look[1].mc_env_steps / max(1, look[0].episodes):.0f} Monte-Carlo env steps per episode, "
                   f"{look[1].changed:.0%} of turns changed, {look[1].seconds:.0f} s", file=sys.stderr)
@@ -474,6 +493,8 @@ MERGE_HELP = (
     "second weight), task_arithmetic, ties, dare, ram (task vectors against --base: the model the checkpoints were "
     "trained from, e.g. RUN/base_model). A LoRA adapter directory is read merged into --base. With --base the "
     "command prints each checkpoint's task-vector sparsity.\n\n"
+    "--soup RUN averages (linear, equal weights) the last --last K weights a run kept (keep_checkpoints=K: each RL "
+    "checkpoint's and each flywheel round's), a checkpoint soup, in place of CKPT....\n\n"
     "--toward init interpolates one checkpoint toward --base (its start weights). --sweep N merges at N weights "
     "(1 - t, t), t from 0 to 1, into OUT/t=<t>/ and evaluates each on the env of every checkpoint (from its run's "
     "config.yaml, --episodes held-out episodes): OUT/sweep.md, sweep.json, sweep.png.\n\n"
@@ -483,7 +504,7 @@ MERGE_HELP = (
 
 @app.command("merge", help=MERGE_HELP)
 def merge_cmd(
-    checkpoints: List[Path] = typer.Argument(..., metavar="CKPT...", help="HF model or LoRA adapter directories"),
+    checkpoints: Optional[List[Path]] = typer.Argument(None, metavar="CKPT...", help="HF model or LoRA adapter directories"),
     out: Path = typer.Option(..., "--out", help="New directory for the merged model (with --sweep: for the models and the report)"),
     method: str = typer.Option("linear", "--method", help="linear, slerp, task_arithmetic, ties, dare or ram"),
     base: Optional[Path] = typer.Option(None, "--base", help="The model the checkpoints were trained from (task-vector methods, adapters, --toward)"),
@@ -494,11 +515,26 @@ def merge_cmd(
     toward: Optional[str] = typer.Option(None, "--toward", help="'init': interpolate the one checkpoint toward --base"),
     sweep: Optional[int] = typer.Option(None, "--sweep", help="Merge at N weights (1 - t, t), t = 0 .. 1, and evaluate each"),
     episodes: int = typer.Option(200, "--episodes", min=1, help="--sweep: held-out episodes per model and env"),
+    soup: Optional[Path] = typer.Option(None, "--soup", help="A run directory: average the last --last weights it kept (keep_checkpoints)"),
+    last: int = typer.Option(0, "--last", min=0, help="--soup: how many of the run's kept weights, newest (0: all it kept)"),
 ) -> None:
     from turnforge.merge.methods import METHODS, MergeSpec, check_spec, default_weights
 
     if method not in METHODS:
         raise UserError(f"unknown merge method {method!r}; valid methods: {', '.join(METHODS)}")
+    if soup is not None:
+        from turnforge.merge.checkpoints import soup_members
+
+        if checkpoints:
+            raise UserError("--soup RUN takes the run's kept weights as the checkpoints: leave out CKPT...")
+        if method != "linear" or weights is not None or sweep is not None or toward is not None:
+            raise UserError("--soup averages the kept weights with equal weights: leave out --method (other than linear), "
+                            "--weights, --sweep and --toward")
+        checkpoints = soup_members(soup, last)
+    elif not checkpoints:
+        raise UserError("give the checkpoints to merge (CKPT...), or --soup RUN")
+    elif last:
+        raise UserError("--last counts a run's kept weights: it goes with --soup RUN")
     labels = [f"checkpoint {i + 1} ({str(p)!r})" for i, p in enumerate(checkpoints)]
     if toward is not None:
         if toward != "init":

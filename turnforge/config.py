@@ -702,6 +702,9 @@ class TrainConfig(Section):
         "(env code raised, a worker crashed or hung); a stage where all fail always stops"
     )
     checkpoint_every: int = Field(5, ge=1, description="Save a resumable checkpoint every N RL iterations")
+    keep_checkpoints: int = Field(
+        0, ge=0, description="Also keep the weights of the last N saves (each RL checkpoint and each flywheel round's "
+        "end) as RUN/checkpoints/kept-<NNN>-<stage>: the members of a checkpoint soup (turnforge merge --soup RUN); 0 = none")
     threads: int = Field(2, ge=1, description="torch intra-op threads (fixed for determinism)")
 
     @model_validator(mode="after")

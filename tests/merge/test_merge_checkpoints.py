@@ -110,3 +110,27 @@ def test_the_command_prints_the_sparsity_report(family, tmp_path, monkeypatch, c
     assert code == 0, err
     assert "task vectors against --base" in out and "merged 2 checkpoints (ties, weights [1.0, 1.0]" in out
     assert verify(tmp_path / "m") is None
+
+
+def test_a_soup_averages_the_weights_a_run_kept(tmp_path, monkeypatch, capsys):
+    """keep_checkpoints=2 keeps the last 2 saves (3 RL iterations, one checkpoint each: the first is
+    dropped, the last is the final policy); `merge --soup RUN` averages them."""
+    from helpers import NO_FLYWHEEL
+    from turnforge.config import load_config
+    from turnforge.train.run import train
+    from turnforge.train.run_dir.checkpoint import kept_checkpoints
+
+    run = tmp_path / "run"
+    train(load_config("frozenlake-tiny", [*NO_FLYWHEEL, "bc.num_demos=48", "bc.epochs=3", "eval.episodes=2", "check_env=false",
+                                          "rl.iterations=3", "rl.tasks_per_iteration=4", "rl.group_size=4", "checkpoint_every=1",
+                                          "keep_checkpoints=2"]), run, live=False)
+    kept = kept_checkpoints(run)
+    assert [p.name for p in kept] == ["kept-002-rl-2", "kept-003-rl-3"] and all(verify(p) is None for p in kept)
+    w2, w3, final = (load_file(str(d / "model.safetensors")) for d in (*kept, run / "checkpoints" / "final"))
+    assert all(torch.equal(w3[k], final[k]) for k in final) and any(not torch.equal(w2[k], w3[k]) for k in w2)
+    code, _, err = run_main(["merge", "--soup", run, "--out", tmp_path / "soup"], tmp_path, monkeypatch, capsys)
+    assert code == 0, err
+    soup = load_file(str(tmp_path / "soup" / "model.safetensors"))
+    assert all(torch.allclose(soup[k], 0.5 * w2[k] + 0.5 * w3[k], atol=1e-7) for k in soup)
+    code, _, err = run_main(["merge", "--soup", run, "--last", "3", "--out", tmp_path / "soup3"], tmp_path, monkeypatch, capsys)
+    assert code == 2 and "the run kept 2 weights, a soup of 3 needs more; train with keep_checkpoints=K" in err

@@ -50,6 +50,8 @@ def test_transcript_and_prompt():
     assert render_transcript(t, max_chars=20) == "[...]" + render_transcript(t)[-20:]
     prompt = build_prompt("{task}|{reference}|{final}", t)
     assert prompt == "How many pears?|17|<answer>71</answer>"
+    # best-of-N selection withholds the reference (it would be the oracle)
+    assert build_prompt("{task}|{reference}|{final}", t, with_reference=False) == "How many pears?|none given|<answer>71</answer>"
     no_ref = Trajectory("t1", Task("x", "train", 0, {}), "g", 0, t.turns, (), 0.0, False, True, False, None, 0)
     assert "Reference answer: none given" in build_prompt(DEFAULT_RUBRIC, no_ref)
 

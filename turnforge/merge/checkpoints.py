@@ -45,6 +45,20 @@ class MergeResult:
     sparsity: list[Sparsity]  # one per parent (empty without a base)
 
 
+def soup_members(run: Path, last: int) -> list[Path]:
+    """The last ``last`` (0: all) weights run ``run`` kept (``keep_checkpoints``), oldest first, or
+    one ``UserError`` line saying what is missing."""
+    from turnforge.train.run_dir.checkpoint import kept_checkpoints
+
+    if not (run / "config.yaml").is_file():
+        raise UserError(f"--soup {str(run)!r} is not a run directory (no config.yaml); give RUN, the --out of `turnforge train`")
+    kept = kept_checkpoints(run)
+    if len(kept) < max(2, last):
+        raise UserError(f"--soup {str(run)!r}: the run kept {len(kept)} weights, a soup of {max(2, last)} needs more; "
+                        "train with keep_checkpoints=K (K >= 2) to keep the last K saves")
+    return kept[-last:] if last else kept
+
+
 def is_adapter(path: Path) -> bool:
     return (path / ADAPTER_CONFIG).is_file() and not (path / "config.json").is_file()
 

@@ -73,10 +73,12 @@ def reference_answer(traj: Trajectory) -> str:
     return str(data["answer"]) if "answer" in data else "none given"
 
 
-def build_prompt(rubric: str, traj: Trajectory) -> str:
+def build_prompt(rubric: str, traj: Trajectory, with_reference: bool = True) -> str:
+    """The rubric filled in for ``traj``; without ``with_reference`` the reference answer reads
+    "none given" (best-of-N selection, where the reference would be the oracle)."""
     final = traj.turns[-1].action_text.strip() if traj.turns else ""
     return rubric.format(task=task_text(traj), transcript=render_transcript(traj), final=final,
-                         reference=reference_answer(traj))
+                         reference=reference_answer(traj) if with_reference else "none given")
 
 
 #: The rubric of ``mode=yes_no``.
@@ -148,11 +150,11 @@ class Judge:
         lo, hi = (0.0, 1.0) if cfg.mode == "yes_no" else (cfg.min_score, cfg.max_score)  # yes_no scores P(Yes)
         return cls(model, tokenizer, rubric, lo, hi, cfg.max_new_tokens, cfg.batch_size, cfg.mode, prefix)
 
-    def judge(self, trajs: Sequence[Trajectory]) -> list[JudgeRecord]:
-        """One judgment per trajectory, in left-padded batches."""
+    def judge(self, trajs: Sequence[Trajectory], with_reference: bool = True) -> list[JudgeRecord]:
+        """One judgment per trajectory, in left-padded batches (``with_reference``: see ``build_prompt``)."""
         import torch
 
-        prompts = [self._chat(build_prompt(self.rubric, t)) for t in trajs]
+        prompts = [self._chat(build_prompt(self.rubric, t, with_reference)) for t in trajs]
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
         verdicts: list[tuple[str, float | None]] = []
         for start in range(0, len(prompts), self.batch_size):

@@ -12,6 +12,16 @@ the exact expectation over n-subsets of the attempts (``turnforge.scaling.select
   ``RUN/checkpoints/last`` with these same weights; an attempt's score is the mean of its turns'
   predicted values V(s_k). Departure from Digi-Q, which ranks candidate actions by a Q function
   at each step: whole attempts are ranked here; per-step selection is lookahead's job.
+- ``mc``: the critic's score with Monte-Carlo values for the learned ones (ProAct's MC critic):
+  V(s_k) of every state the attempt acted in (the env snapshots before its actions) is the mean
+  return of ``rollouts`` episodes of at most ``horizon`` turns played from there by the policy at
+  the evaluation temperature (``turnforge.critic.mc``). The attempt's own outcome is never looked
+  at, only the simulator's futures of the states it reached; identical states of one task (same
+  snapshot, same turns left) are estimated once. Costs env steps, reported with the curve.
+- ``judge``: a judge model (the ``reward.judge`` settings; ``model=policy`` is the evaluated
+  checkpoint itself, self-verification) scores each attempt's transcript. The reference answer
+  is never shown to it (that would be the oracle): the rubric's ``{reference}`` reads "none
+  given". An attempt it gives no score in range is ranked below every scored one and counted.
 
 The report gives success against n per selector, the share of the pass@1 -> pass@N gap each
 closes, the ROC AUC of scoring selectors as classifiers of success, and the cost per task
@@ -34,7 +44,7 @@ from turnforge.errors import UserError
 from turnforge.scaling.select import best_of_n, gap_closed, roc_auc, vote_of_n
 from turnforge.types import Trajectory
 
-SELECTORS: tuple[str, ...] = ("oracle", "logprob", "vote", "critic")
+SELECTORS: tuple[str, ...] = ("oracle", "logprob", "vote", "critic", "mc", "judge")
 
 
 @dataclass(frozen=True)
@@ -43,7 +53,9 @@ class SelectorCurve:
     success: tuple[float, ...]  # expected success of its pick at each n of ``BestOfReport.ns``
     gap_closed: float | None  # at the largest n: (success - pass@1) / (pass@N - pass@1); None without a gap
     auc: float | None  # its scores as a classifier of success over all attempts (None: oracle, vote)
-    seconds: float  # scoring time (the critic's forward passes)
+    seconds: float  # scoring time (the critic's forward passes, the Monte-Carlo rollouts, the judge)
+    env_steps: int = 0  # env steps the selector itself played (mc: its rollouts), over all attempts
+    unscored: int = 0  # attempts it could not score (judge: no score in range; mc: every rollout failed), ranked last
 
 
 @dataclass(frozen=True)
@@ -84,9 +96,76 @@ def parse_selectors(text: str, env, has_critic: bool, critic_problem: str = "") 
     if "vote" in chosen and not capabilities(env).final_answer:
         raise UserError(f"--select vote compares final answers: env {env.env_id!r} has none (it needs final_answer(action_text)); "
                         "use oracle, logprob or critic")
+    if "mc" in chosen and not capabilities(env).snapshot:
+        raise UserError(f"--select mc estimates values from env snapshots: env {env.env_id!r} has no snapshot() and "
+                        "restore(snapshot); use oracle, logprob or critic")
     if "critic" in chosen and not has_critic:
         raise UserError(f"--select critic needs the run's learned value model: {critic_problem}")
     return chosen
+
+
+@dataclass
+class MCScorer:
+    """What the ``mc`` selector plays its rollouts with: ``actor`` on ``engine`` (free while it
+    scores), ``rollouts`` episodes of at most ``horizon`` turns (and the episode's turns left) per state."""
+
+    engine: object  # turnforge.rollout.engine.RolloutEngine
+    actor: object  # turnforge.rollout.actors.PolicyActor
+    rollouts: int
+    horizon: int
+    max_turns: int
+    seed: int
+
+
+def mc_scores(groups: Sequence[Sequence[Trajectory]], scorer: MCScorer) -> tuple[list[list[float]], int, int]:
+    """(per attempt: the mean Monte-Carlo V(s_k) over the states it acted in, env steps played,
+    attempts left unscored). Every state of a task is estimated once (same snapshot, same turns
+    left), all of them in one batched ``engine.play``; an attempt whose states all failed gets -inf."""
+    import pickle
+
+    from turnforge.critic.mc import MCStart, estimate
+    from turnforge.seeding import stable_hash
+
+    starts: list[MCStart] = []
+    index: dict[tuple, int] = {}
+    owned: list[list[list[int]]] = []  # per group, per attempt: the starts of its states
+    for gi, g in enumerate(groups):
+        owned.append([])
+        for t in g:
+            if len(t.snapshots) != t.num_turns:
+                raise ValueError(f"attempt {t.trajectory_id} kept {len(t.snapshots)} snapshots for {t.num_turns} turns "
+                                 "(play the attempts with keep_snapshots=True)")
+            mine = []
+            for k, snap in enumerate(t.snapshots):
+                budget = max(1, min(scorer.horizon, scorer.max_turns - k))
+                key = (gi, hashlib.sha256(pickle.dumps(snap.payload)).hexdigest(), budget)
+                if key not in index:
+                    index[key] = len(starts)
+                    starts.append(MCStart(t.task, snap, budget))
+                mine.append(index[key])
+            owned[-1].append(mine)
+    est = estimate(scorer.engine, starts, scorer.actor, rollouts=scorer.rollouts, gamma=1.0,  # type: ignore[arg-type]
+                   seed=stable_hash(scorer.seed, "best-of", "mc"), prefix="best-of-mc")
+    scores, unscored = [], 0
+    for g in owned:
+        row = []
+        for mine in g:
+            v = est.values[mine]
+            v = v[~np.isnan(v)]
+            unscored += v.size == 0
+            row.append(float(v.mean()) if v.size else float("-inf"))
+        scores.append(row)
+    return scores, est.env_steps, unscored
+
+
+def judge_scores(groups: Sequence[Sequence[Trajectory]], judge) -> tuple[list[list[float]], int]:
+    """(per attempt: the judge's score of its transcript, the reference answer withheld; attempts
+    it gave no score in range, scored -inf)."""
+    flat = [t for g in groups for t in g]
+    records = judge.judge(flat, with_reference=False) if flat else []
+    it = iter(float("-inf") if r.score is None else float(r.score) for r in records)
+    scores = [[next(it) for _ in g] for g in groups]
+    return scores, sum(r.score is None for r in records)
 
 
 def _mean_logprob(t: Trajectory) -> float:
@@ -100,7 +179,8 @@ def _generated(t: Trajectory) -> int:
 
 
 def run_best_of(trajectories: Sequence[Trajectory], attempts: int, ns: Sequence[int], selectors: Sequence[str], env, *,
-                split: str, temperature: float, seed: int, play_seconds: float, critic=None, pad_id: int = 0) -> BestOfReport:
+                split: str, temperature: float, seed: int, play_seconds: float, critic=None, pad_id: int = 0,
+                mc: MCScorer | None = None, judge=None) -> BestOfReport:
     """Score the attempts (task by task, ``attempts`` each) with every selector; see the module docstring."""
     tasks = len(trajectories) // attempts
     groups = [list(trajectories[i * attempts:(i + 1) * attempts]) for i in range(tasks)]
@@ -114,7 +194,7 @@ def run_best_of(trajectories: Sequence[Trajectory], attempts: int, ns: Sequence[
     curves = []
     for name in selectors:
         t0 = time.perf_counter()
-        auc = None
+        auc, steps, unscored = None, 0, 0
         if name == "vote":
             answers = [[env.final_answer(t.turns[-1].action_text) if t.turns else None for t in g] for g in groups]
             values = [float(np.mean([vote_of_n(a, s, n, seed=seed) for a, s in zip(answers, success)])) for n in ns]
@@ -123,16 +203,24 @@ def run_best_of(trajectories: Sequence[Trajectory], attempts: int, ns: Sequence[
                 scores = [[float(s) for s in g] for g in success]
             elif name == "logprob":
                 scores = [[_mean_logprob(t) for t in g] for g in groups]
-            else:  # critic
+            elif name == "critic":
                 from turnforge.critic.value import turn_values
 
                 values_by_id = turn_values(critic, [t for g in groups for t in g], pad_id)
                 scores = [[float(values_by_id[t.trajectory_id].mean()) if t.num_turns else 0.0 for t in g] for g in groups]
+            elif name == "mc":
+                if mc is None:
+                    raise ValueError("the mc selector needs an MCScorer (mc=...)")
+                scores, steps, unscored = mc_scores(groups, mc)
+            else:  # judge
+                if judge is None:
+                    raise ValueError("the judge selector needs a Judge (judge=...)")
+                scores, unscored = judge_scores(groups, judge)
             if name != "oracle":
                 auc = roc_auc([x for g in scores for x in g], flat_ok)
             values = [float(np.mean([best_of_n(sc, s, n) for sc, s in zip(scores, success)])) for n in ns]
         curves.append(SelectorCurve(name, tuple(values), gap_closed(values[-1], pass1, pass_n), auc,
-                                    round(time.perf_counter() - t0, 3)))
+                                    round(time.perf_counter() - t0, 3), steps, unscored))
     ok = [t for g in groups for t in g]
     return BestOfReport(
         env_id=env.env_id, split=split, tasks=len(groups), attempts=attempts, ns=tuple(ns), temperature=temperature,
@@ -151,6 +239,11 @@ def format_best_of(r: BestOfReport) -> str:
         gap = "" if c.gap_closed is None else f"{100 * c.gap_closed:.0f}%"
         auc = "" if c.auc is None else f"{c.auc:.3f}"
         lines.append(f"| {c.selector} | " + " | ".join(f"{v:.3f}" for v in c.success) + f" | {gap} | {auc} |")
+    for c in r.curves:
+        if c.env_steps or c.unscored or c.selector in ("mc", "judge", "critic"):
+            lines.append(f"\n{c.selector}: scoring took {c.seconds:.1f} s" + (
+                f", {c.env_steps / r.tasks:.0f} env steps of rollouts per task (for its {r.attempts} attempts)" if c.env_steps else "")
+                + (f"; {c.unscored} attempts unscored (ranked last)" if c.unscored else ""))
     lines += ["", "| N | generated tokens per task | env steps per task | seconds per task |", "|---|---|---|---|"]
     lines += [f"| {n} | {n * r.tokens_per_attempt:.0f} | {n * r.env_steps_per_attempt:.1f} | {n * r.seconds_per_attempt:.2f} |"
               for n in r.ns]

@@ -107,16 +107,17 @@ def measure_boundary(engine: Engine, policy: Policy, p: PassAtKPlan, *, tag: str
 
 
 def play_samples(engine: Engine, policy: Policy, p: PassAtKPlan, prefills: PrefillCache | None = None,
-                 on_progress: Callable[[int], None] | None = None) -> list[Trajectory]:
+                 on_progress: Callable[[int], None] | None = None, keep_snapshots: bool = False) -> list[Trajectory]:
     """The ``p.samples`` episodes on each of ``p.tasks`` tasks, task by task (the j-th attempt at
     task i is ``trajectories[i * p.samples + j]``): the same episodes for the same plan, whoever
-    asks (pass@k here, best-of-N selection in ``turnforge.scaling``)."""
+    asks (pass@k here, best-of-N selection in ``turnforge.scaling``; ``keep_snapshots`` for its
+    Monte-Carlo selector, which does not change the episodes)."""
     env = engine.env
     actor = PolicyActor(policy, engine.cfg.max_new_tokens, p.temperature,
                         generator(p.seed, "pass-at-k", p.split, p.tasks, p.samples), prefills=prefills)
     requests = [EpisodeRequest(env.task(p.split, i), stable_hash(p.seed, "pass-at-k", p.split, i, j), f"pass-at-k-{i}",
                                f"pass-at-k-{p.split}-{i}-{j}") for i in range(p.tasks) for j in range(p.samples)]
-    trajectories, _ = engine.play(requests, actor, on_progress=on_progress)
+    trajectories, _ = engine.play(requests, actor, on_progress=on_progress, keep_snapshots=keep_snapshots)
     return trajectories
 
 

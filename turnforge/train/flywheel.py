@@ -70,6 +70,7 @@ from turnforge.train.awr import AWRRound
 from turnforge.train.common import GuardedStep, action_entropy, collate
 from turnforge.train.credit import drop_void, sample_advantage, turn_advantages
 from turnforge.train.metrics import FlywheelRound
+from turnforge.train.run_dir.checkpoint import keep_weights
 from turnforge.train.run_dir.failures import check_trajectories
 from turnforge.train.run_dir.session import Session
 from turnforge.train.update import ppo_update
@@ -115,6 +116,7 @@ def run_flywheel(s: Session, optimizer: torch.optim.Optimizer) -> list[FlywheelR
     try:
         for r in range(fw.rounds):
             records.append(_round(s, state, guided, optimizer, step, r))
+            keep_weights(s.run_dir, s.policy, f"round-{r + 1}", cfg.keep_checkpoints)
             s.progress.update(r + 1, success=records[-1].eval.success_rate)
     finally:
         if guided is not None:

@@ -46,7 +46,7 @@ from turnforge.train.mc import MonteCarlo
 from turnforge.train.metrics import CriticStats, IterationMetrics, RunWarning, ValuePretrainStats
 from turnforge.train.rehearsal import load_or_play
 from turnforge.train.rollouts import make_rollouts
-from turnforge.train.run_dir.checkpoint import TrainingState, save_resumable
+from turnforge.train.run_dir.checkpoint import TrainingState, keep_weights, save_resumable
 from turnforge.train.run_dir.failures import check_trajectories
 from turnforge.train.run_dir.session import Session
 from turnforge.train.update import ppo_update
@@ -203,6 +203,7 @@ def run_rl(
                 s.state.stage = "rl"
                 s.state.wall_seconds = s.wall_seconds()
                 save_resumable(s.run_dir, policy, s.state, training_state(policy, optimizer, critic, s.memory))
+                keep_weights(s.run_dir, policy, f"rl-{it + 1}", cfg.keep_checkpoints)
 
 
 def budget_spent(s: Session) -> bool:

@@ -129,6 +129,31 @@ def save_resumable(run_dir: Path, policy: Policy, state: TrainerState, training:
     return save_model(policy, root / "last", extra, previous=root / "prev")
 
 
+#: Name prefix of the weights ``keep_checkpoints`` keeps: ``kept-<NNN>-<stage label>``.
+KEPT_PREFIX = "kept-"
+
+
+def keep_weights(run_dir: Path, policy: Policy, label: str, keep: int) -> Path | None:
+    """With ``keep`` > 0 (``keep_checkpoints``): the policy's weights as a sealed model directory
+    ``checkpoints/kept-<NNN>-<label>`` (NNN counts up over the run, a resumed one included), the
+    oldest beyond ``keep`` removed; the members of a checkpoint soup (``turnforge merge --soup``)."""
+    if keep <= 0:
+        return None
+    kept = kept_checkpoints(run_dir)
+    index = int(kept[-1].name.split("-")[1]) + 1 if kept else 1
+    path = save_model(policy, run_dir / "checkpoints" / f"{KEPT_PREFIX}{index:03d}-{label}")
+    for old in (kept + [path])[:-keep]:
+        shutil.rmtree(old)
+    return path
+
+
+def kept_checkpoints(run_dir: Path) -> list[Path]:
+    """The weights ``keep_weights`` kept in ``run_dir``, oldest first."""
+    root = run_dir / "checkpoints"
+    found = [p for p in root.glob(f"{KEPT_PREFIX}*") if p.is_dir() and not p.name.endswith(".tmp")] if root.is_dir() else []
+    return sorted(found, key=lambda p: int(p.name.split("-")[1]))
+
+
 # ------------------------------------------------------------------ reading
 def _progress(state: TrainerState) -> tuple[int, int]:
     return STAGES.index(state.stage) if state.stage in STAGES else -1, state.iteration
