@@ -203,7 +203,7 @@ class BCConfig(Section):
     expert_noise: float = Field(
         0.0, ge=0, le=1,
         description="Imperfect demonstrator: chance per turn of a uniformly random action instead of the expert's "
-        "(needs an env with action_names); all episodes are kept, failed ones included",
+        "(needs an env with action_names or random_action()); all episodes are kept, failed ones included",
     )
     epochs: int = Field(4, ge=1, description="Passes over the demonstration samples")
     batch_size: int = Field(32, ge=1, description="Samples per gradient step")
@@ -363,8 +363,9 @@ class EngineConfig(Section):
         "0 = envs run in the process that plays them"
     )
     env_slots: int | None = Field(
-        None, ge=1, description="Envs the asynchronous rollout worker keeps busy (default: (eta + 1) x the trajectories "
-        "of one iteration)"
+        None, ge=1, description="Envs (each playing one episode at a time) of the run's engine; episodes beyond them "
+        "play in waves. Default: sync, one iteration's episodes or an evaluation's (up to 256); async, (eta + 1) x the "
+        "trajectories of one iteration. Set it low for heavy envs (miniwob: a browser each)"
     )
     step_timeout: float = Field(30.0, gt=0, description="Seconds an env step may take before its worker is restarted")
     worker_memory_mb: int | None = Field(None, ge=64, description="Address-space limit of each env worker (None = none)")
@@ -815,8 +816,6 @@ def incompatible_options(cfg: TrainConfig) -> str | None:
         return "engine.partial_rollouts=true needs engine.eta >= 1: a carried-over trajectory is at least one version old"
     if eng.env_slots is not None and eng.env_slots < rl.group_size:
         return f"engine.env_slots={eng.env_slots} cannot hold one group of rl.group_size={rl.group_size}"
-    if eng.env_slots is not None and eng.mode == "sync":
-        return "engine.env_slots sizes the asynchronous rollout worker; engine.mode=sync plays each iteration's groups at once"
     if cfg.memory.enabled:
         if eng.mode == "async" or cfg.cluster == "ray":
             what = "engine.mode=async" if eng.mode == "async" else "cluster=ray"

@@ -52,7 +52,6 @@ def test_default_recipe_loads_and_overrides_apply():
         (["engine.eta=3"], r"engine.eta=3 needs engine.mode=async"),
         (["engine.mode=async", "engine.partial_rollouts=true"], r"partial_rollouts=true needs engine.eta >= 1"),
         (["engine.env_slots=4"], r"engine.env_slots=4 cannot hold one group of rl.group_size=8"),
-        (["engine.env_workers=2", "engine.env_slots=64"], r"engine.env_slots sizes the asynchronous rollout worker"),
         (["engine.ray_address=auto"], r"engine.ray_address=auto is only used with cluster=ray"),
         (["engine.eta=-1"], r"engine.eta"),
     ],

@@ -31,6 +31,7 @@ module the worker can import; spawned workers inherit the parent's ``sys.path``)
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import pickle
 import signal
 import time
@@ -76,6 +77,7 @@ class _Request:
 def _worker_main(conn: Connection, limits: WorkerLimits) -> None:
     """Worker process: build envs, then answer requests one at a time until EOF or ``None``."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    os.setpgrp()  # its own process group: killing a hung worker takes what its envs started (browsers, servers)
     host, started = open_host(conn.recv, limits)
     conn.send(started)
     try:
@@ -206,6 +208,10 @@ class _ProcessWorker:
             self.proc.kill()
         if self.proc is not None:
             self.proc.join(timeout=5)
+            try:  # what the worker's envs left in its process group (a killed worker's browsers)
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
         if self.conn is not None:
             self.conn.close()
         self.conn = None

@@ -22,6 +22,7 @@ register("ledger", "turnforge.envs.tool.ledger:LedgerEnv")
 register("mcp-tools", "turnforge.envs.tool.mcp_tools:McpToolEnv")
 register("python-tasks", "turnforge.envs.tool.python_tasks:PythonTasksEnv")
 register("code-repair", "turnforge.envs.code.repair:CodeRepairEnv")
+register("miniwob", "turnforge.envs.web.miniwob:MiniWoBEnv")
 register("mix", "turnforge.envs.mix:MixEnv", envs=[{"id": "sokoban"}, {"id": "frozenlake"}])
 
 __all__ = [

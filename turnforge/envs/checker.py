@@ -103,11 +103,20 @@ def check_env(
     failure for an env without playable actions into a warning. ``distinct_sample`` tasks per
     split (default 6, 2 when ``quick``) are played for the "tasks differ" check.
     """
-    if isinstance(env, str):
+    if isinstance(env, str):  # the envs built here are closed here (a browser env's browsers with them)
         from turnforge.envs.registry import build_env, share_levels
 
         env, second = share_levels([build_env(env, dict(env_kwargs or {}), tasks, heldout_fraction) for _ in range(2)])
-        make_another = make_another or (lambda: second)
+        try:
+            return check_env(env, make_another=make_another or (lambda: second), episodes=episodes, max_steps=max_steps,
+                             split_sample=split_sample, min_heldout=min_heldout, deterministic=deterministic,
+                             invalid_action=invalid_action, expert_solves=expert_solves, tokenizer=tokenizer,
+                             max_new_tokens=max_new_tokens, quick=quick, allow_no_actions=allow_no_actions,
+                             distinct_sample=distinct_sample)
+        finally:
+            for built in (env, second):
+                if callable(getattr(built, "close", None)):
+                    built.close()
     if not isinstance(env, Env):
         _fail(f"{type(env).__name__} is not a turnforge Env; subclass turnforge.Env (or turnforge.envs.LevelEnv)")
     report = CheckReport(env.env_id)

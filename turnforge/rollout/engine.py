@@ -515,6 +515,9 @@ class RolloutEngine:
 
     def close(self) -> None:
         self.backend.close()
+        close = getattr(self.env, "close", None)  # the local instance (tasks, action checks) may hold a browser
+        if callable(close):
+            close()
 
 
 def rollout_stats(episodes: Sequence[Episode]) -> RolloutStats:
@@ -537,8 +540,11 @@ def rollout_stats(episodes: Sequence[Episode]) -> RolloutStats:
 
 
 def run_env_slots(cfg: TrainConfig) -> int:
-    """Env slots of a training run's engine: one iteration's episodes, or an evaluation's
-    (up to 256). Evaluations play in waves of this size, so ``turnforge eval`` uses it too."""
+    """Env slots of a training run's engine: ``engine.env_slots``, or one iteration's episodes,
+    or an evaluation's (up to 256). Evaluations play in waves of this size, so ``turnforge eval``
+    uses it too."""
+    if cfg.engine.env_slots is not None:
+        return cfg.engine.env_slots
     return max(cfg.rl.tasks_per_iteration * cfg.rl.group_size, min(cfg.eval.episodes, 256))
 
 

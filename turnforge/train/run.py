@@ -63,6 +63,8 @@ def train(cfg: TrainConfig, out: str | Path, *, resume: bool = False, live: bool
     #    the checkpoint to resume from, the policy, the engine, the metrics log
     checked = preflight(cfg, run_dir, resume)
     with ExitStack() as stack:
+        if callable(getattr(checked.env, "close", None)):  # what the checks' env holds (a browser env's browser)
+            stack.callback(checked.env.close)
         run = open_run(cfg, run_dir, checked, stack, resume=resume, live=live)
         if isinstance(run, RunSummary):  # --resume of a finished run
             return run

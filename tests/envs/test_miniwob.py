@@ -1,0 +1,192 @@
+"""``miniwob``: MiniWoB++ pages in a real headless Chromium. The scripted expert solves every
+task; episodes repeat per seed; invalid actions cost and explain; bad options are one line; a
+crashed browser makes the step raise (an infrastructure failure); a training run with browsers in
+env workers leaves no browser process or open file behind.
+
+Without Chromium or Playwright the browser tests skip, naming ``make setup``; under CI
+(``CI=true``) they fail instead."""
+
+from __future__ import annotations
+
+import os
+import signal
+import uuid
+
+import psutil
+import pytest
+
+from turnforge.envs.web.miniwob import DEFAULT_TASKS, parse_action, render
+from turnforge.errors import UserError
+
+
+@pytest.fixture(scope="module")
+def browser_ok():
+    why = None
+    try:
+        import miniwob  # noqa: F401
+        import playwright.sync_api  # noqa: F401
+    except ImportError as err:
+        why = f"{err.name} is missing"
+    if why is None:
+        try:
+            from turnforge.envs.web.browser import chromium_path
+
+            chromium_path()
+        except UserError as err:
+            why = str(err)
+    if why is not None:
+        message = f"{why}: run `make setup` (it installs chromium and the web extra)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+
+
+@pytest.fixture()
+def env(browser_ok):
+    from turnforge.envs import make
+
+    e = make("miniwob")
+    yield e
+    e.close()
+
+
+def _task_of(env, name: str, split: str = "train", start: int = 0):
+    i = next(i for i in range(start, start + 500) if env.task(split, i).data["task"] == name)
+    return env.task(split, i)
+
+
+def test_parse_action_and_render_by_hand():
+    assert parse_action("click 4") == ("click", 4, "")
+    assert parse_action(" Click [12] ") == ("click", 12, "")
+    assert parse_action('type 2 "agustina"') == ("type", 2, "agustina")
+    assert parse_action('select 1 "New Zealand"') == ("select", 1, "New Zealand")
+    assert parse_action("press enter") == ("press", None, "Enter")
+    for bad in ("click", "click four", 'type 2 agustina', "press F13", "jump 3"):
+        with pytest.raises(ValueError):
+            parse_action(bad)
+    items = [{"ref": 1, "tag": "input", "type": "checkbox", "checked": True, "text": "T3mIz"},
+             {"ref": 2, "tag": "input", "type": "text", "value": "", "id": "tt", "text": "", "focused": True},
+             {"ref": 3, "tag": "select", "value": "Guam", "options": ["Guam", "Peru"], "text": ""},
+             {"ref": 4, "tag": "button", "text": "Submit"}]
+    assert render("Do it.", items) == ('Do it.\n[1] checkbox "T3mIz" (checked)\n[2] textbox #tt (focused)\n'
+                                       '[3] select value="Guam" options: Guam | Peru\n[4] button "Submit"')
+
+
+def test_the_expert_solves_every_task(env):
+    """4 held-out episodes of each of the 15 tasks (the issue asks >= 95%; every one is solved)."""
+    solved = {}
+    for name in DEFAULT_TASKS:
+        for k in range(4):
+            task = _task_of(env, name, "heldout", start=100 * k)
+            env.reset(task, 0)
+            for _ in range(8):
+                result = env.step(env.expert_action())
+                if result.terminated:
+                    break
+            solved[(name, k)] = result.success and result.reward == 1.0
+    assert sum(solved.values()) / len(solved) >= 0.95 and all(solved.values()), [k for k, v in solved.items() if not v]
+
+
+def test_episodes_repeat_per_seed_and_differ_across_tasks(env):
+    a = _task_of(env, "click-checkboxes")
+    first = env.reset(a, 0)
+    assert env.reset(a, 0) == first and first.startswith("Select ")
+    b = _task_of(env, "click-checkboxes", start=a.index + 1)
+    assert env.reset(b, 0) != first  # another seed, another page
+
+
+def test_invalid_actions_cost_and_say_why(env):
+    obs = env.reset(_task_of(env, "choose-list"), 0)
+    select_ref = int(obs.splitlines()[1].split("]")[0][1:])
+    for action, why in [("dance", "actions: click N"), ("click 99", "no element [99]"),
+                        (f'type {select_ref} "x"', "not a text field"), (f'select {select_ref} "Atlantis"', "no option 'Atlantis'")]:
+        r = env.step(action)
+        assert r.invalid_action and r.reward == -0.1 and not r.terminated and why in r.observation
+    option = obs.splitlines()[1].split("options: ")[1].split(" | ")[0]
+    r = env.step(f'select {select_ref} "{option}"')
+    assert not r.invalid_action and f'value="{option}"' in r.observation
+
+
+def test_a_crashed_browser_makes_the_step_raise(env, monkeypatch):
+    tag = uuid.uuid4().hex
+    monkeypatch.setenv("TURNFORGE_BROWSER_TAG", tag)
+    env.close()
+    env.reset(_task_of(env, "click-test"), 0)
+    for p in _tagged(tag):
+        p.send_signal(signal.SIGKILL)
+    with pytest.raises(Exception):
+        env.step(env.expert_action())
+
+
+def _tagged(tag: str) -> list[psutil.Process]:
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        if any(f"--turnforge-tag={tag}" in part for part in (p.info["cmdline"] or ())):
+            found.append(p)
+    return found
+
+
+def test_a_run_leaves_no_browser_or_open_file(browser_ok, tmp_path, monkeypatch):
+    """BC, one GRPO iteration and the evaluations with 2 env workers (a browser per env slot):
+    afterwards no browser of the run is left, nor a child process or an open file of this one."""
+    from helpers import NO_FLYWHEEL
+    from turnforge.config import load_config
+    from turnforge.train.run import train
+
+    tag = uuid.uuid4().hex
+    monkeypatch.setenv("TURNFORGE_BROWSER_TAG", tag)
+    _warm_process_caches(tmp_path)
+    children = {p.pid for p in psutil.Process().children(recursive=True)}
+    fds = _fds()
+    cfg = load_config("miniwob-tiny", [*NO_FLYWHEEL, "model.tiny.corpus_episodes=10", "bc.num_demos=8", "bc.epochs=1",
+                                       "rl.iterations=1", "rl.tasks_per_iteration=2", "rl.group_size=2", "eval.episodes=4",
+                                       "engine.env_slots=2", "rl.group_size=2"])
+    summary = train(cfg, tmp_path / "run", live=False)
+    assert summary.env_steps > 0
+    assert _tagged(tag) == []
+    assert {p.pid for p in psutil.Process().children(recursive=True)} == children
+    assert sorted(set(_fds()) - set(fds)) == []
+
+
+def _warm_process_caches(tmp_path) -> None:
+    """Open what a run opens once per process and keeps (multiprocessing's resource tracker,
+    matplotlib's cached font file), so only what the run should have closed shows up."""
+    from multiprocessing import resource_tracker
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    resource_tracker.ensure_running()
+    fig, ax = plt.subplots()
+    ax.set_title("warm")
+    fig.savefig(tmp_path / "warm.png")
+    plt.close(fig)
+
+
+def _fds() -> list[str]:
+    out = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            out.append(os.readlink(f"/proc/self/fd/{fd}"))
+        except OSError:
+            pass
+    return out
+
+
+def test_bad_options_are_one_line(browser_ok, monkeypatch):
+    from turnforge.envs import make
+
+    with pytest.raises(UserError, match="unknown MiniWoB task 'click-everything'; valid tasks: .*click-button"):
+        make("miniwob", tasks=["click-everything"])
+    monkeypatch.setenv("TURNFORGE_CHROMIUM", "/nonexistent/chromium")
+    with pytest.raises(UserError, match=r"browser envs need Chromium: TURNFORGE_CHROMIUM='/nonexistent/chromium' is not an "
+                                        r"executable; run `make setup`"):
+        make("miniwob")
+
+
+def test_check_env_passes(browser_ok):
+    from turnforge.envs import check_env
+
+    check_env("miniwob")

@@ -1,0 +1,1 @@
+"""Browser envs: MiniWoB++ tasks in a headless Chromium (``miniwob``)."""

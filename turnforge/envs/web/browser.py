@@ -1,0 +1,137 @@
+"""A headless Chromium per env, driven by Playwright's Python package.
+
+The browser is Debian's ``chromium`` (``make setup`` installs it; ``TURNFORGE_CHROMIUM`` names
+another binary), never one that ``playwright install`` downloads. Each env owns one browser,
+launched at its first episode (an env built only to list tasks starts none) and closed by
+``Env.close``, which env backends call when they close; a browser that crashes or hangs makes
+the step raise, which the env backend counts as an infrastructure failure (and a hung worker
+is restarted after ``engine.step_timeout``).
+
+Playwright's sync API runs one driver process per Python process; envs of one process share
+it, each with its own browser, and it stops when the process's last browser closes (nothing is
+left running after a run). The driver and every page call live on one thread of their own
+(``Browser.call``), so envs work from any thread and beside other Playwright users of the
+process (the sync API refuses a second driver on a thread that has one); a call that takes
+longer than ``CALL_TIMEOUT_S`` raises (an infrastructure failure, not a hung run). A process that
+forked after starting the driver starts its own.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, TypeVar
+
+from turnforge.errors import UserError
+
+#: Chromium flags: no sandbox (the worker may run as root in a container), no GPU, no extensions
+#: or first-run work, fixed device scale (screenshots and boxes in CSS pixels).
+CHROMIUM_ARGS = ("--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-extensions",
+                 "--no-first-run", "--force-device-scale-factor=1", "--disable-background-timer-throttling")
+
+_driver: dict[int, Any] = {}  # pid -> the process's Playwright driver
+_open: dict[int, int] = {}  # pid -> browsers open in that process
+_thread: dict[int, ThreadPoolExecutor] = {}  # pid -> the thread every Playwright call of the process runs on
+CALL_TIMEOUT_S = 60.0
+T = TypeVar("T")
+
+
+def _on_thread(fn: Callable[[], T]) -> T:
+    """``fn()`` on the process's Playwright thread (started on first use)."""
+    pid = os.getpid()
+    if pid not in _thread:
+        _thread.clear()  # a forked child's copy of its parent's thread does not run
+        _thread[pid] = ThreadPoolExecutor(1, thread_name_prefix="turnforge-browser")
+    return _thread[pid].submit(fn).result(timeout=CALL_TIMEOUT_S)
+
+
+def chromium_path() -> str:
+    """The Chromium binary, or one ``UserError`` line saying how to install it."""
+    given = os.environ.get("TURNFORGE_CHROMIUM")
+    path = given or shutil.which("chromium") or shutil.which("chromium-browser")
+    if not path or not os.access(path, os.X_OK):
+        where = f"TURNFORGE_CHROMIUM={given!r} is not an executable" if given else "no `chromium` on PATH"
+        raise UserError(f"browser envs need Chromium: {where}; run `make setup` (it runs `apt-get install -y chromium`) "
+                        "or set TURNFORGE_CHROMIUM=/path/to/chromium")
+    return path
+
+
+def require_playwright() -> None:
+    """One ``UserError`` line when Playwright's Python package is missing."""
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        raise UserError("browser envs need the `playwright` Python package: pip install -e '.[web]' "
+                        "(`make setup` installs it; never `playwright install`, Debian's chromium is used)") from None
+
+
+def _playwright():
+    pid = os.getpid()
+    if pid not in _driver:
+        from playwright.sync_api import sync_playwright
+
+        _driver.clear()  # a forked child's copy of its parent's driver is not usable
+        _open.clear()
+        _driver[pid] = sync_playwright().start()
+        atexit.register(_stop, pid)
+    return _driver[pid]
+
+
+def _stop(pid: int) -> None:
+    driver = _driver.pop(pid, None)
+    _open.pop(pid, None)
+    if driver is not None and os.getpid() == pid:
+        try:
+            driver.stop()
+        except Exception:  # the driver already went away with the interpreter
+            pass
+
+
+class Browser:
+    """One headless Chromium with one page of ``width`` x ``height`` CSS pixels."""
+
+    def __init__(self, width: int, height: int) -> None:
+        self._pid = os.getpid()
+        self.browser = self.page = None
+        _on_thread(lambda: self._launch(width, height))
+
+    def _launch(self, width: int, height: int) -> None:
+        driver = _playwright()
+        _open[self._pid] = _open.get(self._pid, 0) + 1
+        try:
+            tag = os.environ.get("TURNFORGE_BROWSER_TAG")  # lets a test find the browsers of its run
+            args = [*CHROMIUM_ARGS, *([f"--turnforge-tag={tag}"] if tag else [])]
+            self.browser = driver.chromium.launch(executable_path=chromium_path(), args=args)
+            self.page = self.browser.new_page(viewport={"width": width, "height": height})
+            self.page.set_default_timeout(10_000)
+        except Exception:
+            self._release()
+            raise
+
+    def call(self, fn: Callable[[Any], T]) -> T:
+        """``fn(page)`` on the Playwright thread."""
+        return _on_thread(lambda: fn(self.page))
+
+    def close(self) -> None:
+        if os.getpid() != self._pid or self.browser is None:
+            return
+        browser, self.browser = self.browser, None
+
+        def shut() -> None:
+            try:
+                browser.close()
+            except Exception:  # already gone (crashed, or the driver stopped first)
+                pass
+            self._release()
+
+        _on_thread(shut)
+
+    def _release(self) -> None:
+        """One browser fewer in this process; the driver stops with the last."""
+        if os.getpid() != self._pid or self._pid not in _open:
+            return
+        _open[self._pid] -= 1
+        if _open[self._pid] <= 0:
+            _stop(self._pid)

@@ -1,0 +1,319 @@
+"""``miniwob``: MiniWoB++ web tasks in a real headless Chromium, seen as text.
+
+The task pages are those of the ``miniwob`` package (MiniWoB++ 1.1, MIT; loaded from
+``file://``), each episode seeded (``Math.seedrandom``) so a task repeats exactly. The agent
+reads the task's instruction and a compact list of the page's visible elements, each with a
+ref it can act on::
+
+    Select T3mIz and click Submit.
+    [1] checkbox "jFAQNQ1"
+    [4] checkbox "T3mIz" (checked)
+    [5] button "Submit"
+
+and answers with one action: ``click 4``, ``type 2 "agustina"`` (clears the field, then types
+key by key), ``select 1 "Montenegro"`` (a list's option) or ``press Enter``. Clicks are
+dispatched to the element (MiniWoB's own element click), typing and keys are real keyboard
+events. The reward is MiniWoB's raw reward (+1 solved, -1 wrong, at the end): its default
+reward decays with wall time, which a CPU model cannot meet, and the 10 s episode clock is
+turned off; a malformed action or an unknown ref costs ``invalid_action_penalty`` and shows
+why.
+
+Tasks: ``tasks`` names the MiniWoB tasks drawn from (default ``DEFAULT_TASKS``: those with a
+scripted expert); a task is ``{"task": name, "seed": n}``, split by content (10% held out).
+The expert reads the instruction and the element list as an agent would (no page internals).
+Snapshots are refused: a live page's JavaScript state cannot be copied (MC values, lookahead
+and resuming mid-episode are not offered for this env). Tasks whose pages change on timers
+(``use-autocomplete``'s 300 ms menu, ``button-delay``) are left out of the defaults.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Sequence
+
+from turnforge.envs.base import Env
+from turnforge.envs.tasks import TaskGenerator
+from turnforge.errors import UserError, choices
+from turnforge.types import StepResult, Task
+
+#: The tasks with a scripted expert (and the default task set).
+DEFAULT_TASKS = (
+    "click-button", "click-button-sequence", "click-checkboxes", "click-dialog", "click-dialog-2", "click-link",
+    "click-option", "click-tab", "click-test", "click-test-2", "choose-list", "enter-password", "enter-text",
+    "focus-text", "login-user",
+)
+KEYS = ("Enter", "Tab", "Escape", "Backspace", "Space", "ArrowUp", "ArrowDown", "ArrowLeft", "ArrowRight")
+_ACTION = re.compile(r'^\s*(?:(click|focus)\s+\[?(\d+)\]?|(type|select)\s+\[?(\d+)\]?\s+"(.*)"|press\s+(\w+))\s*$',
+                     re.IGNORECASE | re.DOTALL)
+WIDTH, HEIGHT = 160, 210  # MiniWoB's task area (the page is laid out for it)
+_START = "Math.seedrandom(%s); core.EPISODE_MAX_TIME = 1e9; core.startEpisodeReal(); WOB_TASK_READY"
+_STATE = "[WOB_DONE_GLOBAL, WOB_RAW_REWARD_GLOBAL, WOB_REWARD_REASON]"
+
+
+@lru_cache(maxsize=1)
+def html_dir() -> Path:
+    """MiniWoB++'s task pages (the ``miniwob`` package), or one ``UserError`` line."""
+    try:
+        import miniwob
+    except ImportError:
+        raise UserError("env miniwob needs the `miniwob` package (MiniWoB++'s task pages): pip install -e '.[web]' "
+                        "(`make setup` installs it)") from None
+    return Path(miniwob.__file__).parent / "html" / "miniwob"
+
+
+@lru_cache(maxsize=1)
+def _dom_js() -> str:
+    return (Path(__file__).parent / "dom.js").read_text()
+
+
+def available_tasks() -> list[str]:
+    return sorted(p.stem for p in html_dir().glob("*.html"))
+
+
+def render(utterance: str, items: Sequence[dict]) -> str:
+    """The instruction, then one line per element: ``[ref] kind "text"`` and its state."""
+    lines = [utterance]
+    for it in items:
+        kind = it.get("type") if it["tag"] == "input" else it["tag"]
+        kind = {"text": "textbox", "password": "password box"}.get(kind, kind)
+        line = f"[{it['ref']}] {kind}"
+        text = it.get("text") or it.get("title") or ""
+        if text:
+            line += f' "{text[:60]}"'
+        if it["tag"] in ("input", "textarea") and "value" in it:
+            line += f' value="{it["value"]}"' if it["value"] else (f" #{it['id']}" if it.get("id") else "")
+        if it["tag"] == "select":
+            line += f' value="{it["value"]}" options: ' + " | ".join(it.get("options", []))
+        if it.get("checked"):
+            line += " (checked)"
+        if it.get("focused"):
+            line += " (focused)"
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def parse_action(text: str) -> tuple[str, int | None, str]:
+    """``(verb, ref, argument)`` of an action text, or ``ValueError`` saying what is wrong."""
+    m = _ACTION.match(text)
+    if m is None:
+        raise ValueError('actions: click N | type N "text" | select N "option" | press KEY')
+    if m.group(1):
+        return "click", int(m.group(2)), ""
+    if m.group(3):
+        return m.group(3).lower(), int(m.group(4)), m.group(5)
+    key = next((k for k in KEYS if k.lower() == m.group(6).lower()), None)
+    if key is None:
+        raise ValueError(f"unknown key {m.group(6)!r}; keys: {', '.join(KEYS)}")
+    return "press", None, key
+
+
+class MiniWoBEnv(Env):
+    """See the module docstring."""
+
+    observation_role = "user"
+
+    def __init__(self, tasks: Sequence[str] = DEFAULT_TASKS, invalid_action_penalty: float = -0.1) -> None:
+        from turnforge.envs.web.browser import chromium_path, require_playwright
+
+        if isinstance(tasks, str):
+            tasks = [tasks]
+        valid = available_tasks()
+        for name in tasks:
+            if name not in valid:
+                raise UserError(f"unknown MiniWoB task {name!r}; valid tasks: {choices(valid)}")
+        if not tasks:
+            raise UserError(f"env miniwob needs at least one task; valid tasks: {choices(valid)}")
+        require_playwright()
+        chromium_path()  # missing Chromium: one line now, before any episode
+        self.task_names = tuple(tasks)
+        self.invalid_action_penalty = float(invalid_action_penalty)
+        names = self.task_names
+        self.tasks = TaskGenerator(lambda rng: {"task": rng.choice(names), "seed": rng.randrange(2**31)})
+        self.instructions = ("You operate a web page. Each message gives the task and the page's elements as "
+                             '[ref] kind "text". Answer with one action: click N, type N "text", select N "option" '
+                             f"or press KEY ({', '.join(KEYS)}).")
+        self._browser = None
+        self._task: str | None = None
+        self._items: list[dict] = []
+        self._utterance = ""
+        self._clicked: list[str] = []  # texts of the elements clicked this episode (the expert's memory)
+        self.done = True
+
+    # ------------------------------------------------------------------ browser
+    def _call(self, fn):
+        """``fn(page)`` on the browser's thread (the browser starts with the first episode)."""
+        if self._browser is None:
+            from turnforge.envs.web.browser import Browser
+
+            self._browser = Browser(WIDTH, HEIGHT)
+        return self._browser.call(fn)
+
+    def close(self) -> None:
+        if self._browser is not None:
+            self._browser.close()
+            self._browser = None
+
+    def _observe(self) -> str:
+        self._items = self._call(lambda page: page.evaluate(_dom_js()))
+        return render(self._utterance, self._items)
+
+    # ------------------------------------------------------------------ the contract
+    def reset(self, task: Task, seed: int) -> str:
+        data = task.data or {}
+        name = data.get("task")
+        if name not in self.task_names:
+            raise ValueError(f"miniwob: task {task} names no task of this env ({', '.join(self.task_names)})")
+        url, start = (html_dir() / f"{name}.html").as_uri(), _START % repr(f"{task.split}-{data['seed']}")
+
+        def load(page) -> tuple[bool, str]:
+            page.goto(url)  # a fresh page: nothing carries over between episodes
+            return page.evaluate(start), page.evaluate("core.getUtterance()")
+
+        ready, self._utterance = self._call(load)
+        if not ready:
+            raise RuntimeError(f"miniwob: task {name!r} did not become ready")
+        self._task, self._clicked, self.done = name, [], False
+        return self._observe()
+
+    def step(self, action: str) -> StepResult:
+        if self.done:
+            raise RuntimeError("miniwob: step() after the episode ended; call reset() first")
+        try:
+            verb, ref, arg = parse_action(action)
+            self._act(verb, ref, arg)
+        except ValueError as err:
+            return StepResult(f"Invalid action: {err}.\n{self._observe()}", self.invalid_action_penalty, False, False,
+                              invalid_action=True)
+        done, raw, _reason = self._call(lambda page: page.evaluate(_STATE))
+        if done:
+            self.done = True
+            reward = float(raw)
+            return StepResult("Episode over: " + ("solved." if reward > 0 else "wrong."), reward, True, False,
+                              success=reward > 0, info={"raw_reward": reward})
+        return StepResult(self._observe(), 0.0, False, False)
+
+    def _act(self, verb: str, ref: int | None, arg: str) -> None:
+        """Check the action against the page as last shown, then do it (``ValueError``: invalid)."""
+        item: dict = {}
+        if ref is not None:
+            item = next((it for it in self._items if it["ref"] == ref), {})
+            if not item:
+                raise ValueError(f"no element [{ref}] on the page")
+        if verb == "type" and (item["tag"] not in ("input", "textarea") or item.get("type") in ("checkbox", "radio")):
+            raise ValueError(f"[{ref}] is a {item.get('type', item['tag'])}, not a text field")
+        if verb == "select" and item["tag"] != "select":
+            raise ValueError(f"[{ref}] is not a list")
+        if verb == "select" and arg not in item.get("options", []):
+            raise ValueError(f"[{ref}] has no option {arg!r}")
+        if verb == "click":
+            self._clicked.append(item.get("text") or item.get("title") or "")
+        selector = f'[data-tf-ref="{ref}"]'
+
+        def act(page) -> bool:
+            handle = page.query_selector(selector) if ref is not None else None
+            if ref is not None and handle is None:
+                return False  # gone since the page was shown
+            if verb == "click":
+                handle.evaluate("el => { el.click(); el.focus(); }")
+            elif verb == "type":
+                handle.evaluate("el => { el.click(); el.focus(); el.value = ''; }")
+                page.keyboard.type(arg)
+            elif verb == "select":
+                handle.select_option(label=arg)
+            else:
+                page.keyboard.press(arg)
+            return True
+
+        if not self._call(act):
+            raise ValueError(f"element [{ref}] is no longer on the page")
+
+    def random_action(self, rng) -> str:
+        """A uniformly random action on the current page: click one of its elements, or type a
+        word from the instruction into one of its text fields, or select one of a list's options."""
+        moves = [f"click {it['ref']}" for it in self._items]
+        words = re.findall(r"[\w#]+", self._utterance) or ["x"]
+        for it in self._items:
+            if it["tag"] in ("input", "textarea") and it.get("type") not in ("checkbox", "radio"):
+                moves.append(f'type {it["ref"]} "{rng.choice(words)}"')
+            if it["tag"] == "select" and it.get("options"):
+                moves.append(f'select {it["ref"]} "{rng.choice(it["options"])}"')
+        return rng.choice(moves) if moves else "press Enter"
+
+    # ------------------------------------------------------------------ the expert
+    def expert_action(self) -> str:
+        """The scripted expert's next action for the current page (see ``expert``)."""
+        assert self._task is not None, "miniwob: expert_action() before reset()"
+        return expert(self._task, self._utterance, self._items, self._clicked)
+
+
+def _quoted(utterance: str) -> list[str]:
+    return re.findall(r'"([^"]*)"', utterance)
+
+
+def _find(items: Sequence[dict], *, tag: str | None = None, text: str | None = None, type_: str | None = None,
+          id_: str | None = None) -> dict:
+    for it in items:
+        if ((tag is None or it["tag"] == tag) and (text is None or (it.get("text") or it.get("title") or "") == text)
+                and (type_ is None or it.get("type") == type_) and (id_ is None or it.get("id") == id_)):
+            return it
+    raise LookupError(f"no element with tag={tag} text={text} type={type_} id={id_}")
+
+
+def _click_text(items: Sequence[dict], text: str, tag: str | None = None) -> str:
+    return f"click {_find(items, tag=tag, text=text)['ref']}"
+
+
+def _fill_then(items: Sequence[dict], fields: Sequence[tuple[dict, str]], then: str) -> str:
+    for item, value in fields:
+        if item.get("value", "") != value:
+            return f'type {item["ref"]} "{value}"'
+    return then
+
+
+def expert(task: str, utterance: str, items: Sequence[dict], clicked: Sequence[str]) -> str:
+    """The next action that solves ``task`` from this page: the instruction parsed as a person
+    would, the target found in the element list (``clicked``: what the episode clicked so far)."""
+    q = _quoted(utterance)
+    submit = next((it for it in items if it["tag"] == "button" and it.get("text", "").lower() in ("submit", "login")), None)
+    if task in ("click-button", "click-link", "click-dialog-2") and q:
+        label = q[0]
+        if task == "click-dialog-2" and label == "x":
+            return f"click {_find(items, tag='button', text='Close')['ref']}"
+        return _click_text(items, label, "link" if task == "click-link" else "button")
+    if task == "click-dialog":
+        return f"click {_find(items, tag='button', text='Close')['ref']}"
+    if task in ("click-test", "focus-text"):
+        target = next(it for it in items if it["tag"] in (("button",) if task == "click-test" else ("input", "textarea")))
+        return f"click {target['ref']}"
+    if task in ("click-test-2", "click-button-sequence"):
+        words = re.findall(r"button (\w+)", utterance)
+        todo = [w for w in words if w not in clicked] or words[-1:]
+        return _click_text(items, todo[0], "button")
+    if task == "click-tab":
+        return _click_text(items, re.search(r"(Tab #\d+)", utterance).group(1), "a")  # type: ignore[union-attr]
+    if task in ("click-checkboxes", "click-option"):
+        body = re.search(r"Select (.*?) and click Submit", utterance)
+        words = [] if body is None or body.group(1) == "nothing" else [w.strip() for w in re.split(r",\s*", body.group(1)) if w.strip()]
+        kind = "checkbox" if task == "click-checkboxes" else "radio"
+        for it in items:
+            if it.get("type") == kind and bool(it.get("checked")) != (it.get("text") in words):
+                return f"click {it['ref']}"
+        return f"click {submit['ref']}"  # type: ignore[index]
+    if task == "choose-list":
+        option = re.search(r"Select (.*) from the list", utterance).group(1)  # type: ignore[union-attr]
+        lst = _find(items, tag="select")
+        return f'select {lst["ref"]} "{option}"' if lst.get("value") != option else f"click {submit['ref']}"  # type: ignore[index]
+    if task == "enter-text":
+        return _fill_then(items, [(_find(items, tag="input", type_="text"), q[0])], f"click {submit['ref']}")  # type: ignore[index]
+    if task == "enter-password":
+        fields = [(it, q[0]) for it in items if it.get("type") == "password"]
+        return _fill_then(items, fields, f"click {submit['ref']}")  # type: ignore[index]
+    if task == "login-user":
+        fields = [(_find(items, id_="username"), q[0]), (_find(items, id_="password"), q[1])]
+        return _fill_then(items, fields, f"click {submit['ref']}")  # type: ignore[index]
+    raise NotImplementedError(f"miniwob: no scripted expert for task {task!r} (experts: {', '.join(DEFAULT_TASKS)})")
+
+
+__all__ = ["DEFAULT_TASKS", "MiniWoBEnv", "expert", "parse_action", "render"]
