@@ -31,7 +31,7 @@ from __future__ import annotations
 import re
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
 from turnforge.envs.base import Env
 from turnforge.envs.tasks import TaskGenerator
