@@ -190,3 +190,19 @@ def test_check_env_passes(browser_ok):
     from turnforge.envs import check_env
 
     check_env("miniwob")
+
+
+def test_killing_a_worker_takes_its_browsers_with_it(browser_ok, monkeypatch):
+    """A worker killed as a hung one is (its browser in a process group of its own included)."""
+    from turnforge.envpool.pool import EnvPool
+    from turnforge.envs import make
+
+    tag = uuid.uuid4().hex
+    monkeypatch.setenv("TURNFORGE_BROWSER_TAG", tag)
+    task = make("miniwob").task("train", 0)
+    with EnvPool("miniwob", num_envs=2, num_workers=1) as pool:
+        pool.send_reset([0, 1], [0, 1], [task, task])
+        assert all(r.status == "ok" for r in pool.recv(batch_size=2))
+        assert len({p.pid for p in _tagged(tag) if "--type=" not in " ".join(p.cmdline())}) == 2  # 2 browsers up
+        pool._workers[0].kill()
+        assert _tagged(tag) == []

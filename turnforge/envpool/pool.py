@@ -204,17 +204,48 @@ class _ProcessWorker:
     def kill(self, grace: float = 0.0) -> None:
         if self.proc is not None and grace > 0:
             self.proc.join(timeout=grace)
+        started: list[int] = []
         if self.proc is not None and self.proc.is_alive():
+            started = descendants(self.proc.pid)  # what its envs started (browsers start process groups of their own)
             self.proc.kill()
         if self.proc is not None:
             self.proc.join(timeout=5)
-            try:  # what the worker's envs left in its process group (a killed worker's browsers)
+            for pid in started:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+            try:  # and what is left in its process group
                 os.killpg(self.proc.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
         if self.conn is not None:
             self.conn.close()
         self.conn = None
+
+
+def descendants(pid: int) -> list[int]:
+    """The processes below ``pid`` (children, their children, ...), from ``/proc`` (empty elsewhere)."""
+    children: dict[int, list[int]] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
 
 
 def _wait_processes(workers: Sequence[_ProcessWorker], timeout: float) -> None:
