@@ -217,6 +217,8 @@ CASES = [
     ("merge-soup-not-a-run", ["merge", "--soup", "{ckpt}", "--out", "m"], "--soup '{ckpt}' is not a run directory (no config.yaml)"),
     ("merge-soup-and-checkpoints", ["merge", "{ckpt}", "--soup", "{tmp}", "--out", "m"], "--soup RUN takes the run's kept weights"),
     ("merge-nothing", ["merge", "--out", "m"], "give the checkpoints to merge (CKPT...), or --soup RUN"),
+    ("miniwob-task-unknown", ["train", "miniwob-tiny", "env.kwargs.tasks=[click-everything]", "--out", "run"],
+     "unknown MiniWoB task 'click-everything'; valid tasks:"),
     ("mix-weights", ["train", "mix-tiny", "env.kwargs.weights=[1]", "--out", "run"],
      "env mix: weights [1] must be 2 non-negative numbers, not all 0 (one per env)"),
     ("vllm-backend-unknown", ["train", "rollout.backend=sglang", "--out", "run"], "bad value for 'rollout.backend'"),
