@@ -8,7 +8,7 @@
   const visible = (el) => { const r = el.getBoundingClientRect(); return r.width > 0 && r.height > 0; };
   const interactive = (el) => ["INPUT", "BUTTON", "A", "SELECT", "TEXTAREA"].includes(el.tagName) || el.onclick != null
         || el.classList.contains("alink")
-        || el.getAttribute("role") === "button" || el.classList.contains("ui-menu-item") || el.classList.contains("ui-menu-item-wrapper");
+        || el.getAttribute("role") === "button" || el.classList.contains("ui-menu-item-wrapper");
   const walk = (el) => {
     if (skip.has(el.id) || !visible(el)) return;
     const tag = el.tagName.toLowerCase();
@@ -27,7 +27,8 @@
     const act = interactive(el);
     if (act || text) {
       if (!el.dataset.tfRef) el.dataset.tfRef = String(next++);
-      const item = {ref: +el.dataset.tfRef, tag: el.classList.contains("alink") ? "link" : tag, text: text, id: el.id || ""};
+      const kind = el.classList.contains("alink") ? "link" : (el.classList.contains("ui-menu-item-wrapper") ? "option" : tag);
+      const item = {ref: +el.dataset.tfRef, tag: kind, text: text, id: el.id || ""};
       if (el.tagName === "INPUT") {
         item.type = el.type;
         if (el.type === "checkbox" || el.type === "radio") {

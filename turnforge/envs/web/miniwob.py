@@ -22,8 +22,9 @@ Tasks: ``tasks`` names the MiniWoB tasks drawn from (default ``DEFAULT_TASKS``: 
 scripted expert); a task is ``{"task": name, "seed": n}``, split by content (10% held out).
 The expert reads the instruction and the element list as an agent would (no page internals).
 Snapshots are refused: a live page's JavaScript state cannot be copied (MC values, lookahead
-and resuming mid-episode are not offered for this env). Tasks whose pages change on timers
-(``use-autocomplete``'s 300 ms menu, ``button-delay``) are left out of the defaults.
+and resuming mid-episode are not offered for this env). Timers a page waits on are turned off
+where a task has one (``AFTER_START``: ``use-autocomplete``'s 300 ms menu delay); tasks built on
+timers (``button-delay``, ``chase-circle``) are left out of the defaults.
 """
 
 from __future__ import annotations
@@ -42,14 +43,18 @@ from turnforge.types import StepResult, Task
 DEFAULT_TASKS = (
     "click-button", "click-button-sequence", "click-checkboxes", "click-dialog", "click-dialog-2", "click-link",
     "click-option", "click-tab", "click-test", "click-test-2", "choose-list", "enter-password", "enter-text",
-    "focus-text", "login-user",
+    "focus-text", "login-user", "use-autocomplete",
 )
+#: Page set-up after a task starts, per task: timers the page would wait on, turned off (a CPU
+#: model's step takes longer than any of them, so they only make episodes depend on wall time).
+AFTER_START = {"use-autocomplete": "$('#tags').autocomplete('option', 'delay', 0);"}
 KEYS = ("Enter", "Tab", "Escape", "Backspace", "Space", "ArrowUp", "ArrowDown", "ArrowLeft", "ArrowRight")
 _ACTION = re.compile(r'^\s*(?:(click|focus)\s+\[?(\d+)\]?|(type|select)\s+\[?(\d+)\]?\s+"(.*)"|press\s+(\w+))\s*$',
                      re.IGNORECASE | re.DOTALL)
 WIDTH, HEIGHT = 160, 210  # MiniWoB's task area (the page is laid out for it)
 _START = "Math.seedrandom(%s); core.EPISODE_MAX_TIME = 1e9; core.startEpisodeReal(); WOB_TASK_READY"
 _STATE = "[WOB_DONE_GLOBAL, WOB_RAW_REWARD_GLOBAL, WOB_REWARD_REASON]"
+_SETTLE = "() => new Promise((done) => setTimeout(done, 0))"
 
 
 @lru_cache(maxsize=1)
@@ -166,10 +171,14 @@ class MiniWoBEnv(Env):
         if name not in self.task_names:
             raise ValueError(f"miniwob: task {task} names no task of this env ({', '.join(self.task_names)})")
         url, start = (html_dir() / f"{name}.html").as_uri(), _START % repr(f"{task.split}-{data['seed']}")
+        after = AFTER_START.get(name)
 
         def load(page) -> tuple[bool, str]:
             page.goto(url)  # a fresh page: nothing carries over between episodes
-            return page.evaluate(start), page.evaluate("core.getUtterance()")
+            ready = page.evaluate(start)
+            if after:
+                page.evaluate(after)
+            return ready, page.evaluate("core.getUtterance()")
 
         ready, self._utterance = self._call(load)
         if not ready:
@@ -224,6 +233,7 @@ class MiniWoBEnv(Env):
                 handle.select_option(label=arg)
             else:
                 page.keyboard.press(arg)
+            page.evaluate(_SETTLE)  # what the action queued for the next turn of the event loop runs first
             return True
 
         if not self._call(act):
@@ -313,6 +323,16 @@ def expert(task: str, utterance: str, items: Sequence[dict], clicked: Sequence[s
     if task == "login-user":
         fields = [(_find(items, id_="username"), q[0]), (_find(items, id_="password"), q[1])]
         return _fill_then(items, fields, f"click {submit['ref']}")  # type: ignore[index]
+    if task == "use-autocomplete":
+        start, end = q[0], (q[1] if len(q) > 1 else "")
+        box = _find(items, tag="input", id_="tags")
+        value = box.get("value", "")
+        if value.startswith(start) and value.endswith(end):
+            return f"click {submit['ref']}"  # type: ignore[index]
+        for it in items:
+            if it["tag"] == "option" and it["text"].startswith(start) and it["text"].endswith(end):
+                return f"click {it['ref']}"
+        return f'type {box["ref"]} "{start}"'
     raise NotImplementedError(f"miniwob: no scripted expert for task {task!r} (experts: {', '.join(DEFAULT_TASKS)})")
 
 
