@@ -61,6 +61,7 @@ def test_parse_action_and_render_by_hand():
     assert parse_action('type 2 "agustina"') == ("type", 2, "agustina")
     assert parse_action('select 1 "New Zealand"') == ("select", 1, "New Zealand")
     assert parse_action("press enter") == ("press", None, "Enter")
+    assert parse_action("click 4.\nThis clicks the Submit button.") == ("click", 4, "")  # the first line counts
     for bad in ("click", "click four", 'type 2 agustina', "press F13", "jump 3"):
         with pytest.raises(ValueError):
             parse_action(bad)

@@ -100,8 +100,10 @@ def render(utterance: str, items: Sequence[dict]) -> str:
 
 
 def parse_action(text: str) -> tuple[str, int | None, str]:
-    """``(verb, ref, argument)`` of an action text, or ``ValueError`` saying what is wrong."""
-    m = _ACTION.match(text)
+    """``(verb, ref, argument)`` of an action text's first line (a chat model may explain itself
+    on the next; a trailing period is ignored), or ``ValueError`` saying what is wrong."""
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    m = _ACTION.match(lines[0].rstrip().removesuffix(".")) if lines else None
     if m is None:
         raise ValueError('actions: click N | type N "text" | select N "option" | press KEY')
     if m.group(1):
