@@ -144,9 +144,19 @@ def test_a_run_leaves_no_browser_or_open_file(browser_ok, tmp_path, monkeypatch)
                                        "engine.env_slots=2", "rl.group_size=2"])
     summary = train(cfg, tmp_path / "run", live=False)
     assert summary.env_steps > 0
+    _settle(lambda: not _tagged(tag) and {p.pid for p in psutil.Process().children(recursive=True)} <= children)
     assert _tagged(tag) == []
     assert {p.pid for p in psutil.Process().children(recursive=True)} == children
     assert sorted(set(_fds()) - set(fds)) == []
+
+
+def _settle(done, seconds: float = 20.0) -> None:
+    """Wait until ``done()`` (processes told to exit take a moment on a loaded machine), at most ``seconds``."""
+    import time
+
+    end = time.monotonic() + seconds
+    while not done() and time.monotonic() < end:
+        time.sleep(0.1)
 
 
 def _warm_process_caches(tmp_path) -> None:
@@ -206,4 +216,5 @@ def test_killing_a_worker_takes_its_browsers_with_it(browser_ok, monkeypatch):
         assert all(r.status == "ok" for r in pool.recv(batch_size=2))
         assert len({p.pid for p in _tagged(tag) if "--type=" not in " ".join(p.cmdline())}) == 2  # 2 browsers up
         pool._workers[0].kill()
+        _settle(lambda: not _tagged(tag))
         assert _tagged(tag) == []
