@@ -10,8 +10,9 @@ import pytest
 from turnforge.envs import check_env, list_envs, make, registry
 from turnforge.errors import UserError
 
-# mcp-tools needs its server and task file (tests/envs/test_mcp_tools.py checks it); mix is tested in test_mix.py
-BUILTIN = [name for name, spec in list_envs().items() if str(spec.factory).startswith("turnforge.envs.") and name not in ("mcp-tools", "mix")]
+# mcp-tools needs its server and task file (tests/envs/test_mcp_tools.py checks it); mix and miniwob (a browser) are
+# tested in test_mix.py and test_miniwob.py
+BUILTIN = [name for name, spec in list_envs().items() if str(spec.factory).startswith("turnforge.envs.") and name not in ("mcp-tools", "mix", "miniwob")]
 GRID_GAMES = [name for name in BUILTIN if make(name).action_names]  # the games with Up/Down/Left/Right moves
 MOVES_ONLY = [name for name in GRID_GAMES if make(name).action_names == ("Up", "Down", "Left", "Right")]
 

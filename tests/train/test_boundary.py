@@ -37,7 +37,7 @@ class ScriptedEngine:
         self.env = SimpleNamespace(env_id="scripted", action_names=action_names, task=lambda split, i: Task("scripted", split, i))
         self.cfg = RolloutConfig(max_new_tokens=4)
 
-    def play(self, requests, actor, on_progress=None):
+    def play(self, requests, actor, on_progress=None, keep_snapshots=False):
         self.requests = list(requests)
         n = len(self.script[0])
         out = [_episode(r, *self.script[k // n][k % n]) for k, r in enumerate(requests)]
