@@ -28,7 +28,7 @@ import traceback
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Literal, Mapping
 
-from turnforge.envs.base import Env, capabilities
+from turnforge.envs.base import Env, capabilities, close_env
 from turnforge.envs.registry import EnvSpec, make_batch, register
 from turnforge.types import EnvSnapshot, Scalar, StepResult
 
@@ -213,12 +213,10 @@ class EnvHost:
     def close(self) -> None:
         """Call each env's optional ``close()`` (an MCP env stops its server); errors are ignored."""
         for env in self.envs.values():
-            close = getattr(env, "close", None)
-            if callable(close):
-                try:
-                    close()
-                except Exception:  # closing must not stop the others from closing
-                    pass
+            try:
+                close_env(env)
+            except Exception:  # closing must not stop the others from closing
+                pass
 
     def _after(self, env: Env, result: StepResult, probe: Probe) -> AfterState:
         caps = self.caps

@@ -233,6 +233,13 @@ class Capabilities:
         return tuple(f.name for f in fields(self) if getattr(self, f.name))
 
 
+def close_env(env: object) -> None:
+    """Call ``env``'s optional ``close()`` (an MCP env's server, a browser env's browser); no-op without one."""
+    close = getattr(env, "close", None)
+    if callable(close):
+        close()
+
+
 def capabilities(env: Env) -> Capabilities:
     """Which optional capabilities ``env`` implements (methods present on the object)."""
 

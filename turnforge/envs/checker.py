@@ -40,7 +40,7 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, NoReturn, Sequence
 
-from turnforge.envs.base import Env, InvalidAction, capabilities
+from turnforge.envs.base import Env, InvalidAction, capabilities, close_env
 from turnforge.envs.levels import LevelEnv
 from turnforge.errors import UserError
 from turnforge.types import EnvSnapshot, StepResult, Task
@@ -115,8 +115,7 @@ def check_env(
                              distinct_sample=distinct_sample)
         finally:
             for built in (env, second):
-                if callable(getattr(built, "close", None)):
-                    built.close()
+                close_env(built)
     if not isinstance(env, Env):
         _fail(f"{type(env).__name__} is not a turnforge Env; subclass turnforge.Env (or turnforge.envs.LevelEnv)")
     report = CheckReport(env.env_id)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import random
 from typing import Any, Mapping, Sequence
 
-from turnforge.envs.base import Env, capabilities
+from turnforge.envs.base import Env, capabilities, close_env
 from turnforge.envs.tasks import TaskSource
 from turnforge.errors import UserError
 from turnforge.seeding import stable_hash
@@ -132,8 +132,7 @@ class MixEnv(Env):
 
     def close(self) -> None:
         for m in self.members:
-            if callable(getattr(m, "close", None)):
-                m.close()
+            close_env(m)
 
     # ------------------------------------------------------------------ delegated capabilities
     def _playing(self) -> Env:

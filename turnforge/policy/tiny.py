@@ -108,7 +108,7 @@ def default_corpus(samples_per_env: int = 20, env_ids: tuple[str, ...] = CORPUS_
     their words. Any env of the two-method contract works; one without an expert gives its
     first observations only."""
     from turnforge.envs import make
-    from turnforge.envs.base import capabilities
+    from turnforge.envs.base import capabilities, close_env
 
     texts: list[str] = []
     for env_id in env_ids:
@@ -126,9 +126,7 @@ def default_corpus(samples_per_env: int = 20, env_ids: tuple[str, ...] = CORPUS_
                     if result.terminated or result.truncated:
                         break
         finally:
-            close = getattr(env, "close", None)
-            if callable(close):
-                close()
+            close_env(env)
     return texts
 
 

@@ -53,7 +53,7 @@ from typing import Callable, Protocol, Sequence
 from turnforge.config import RolloutConfig, TrainConfig
 from turnforge.envpool import EnvBackend, InlineEnvs, PoolStats, make_backend
 from turnforge.envpool.host import AfterState, EnvResult, Probe
-from turnforge.envs.base import Env, capabilities
+from turnforge.envs.base import Env, capabilities, close_env
 from turnforge.envs.registry import build_env
 from turnforge.policy.generate import Generation
 from turnforge.policy.model import Policy
@@ -515,9 +515,7 @@ class RolloutEngine:
 
     def close(self) -> None:
         self.backend.close()
-        close = getattr(self.env, "close", None)  # the local instance (tasks, action checks) may hold a browser
-        if callable(close):
-            close()
+        close_env(self.env)  # the local instance (tasks, action checks) may hold a browser
 
 
 def rollout_stats(episodes: Sequence[Episode]) -> RolloutStats:

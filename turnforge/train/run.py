@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 
 from turnforge.config import TrainConfig
+from turnforge.envs.base import close_env
 from turnforge.paths import write_atomic
 from turnforge.policy.generate import PrefillCache
 from turnforge.policy.lora import trainable_parameters
@@ -63,8 +64,7 @@ def train(cfg: TrainConfig, out: str | Path, *, resume: bool = False, live: bool
     #    the checkpoint to resume from, the policy, the engine, the metrics log
     checked = preflight(cfg, run_dir, resume)
     with ExitStack() as stack:
-        if callable(getattr(checked.env, "close", None)):  # what the checks' env holds (a browser env's browser)
-            stack.callback(checked.env.close)
+        stack.callback(close_env, checked.env)  # what the checks' env holds (a browser env's browser)
         run = open_run(cfg, run_dir, checked, stack, resume=resume, live=live)
         if isinstance(run, RunSummary):  # --resume of a finished run
             return run
