@@ -52,8 +52,9 @@ def assert_rescores(policy, samples, atol: float = 1e-4) -> None:
     from turnforge.policy.generate import pad_right, token_logprobs
 
     ids, attn = pad_right([s.token_ids for s in samples], policy.pad_id)
+    vision = policy.vision.inputs([s.images for s in samples]) if policy.vision is not None else None
     with torch.no_grad():
-        lp, _ = token_logprobs(policy.model, ids, attn)
+        lp, _ = token_logprobs(policy.model, ids, attn, vision=vision)
     for i, s in enumerate(samples):
         sampled = s.versions >= 0
         np.testing.assert_allclose(lp[i, : len(s)][torch.from_numpy(sampled)].numpy(), s.logprobs[sampled], atol=atol)

@@ -56,6 +56,35 @@ class Section(BaseModel):
 CORPUS_ENVS = ("2048", "frozenlake", "frozenlake-slippery", "sokoban")
 
 
+class TinyVisionConfig(Section):
+    """A vision tower for the tiny model: with ``enabled`` it is a tiny Idefics3 (SmolVLM-class)
+    vision-language model, a SigLIP encoder and pixel shuffle in front of the tiny text model,
+    with its real processor (``turnforge.policy.vision``)."""
+
+    enabled: bool = Field(False, description="Build a vision-language model (images in observations) instead of a text-only one")
+    image_size: int = Field(112, ge=14, description="Side in pixels every image is resized (longest edge) and padded to")
+    patch_size: int = Field(14, ge=2, description="Side of a vision patch in pixels (image_size must be a multiple)")
+    hidden_size: int = Field(64, ge=8, description="Width of the vision encoder")
+    intermediate_size: int = Field(128, ge=8, description="Width of the vision encoder's MLP")
+    num_hidden_layers: int = Field(2, ge=1, description="Vision encoder blocks")
+    num_attention_heads: int = Field(2, ge=1, description="Vision encoder attention heads")
+    scale_factor: int = Field(2, ge=1, description="Pixel-shuffle factor: an image is (image_size/patch_size/scale_factor)^2 "
+                              "tokens")
+
+    @model_validator(mode="after")
+    def _grid(self) -> "TinyVisionConfig":
+        side = self.image_size // self.patch_size
+        if self.image_size % self.patch_size or side % self.scale_factor:
+            raise ValueError(f"model.tiny.vision: image_size={self.image_size} must be a multiple of patch_size="
+                             f"{self.patch_size} and image_size/patch_size={side} of scale_factor={self.scale_factor}")
+        return self
+
+    @property
+    def image_seq_len(self) -> int:
+        """Image tokens per image."""
+        return (self.image_size // self.patch_size // self.scale_factor) ** 2
+
+
 class TinyModelConfig(Section):
     """Shape of the tiny Qwen2 model and its tokenizer (``turnforge.policy.tiny`` builds it)."""
 
@@ -79,6 +108,7 @@ class TinyModelConfig(Section):
     )
     corpus_episodes: int = Field(20, description="Episodes per corpus env whose observations (and, for open-text "
                                  "envs, expert actions) the tokenizer is trained on")
+    vision: TinyVisionConfig = Field(default_factory=TinyVisionConfig, description="An optional vision tower (a tiny VLM)")
 
 
 class LoraConfig(Section):

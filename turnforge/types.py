@@ -54,6 +54,9 @@ class StepResult:
     invalid_action: bool = False
     success: bool = False
     info: Mapping[str, Scalar] = field(default_factory=dict)
+    #: PNG bytes of the images shown with ``observation`` (before its text, in order). Env hosts
+    #: fill it from the env's ``observation_images()`` after every reset, restore and step.
+    images: tuple[bytes, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -104,6 +107,9 @@ class Sample:
     Episodic memory (``memory.enabled``): ``token_ids[memory_start : memory_start +
     memory_tokens]`` is the block of recalled past successes in the sample's prompt (context,
     loss mask 0; ``memory_tokens`` 0 when none was shown).
+
+    Images (vision policies): ``images`` are the images whose processor blocks the ids hold, in
+    the order of the blocks; every forward pass over the ids gets exactly these pixels.
     """
 
     token_ids: np.ndarray  # [T] int64
@@ -118,6 +124,8 @@ class Sample:
     summary_tokens: int = 0  # trailing tokens that are the segment's summary (0: none)
     memory_start: int = 0  # where the episodic-memory block starts in token_ids
     memory_tokens: int = 0  # its length (0: no memory shown)
+    #: PNG bytes of the images whose blocks ``token_ids`` hold, in order (``turnforge.policy.vision``)
+    images: tuple[bytes, ...] = field(default=(), repr=False)
 
     def __post_init__(self) -> None:
         check_alignment(self.token_ids, self.loss_mask, self.logprobs, self.versions, where=self.trajectory_id)

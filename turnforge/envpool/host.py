@@ -96,6 +96,7 @@ class EnvResult:
     error: str | None
     seconds: float
     after: AfterState = AfterState()
+    images: tuple[bytes, ...] = ()  # PNG bytes shown with the observation (``StepResult.images``)
 
     @property
     def anchor_key(self) -> str:
@@ -109,7 +110,7 @@ class EnvResult:
     def ok(cls, env_id: int, kind: Kind, result: StepResult, after: AfterState, seconds: float,
            status: Status = "ok") -> "EnvResult":
         return cls(env_id, kind, result.observation, result.reward, result.terminated, result.truncated,
-                   result.invalid_action, result.success, dict(result.info), status, None, seconds, after)
+                   result.invalid_action, result.success, dict(result.info), status, None, seconds, after, result.images)
 
     @classmethod
     def failed(cls, env_id: int, kind: Kind, error: str, seconds: float) -> "EnvResult":
@@ -204,6 +205,8 @@ class EnvHost:
             else:
                 text, probe = payload
                 result = env.step(text)
+            if self.caps.images and not (result.terminated or result.truncated):
+                result = replace(result, images=tuple(env.observation_images()))
             return env_id, True, (result, self._after(env, result, probe)), time.perf_counter() - t0
         except (Exception, CpuBudgetExceeded):
             return env_id, False, last_line(traceback.format_exc()), time.perf_counter() - t0

@@ -46,7 +46,11 @@ needs a missing one stops the run at start with a one-line error naming the meth
 - ``final_answer(action_text) -> str | None``: the answer an action gives, which best-of-N
   majority voting compares across attempts (``turnforge eval --best-of N --select vote``);
 - ``close()``: release what the env holds outside Python objects (an MCP env's server
-  process); env backends call it when they close.
+  process); env backends call it when they close;
+- ``observation_images() -> tuple[bytes, ...]``: PNG bytes of the images shown with the latest
+  observation (after ``reset``, ``restore`` and ``step``); the env host puts them in
+  ``StepResult.images`` and a vision-language policy sees each one, rendered by its processor,
+  before the observation's text (``turnforge.policy.vision``); a text-only model refuses such an env.
 
 ``turnforge.envs.levels.LevelEnv`` implements snapshots, anchor keys and reseeding for
 procedurally generated levels from a handful of hooks, and the plumbing of guidance and
@@ -221,6 +225,7 @@ class Capabilities:
     guidance: bool
     derive: bool
     final_answer: bool = False
+    images: bool = False
 
     def require(self, name: str, env_id: str, needed_by: str, otherwise: str = "") -> None:
         """Raise ``UserError`` naming the method to add (and ``otherwise``, another fix)
@@ -257,5 +262,6 @@ def capabilities(env: Env) -> Capabilities:
         guidance=bool(getattr(env, "guidance_levels", ())),
         derive=has("derive_tasks"),
         final_answer=has("final_answer"),
+        images=has("observation_images"),
     )
 

@@ -91,13 +91,22 @@ def sample(
     generator: torch.Generator | None = None,
     max_batch: int = 256,
     prefills: PrefillCache | None = None,
+    vision: dict[str, torch.Tensor] | None = None,
 ) -> list[Generation]:
     """Sample continuations of ``prompts`` (lists of ids), ``max_batch`` prompts per batch.
     ``temperature == 0`` is greedy (its logprobs are then those of the temperature-1 distribution).
     ``prefills``: prompts already prefilled at the same padded width (by the same weights) are
-    not prefilled again; the result is the same bit for bit."""
+    not prefilled again; the result is the same bit for bit. ``vision``: the pixel inputs of
+    the prompts' image blocks (``Vision.inputs``), passed to the prefill; all prompts are then
+    one batch and no prefill is reused."""
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if vision:
+        noise = _Noise(generator, len(prompts)) if temperature > 0 else None
+        gens, _, steps = _sample_rows(model, prompts, max_new_tokens, stop_ids, pad_id, temperature, noise, vision=vision)
+        if noise is not None:
+            noise.finish(steps)
+        return gens
     out: list[Generation] = []
     for start in range(0, len(prompts), max_batch):
         block = prompts[start:start + max_batch]
@@ -330,7 +339,8 @@ class PrefixCache:
 
 
 def _sample_rows(model, prompts, max_new_tokens, stop_ids, pad_id, temperature, noise, *, first_row=0, shared=None,
-                 reused=None, consumed=(), version=0, counters=None, prefills=None) -> tuple[list[Generation], list[RowCache], int]:
+                 reused=None, consumed=(), version=0, counters=None, prefills=None, vision=None
+                 ) -> tuple[list[Generation], list[RowCache], int]:
     """Sample rows ``first_row ..`` of a batch (``noise``: its draws; None when greedy).
 
     Without ``reused`` (the plain path): every prompt is prefilled whole and the logits of
@@ -340,7 +350,8 @@ def _sample_rows(model, prompts, max_new_tokens, stop_ids, pad_id, temperature, 
     (``consumed``: caches released as they are copied); identical prompts are prefilled once;
     only the last position's logits are computed (as HF ``generate`` does); the rows'
     ``RowCache`` (prompt plus the sampled ids fed back) are returned. Also returns the number of
-    decoding steps drawn. ``prefills``: a ``PrefillCache`` for the plain path."""
+    decoding steps drawn. ``prefills``: a ``PrefillCache`` for the plain path. ``vision``: pixel
+    inputs of the prompts' image blocks for the prefill (plain path only)."""
     device = next(model.parameters()).device
     batch = len(prompts)
     cached = reused is not None
@@ -375,7 +386,7 @@ def _sample_rows(model, prompts, max_new_tokens, stop_ids, pad_id, temperature, 
             layer.update(k, v)
     else:
         out = model(input_ids=new_ids.to(device), attention_mask=mask, position_ids=positions, past_key_values=cache,
-                    use_cache=True, **extra)
+                    use_cache=True, **extra, **(vision or {}))
         logits = out.logits[:, -1, :].float()  # [rows, V]
         del out
     next_pos = positions[:, -1:] + 1  # [rows, 1]
@@ -459,6 +470,7 @@ def token_logprobs(
     temperature: float = 1.0,
     with_entropy: bool = False,
     positions: torch.Tensor | None = None,
+    vision: dict[str, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probability of each token given the tokens before it, for right-padded ``ids``.
 
@@ -471,18 +483,21 @@ def token_logprobs(
     boolean mask), not on every prompt position: on SmolLM2 the head is 28 M of 135 M
     parameters and a 49,152-wide row per position, so this saves most of the memory of a
     multi-turn batch. Models without that argument get full logits, then the selection.
+
+    ``vision``: the pixel inputs of the rows' image blocks (``Vision.inputs``; vision policies).
     """
+    v = vision or {}
     if positions is None:
-        logits = model(input_ids=ids, attention_mask=attention_mask).logits[:, :-1, :].float()  # [B, T-1, V]
+        logits = model(input_ids=ids, attention_mask=attention_mask, **v).logits[:, :-1, :].float()  # [B, T-1, V]
         targets = ids[:, 1:]
         keep = None
     else:
         keep = positions[:, 1:] != 0  # [B, T-1]: token t is predicted at position t-1
         if _keeps_selected_logits(model):
             head = F.pad(keep, (0, 1), value=False)  # [B, T]
-            logits = model(input_ids=ids, attention_mask=attention_mask, logits_to_keep=head).logits.float()  # [N, V]
+            logits = model(input_ids=ids, attention_mask=attention_mask, logits_to_keep=head, **v).logits.float()  # [N, V]
         else:
-            logits = model(input_ids=ids, attention_mask=attention_mask).logits[:, :-1, :][keep].float()
+            logits = model(input_ids=ids, attention_mask=attention_mask, **v).logits[:, :-1, :][keep].float()
         targets = ids[:, 1:][keep]
     if temperature > 0 and temperature != 1.0:
         logits = logits / temperature

@@ -160,6 +160,8 @@ class Policy:
     #: Another rollout backend to sample with (``rollout.backend=vllm``: a
     #: ``turnforge.policy.vllm_sampler.VLLMSampler``); None samples with ``model`` itself.
     sampler: object | None = None
+    #: The processor side of a vision-language model (``turnforge.policy.vision.Vision``); None: text-only.
+    vision: object | None = None
 
     @property
     def device(self) -> torch.device:
@@ -249,11 +251,14 @@ def quiet_hf() -> None:
 
 
 def load_policy(path: str | Path, dtype: str = "float32", device: str = "cpu") -> Policy:
-    """Load a local HF causal LM directory with ``from_pretrained`` (no download), after
+    """Load a local HF causal LM directory (or a vision-language model with its processor:
+    ``turnforge.policy.vision``) with ``from_pretrained`` (no download), after
     checking that the directory is whole and its tokenizer works (``check_model_dir``,
     ``check_tokenizer``); unreadable weights are one ``UserError`` line naming the directory."""
     from safetensors import SafetensorError
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoTokenizer
+
+    from turnforge.policy.vision import load_vision
 
     p = check_model_dir(path)
     torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}.get(dtype)
@@ -263,7 +268,9 @@ def load_policy(path: str | Path, dtype: str = "float32", device: str = "cpu") -
     check_tokenizer(tokenizer, p)
     chat = ChatFormat(tokenizer)
     try:
-        model = AutoModelForCausalLM.from_pretrained(p, dtype=torch_dtype, local_files_only=True).to(device)
+        vision = load_vision(p)
+        auto = AutoModelForCausalLM if vision is None else AutoModelForImageTextToText
+        model = auto.from_pretrained(p, dtype=torch_dtype, local_files_only=True).to(device)
     except (SafetensorError, OSError, ValueError, RuntimeError) as err:  # truncated/empty weights, bad config.json
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         weights = ", ".join(sorted(f.name for f in p.iterdir() if f.suffix in (".safetensors", ".bin"))) or "no weight files"
@@ -276,4 +283,5 @@ def load_policy(path: str | Path, dtype: str = "float32", device: str = "cpu") -
         stop_ids=stop_token_ids(tokenizer, model),
         pad_id=int(pad),
         path=str(p),
+        vision=vision,
     )

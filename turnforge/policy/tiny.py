@@ -166,8 +166,36 @@ def tiny_hf_config(cfg: TinyModelConfig, vocab_size: int | None = None, special:
     return config
 
 
+def _tiny_vlm(cfg: TinyModelConfig, tokenizer, special: dict[str, int]):
+    """A randomly initialised Idefics3 (SmolVLM-class) model around the tiny text model, and its
+    processor (image splitting off: every image is one fixed-length block)."""
+    from transformers import Idefics3Config, Idefics3ForConditionalGeneration, Idefics3ImageProcessorPil, Idefics3Processor
+
+    from turnforge.policy.vision import IMAGE_TOKEN, IMAGE_TOKENS
+
+    v = cfg.vision
+    if cfg.architecture != "qwen2":
+        raise UserError("model.tiny.vision.enabled=true needs model.tiny.architecture=qwen2 (rotary positions)")
+    tokenizer.add_special_tokens({"additional_special_tokens": list(IMAGE_TOKENS)})
+    text = tiny_hf_config(cfg, len(tokenizer), special)
+    side = {"longest_edge": v.image_size}
+    processor = Idefics3Processor(
+        image_processor=Idefics3ImageProcessorPil(do_image_splitting=False, size=side, max_image_size=side),
+        tokenizer=tokenizer, image_seq_len=v.image_seq_len, chat_template=tokenizer.chat_template)
+    vision = dict(hidden_size=v.hidden_size, intermediate_size=v.intermediate_size, num_hidden_layers=v.num_hidden_layers,
+                  num_attention_heads=v.num_attention_heads, image_size=v.image_size, patch_size=v.patch_size)
+    config = Idefics3Config(vision_config=vision, text_config=text.to_dict(), scale_factor=v.scale_factor,
+                            image_token_id=tokenizer.convert_tokens_to_ids(IMAGE_TOKEN),
+                            tie_word_embeddings=cfg.tie_word_embeddings, **special)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(cfg.seed)
+        model = Idefics3ForConditionalGeneration(config)
+    return model, processor
+
+
 def build_tiny_model(out_dir: str | Path, cfg: TinyModelConfig | None = None, corpus: list[str] | None = None) -> Path:
-    """Build and save a tiny Qwen2 model + tokenizer in HF format; returns ``out_dir``.
+    """Build and save a tiny Qwen2 model + tokenizer in HF format (with ``cfg.vision.enabled``, a
+    tiny Idefics3 vision-language model around it and its processor); returns ``out_dir``.
 
     The directory is written beside ``out_dir`` and renamed into place, so a kill never
     leaves a model without its tokenizer; an existing ``out_dir`` is replaced only if it
@@ -187,15 +215,20 @@ def build_tiny_model(out_dir: str | Path, cfg: TinyModelConfig | None = None, co
         "eos_token_id": tokenizer.convert_tokens_to_ids(IM_END),
         "pad_token_id": tokenizer.convert_tokens_to_ids(PAD_TOKEN),
     }
-    config = tiny_hf_config(cfg, len(tokenizer), special)
-    model_cls = Qwen2ForCausalLM if cfg.architecture == "qwen2" else GPT2LMHeadModel
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(cfg.seed)
-        model = model_cls(config)
+    if cfg.vision.enabled:
+        model, processor = _tiny_vlm(cfg, tokenizer, special)
+        config = model.config.text_config
+    else:
+        config = tiny_hf_config(cfg, len(tokenizer), special)
+        model_cls = Qwen2ForCausalLM if cfg.architecture == "qwen2" else GPT2LMHeadModel
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(cfg.seed)
+            model = model_cls(config)
+        processor = tokenizer
     model.generation_config.eos_token_id = [config.eos_token_id]
     model.generation_config.pad_token_id = config.pad_token_id
     model.save_pretrained(out, safe_serialization=True)
-    tokenizer.save_pretrained(out)
+    processor.save_pretrained(out)  # a VLM's processor saves its tokenizer too
     (out / TINY_RECORD).write_text(json.dumps(cfg.model_dump(mode="json"), indent=2) + "\n")
     if final.exists():
         shutil.rmtree(final)

@@ -41,6 +41,7 @@ class ActorInput:
     #: action; the answer goes into the context only, never to the env.
     summary: bool = False
     max_new_tokens: int | None = None  # the generation budget of this answer (None: the actor's own)
+    images: tuple[bytes, ...] = ()  # the images whose blocks ``prompt`` holds, in order (vision policies)
 
 
 class Actor(Protocol):
@@ -85,16 +86,25 @@ class PolicyActor:
         budgets = {x.max_new_tokens for x in inputs}
         if len(budgets) > 1:
             raise ValueError(f"one act() call must share max_new_tokens; got {sorted(budgets, key=str)}")
+        images = [x.images for x in inputs] if any(x.images for x in inputs) else None
         return self.generate([x.prompt for x in inputs], [x.trajectory_id for x in inputs],
-                             max_new_tokens=budgets.pop() if budgets else None)
+                             max_new_tokens=budgets.pop() if budgets else None, images=images)
 
     def generate(self, prompts: Sequence[Sequence[int]], keys: Sequence[str], *, max_new_tokens: int | None = None,
-                 temperature: float | None = None) -> list[Generation]:
+                 temperature: float | None = None, images: Sequence[Sequence[bytes]] | None = None) -> list[Generation]:
         """Sample one continuation per prompt (``keys``: the episode each belongs to, for the
         prefix cache); ``max_new_tokens`` and ``temperature`` default to the actor's. The one
-        sampling path of env episodes and of the gateway's requests."""
+        sampling path of env episodes and of the gateway's requests. ``images``: per prompt, the
+        images of its blocks (vision policies; the id-keyed caches are bypassed, since equal ids
+        may hold different images)."""
         n = self.max_new_tokens if max_new_tokens is None else max_new_tokens
         t = self.temperature if temperature is None else temperature
+        if images is not None:
+            if self.policy.vision is None:
+                raise ValueError("prompts with images need a vision policy")
+            return sample(self.policy.model, prompts, max_new_tokens=n, stop_ids=self.policy.stop_ids,
+                          pad_id=self.policy.pad_id, temperature=t, generator=self.generator,
+                          vision=self.policy.vision.inputs(images, self.policy.device))
         if self.policy.sampler is not None:  # vLLM (its own generator and prefix cache)
             return self.policy.sampler.sample(self.policy.model, self.policy.version, prompts, max_new_tokens=n,
                                               stop_ids=self.policy.stop_ids, temperature=t)

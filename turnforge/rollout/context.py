@@ -23,6 +23,12 @@ Three context policies:
 Episodic memory (``turnforge.rollout.episodic``): ``EpisodeContext.memory`` ids open the first
 user message of every prompt of the episode (every window, every segment), as context.
 
+Images (vision policies, ``turnforge.policy.vision``): an observation's images are written before
+its text as the blocks the model's processor expands them into (context, loss mask 0); the
+images of a prompt, in the order of their blocks, go with it to the sampler and with each sample
+to the trainer (``Sample.images``). A window that drops a turn drops its images; the budget cuts
+an observation's text, never an image block. ``summarize`` does not take images.
+
 Invariants: the policy's generated ids are stored as sampled (never re-tokenized);
 template, observation and marker tokens are context (loss mask 0). An observation that
 would overflow ``max_context_tokens`` (prompt + ``max_new_tokens``) is cut by tokens
@@ -139,10 +145,15 @@ class EpisodeContext:
     _mask: list[int] = field(default_factory=list)
     _logprobs: list[float] = field(default_factory=list)
     _versions: list[int] = field(default_factory=list)
-    # window mode: per turn (observation content ids, action)
-    _turns: list[tuple[tuple[int, ...], _Action]] = field(default_factory=list)
+    # window mode: per turn (observation content ids, action, the observation's images)
+    _turns: list[tuple[tuple[int, ...], _Action, tuple[bytes, ...]]] = field(default_factory=list)
     _obs_ids: tuple[int, ...] = ()
+    _obs_images: tuple[bytes, ...] = ()
     _prompt: tuple[int, ...] = ()
+    _prompt_images: tuple[bytes, ...] = ()
+    _images: list[bytes] = field(default_factory=list)  # full-history buffers: the images of their blocks, in order
+    #: the processor side of a vision policy (``turnforge.policy.vision.Vision``); None: text only
+    vision: object | None = None
     samples: list[Sample] = field(default_factory=list)
     history_dropped: int = 0  # window turns dropped to fit the budget
     # summarize: the current segment lives in the full-history buffers
@@ -156,17 +167,24 @@ class EpisodeContext:
     memory: tuple[int, ...] = ()
 
     # ------------------------------------------------------------ observations
-    def observe(self, observation: str) -> int:
-        """Add the next observation; returns how many of its tokens were cut (0 = none).
-        Raises ``ContextOverflow`` if the prompt cannot fit at all."""
+    def observe(self, observation: str, images: tuple[bytes, ...] = ()) -> int:
+        """Add the next observation (and the images shown with it); returns how many of its text
+        tokens were cut (0 = none). Raises ``ContextOverflow`` if the prompt cannot fit at all."""
         if self.summary_due:
             raise RuntimeError("observe() while a summary is due: call summarize() first")
         content = self.chat.encode(observation)
+        blocks: tuple[int, ...] = ()
+        if images:
+            if self.vision is None:
+                raise ValueError("an observation with images needs a vision policy")
+            if self.cfg.context == "summarize":
+                raise ValueError("rollout.context=summarize does not take observations with images")
+            blocks = tuple(i for png in images for i in self.vision.block(png))  # type: ignore[attr-defined]
         if self.cfg.context == "full_history":
-            return self._observe_full(content)[0]
+            return self._observe_full(content, blocks, images)[0]
         if self.cfg.context == "summarize":
             return self._observe_summarize(content)
-        return self._observe_window(content)
+        return self._observe_window(content, blocks, images)
 
     def _fit(self, content: tuple[int, ...], fixed: int) -> tuple[tuple[int, ...], int]:
         room = self.cfg.max_context_tokens - self.cfg.max_new_tokens - fixed
@@ -177,16 +195,18 @@ class EpisodeContext:
             raise ContextOverflow
         return content[:keep] + self.marker_ids, len(content) - keep
 
-    def _observe_full(self, content: tuple[int, ...]) -> tuple[int, tuple[int, ...]]:
-        """Append an observation message; (tokens cut, the content as written)."""
+    def _observe_full(self, content: tuple[int, ...], blocks: tuple[int, ...] = (), images: tuple[bytes, ...] = ()
+                      ) -> tuple[int, tuple[int, ...]]:
+        """Append an observation message (its image blocks, then its text); (tokens cut, the text as written)."""
         memory: tuple[int, ...] = ()
         if not self._ids:
             head, tail = self.chat.start(self.spec.system, self.spec.tools, self.spec.examples, self.spec.observation_role)
             memory = self.memory
         else:
             head, tail = self.chat.turn(self.spec.observation_role)
-        content, cut = self._fit(content, len(self._ids) + len(head) + len(memory) + len(tail))
-        self._context(head + memory + content + tail)
+        content, cut = self._fit(content, len(self._ids) + len(head) + len(memory) + len(blocks) + len(tail))
+        self._context(head + memory + blocks + content + tail)
+        self._images.extend(images)
         return cut, content
 
     def _context(self, ids: tuple[int, ...]) -> None:
@@ -259,6 +279,7 @@ class EpisodeContext:
             parent_segment=k - 1,
             first_turn=self._segment_first_turn,
             summary_tokens=summary_tokens,
+            images=tuple(self._images),
             **self._memory_span(),
         )
 
@@ -276,7 +297,7 @@ class EpisodeContext:
         head, tail = self.chat.start(self.spec.system, self.spec.tools, self.spec.examples, self.spec.observation_role)
         later_head, later_tail = self.chat.turn(self.spec.observation_role)
         out: list[int] = list(head) + list(self.memory)
-        for i, (obs, act) in enumerate(turns):
+        for i, (obs, act, _) in enumerate(turns):
             if i > 0:
                 out.extend(later_head)
             out.extend(obs)
@@ -288,25 +309,30 @@ class EpisodeContext:
         out.extend(tail if not turns else later_tail)
         return tuple(out)
 
-    def _observe_window(self, content: tuple[int, ...]) -> int:
+    def _observe_window(self, content: tuple[int, ...], blocks: tuple[int, ...] = (), images: tuple[bytes, ...] = ()) -> int:
         k = self.cfg.history_window
         turns = self._turns[-k:] if k > 0 else []
         while True:
-            fixed = len(self._window_prompt(turns, ()))
+            fixed = len(self._window_prompt(turns, blocks))
             room = self.cfg.max_context_tokens - self.cfg.max_new_tokens - fixed
             if len(content) <= room or not turns:
                 break
             turns = turns[1:]
             self.history_dropped += 1
         content, cut = self._fit(content, fixed)
-        self._obs_ids = content
-        self._prompt = self._window_prompt(turns, content)
+        self._obs_ids, self._obs_images = blocks + content, images
+        self._prompt = self._window_prompt(turns, self._obs_ids)
+        self._prompt_images = tuple(png for t in turns for png in t[2]) + images
         return cut
 
     # ------------------------------------------------------------ prompts and actions
     def prompt(self) -> tuple[int, ...]:
         """Ids the policy conditions on for the next action."""
         return self._prompt if self.cfg.context == "window" else tuple(self._ids)
+
+    def prompt_images(self) -> tuple[bytes, ...]:
+        """The images whose blocks ``prompt()`` holds, in order."""
+        return self._prompt_images if self.cfg.context == "window" else tuple(self._images)
 
     def act(self, ids: tuple[int, ...], logprobs: tuple[float, ...] | None, version: int) -> None:
         """Record the action ids (exactly as generated) and the template's closing ids."""
@@ -341,10 +367,11 @@ class EpisodeContext:
                     versions=np.asarray([-1] * n + [ver] * len(ids), dtype=np.int32),
                     trajectory_id=self.trajectory_id,
                     turn_index=len(self._turns),
+                    images=self._prompt_images,
                     **self._memory_span(),
                 )
             )
-            self._turns.append((self._obs_ids, action))
+            self._turns.append((self._obs_ids, action, self._obs_images))
 
     def finish(self) -> list[Sample]:
         """All samples of the episode (call once, after the last action)."""
@@ -362,6 +389,7 @@ class EpisodeContext:
                     versions=np.asarray(self._versions, dtype=np.int32),
                     trajectory_id=self.trajectory_id,
                     turn_index=-1,
+                    images=tuple(self._images),
                     **self._memory_span(),
                 )
             ]
@@ -404,8 +432,8 @@ def rerender(trajectory, observations: list[str], chat: ChatFormat, cfg: Rollout
     of the ones it was shown: same action ids, sampling logprobs and versions, contexts written
     afresh (e.g. a guided episode with its hints stripped), cut to the budget as the engine
     would. None when a context does not fit at all."""
-    if any(x.summary_tokens for x in trajectory.samples):
-        return None  # its summaries were written for the contexts it was shown
+    if any(x.summary_tokens or x.images for x in trajectory.samples):
+        return None  # its summaries were written for the contexts it was shown; images are not re-rendered
     actions: list[tuple[np.ndarray, np.ndarray, int]] = []
     for x in sorted(trajectory.samples, key=lambda x: x.turn_index):
         segs = action_segments(x)

@@ -55,6 +55,7 @@ from turnforge.envpool import EnvBackend, InlineEnvs, PoolStats, make_backend
 from turnforge.envpool.host import AfterState, EnvResult, Probe
 from turnforge.envs.base import Env, capabilities, close_env
 from turnforge.envs.registry import build_env
+from turnforge.errors import UserError
 from turnforge.policy.generate import Generation
 from turnforge.policy.model import Policy
 from turnforge.rollout.actors import Actor, ActorInput
@@ -215,6 +216,9 @@ class RolloutEngine:
         if policy is not None:
             check_summary_budget(policy.chat, cfg)
         self.caps = capabilities(env)
+        if self.caps.images and policy is not None and policy.vision is None:
+            raise UserError(f"env {env.env_id!r} shows images in its observations but the model is text-only; use a "
+                            "vision-language model (model.tiny.vision.enabled=true, or a local VLM directory)")
         self.marker = policy.chat.encode(cfg.truncation_marker) if policy is not None else ()
         self._free_slots: list[int] = list(range(backend.num_envs))[::-1]
         self._by_slot: dict[int, Episode] = {}
@@ -302,7 +306,8 @@ class RolloutEngine:
             self.caps.require("random_action", self.env.env_id, f"{type(actor).__name__} (it plays random actions)")
         ctx = None
         if self.policy is not None and tokens:
-            ctx = EpisodeContext(self.policy.chat, self.cfg, self.prompt, self.marker, req.trajectory_id)
+            ctx = EpisodeContext(self.policy.chat, self.cfg, self.prompt, self.marker, req.trajectory_id,
+                                 vision=self.policy.vision)
         slot = self._free_slots.pop()
         ep = Episode(req, actor, self._seq, slot, ctx, keep_snapshots)
         self._seq += 1
@@ -355,7 +360,7 @@ class RolloutEngine:
                 if r.kind != "step" and self.memory is not None:  # the first observation: recall past successes
                     ep.ctx.memory = self._memory_ids(ep.observation)
                 try:
-                    ep.cut = ep.ctx.observe(ep.observation)
+                    ep.cut = ep.ctx.observe(ep.observation, r.images)
                 except (ContextOverflow, SummaryLimit) as err:
                     ep.truncated, ep.reason = True, "summary_limit" if isinstance(err, SummaryLimit) else "context_budget"
                     self._finish(ep)
@@ -396,7 +401,8 @@ class RolloutEngine:
         for group in by_actor.values():
             actor = group[0].actor
             inputs = [ActorInput(e.ctx.prompt() if actor.needs_tokens else None, e.request.task, e.request.trajectory_id,  # type: ignore[union-attr]
-                                 e.turn, e.after, summary=True, max_new_tokens=self.cfg.summary_max_tokens) for e in group]
+                                 e.turn, e.after, summary=True, max_new_tokens=self.cfg.summary_max_tokens,
+                                 images=e.ctx.prompt_images()) for e in group]  # type: ignore[union-attr]
             t0 = time.perf_counter()
             answers = actor.act(inputs)
             if actor.needs_tokens:
@@ -438,7 +444,9 @@ class RolloutEngine:
         for group in by_actor.values():
             actor = group[0].actor
             inputs = [ActorInput(e.ctx.prompt() if e.ctx is not None and actor.needs_tokens else None, e.request.task,
-                                 e.request.trajectory_id, e.turn, e.after) for e in group]
+                                 e.request.trajectory_id, e.turn, e.after,
+                                 images=e.ctx.prompt_images() if e.ctx is not None and actor.needs_tokens else ())
+                      for e in group]
             t0 = time.perf_counter()
             actions = actor.act(inputs)
             if actor.needs_tokens:

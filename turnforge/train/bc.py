@@ -68,8 +68,9 @@ def run_bc(s: Session) -> BCStats:
     for epoch in range(bc.epochs):
         order = rng(cfg.seed, "bc", epoch).permutation(len(samples))
         for b in range(steps_per_epoch):
-            batch = collate([samples[i] for i in order[b * bc.batch_size:(b + 1) * bc.batch_size]], policy.pad_id)
-            logprobs, _ = token_logprobs(policy.model, batch.ids, batch.attention, positions=batch.mask)
+            batch = collate([samples[i] for i in order[b * bc.batch_size:(b + 1) * bc.batch_size]], policy.pad_id,
+                            vision=policy.vision)
+            logprobs, _ = token_logprobs(policy.model, batch.ids, batch.attention, positions=batch.mask, vision=batch.vision)
             loss = sft_loss(logprobs, batch.mask)
             step(loss)
             scheduler.step()

@@ -31,15 +31,18 @@ class Batch:
     mask: torch.Tensor  # [B, T] float, 1 on action tokens
     old_logprobs: torch.Tensor  # [B, T] sampling logprobs, 0 where not sampled
     advantages: torch.Tensor  # [B, T] the sample's advantage on its action tokens, 0 elsewhere
+    vision: dict[str, torch.Tensor] | None = None  # pixel inputs of the rows' image blocks (vision policies)
 
     @property
     def num_tokens(self) -> int:
         return int(self.attention.sum())
 
 
-def collate(samples: Sequence[Sample], pad_id: int, advantages: Sequence[float | np.ndarray] | None = None) -> Batch:
+def collate(samples: Sequence[Sample], pad_id: int, advantages: Sequence[float | np.ndarray] | None = None,
+            vision=None) -> Batch:
     """Right-pad samples into tensors. ``advantages`` holds one entry per sample: a float
-    (put on all its action tokens) or a per-token array of the sample's length."""
+    (put on all its action tokens) or a per-token array of the sample's length. Samples with
+    images need ``vision`` (the policy's ``Vision``): their pixels go with the batch."""
     ids, attention = pad_right([s.token_ids for s in samples], pad_id)
     mask = torch.zeros(ids.shape, dtype=torch.float32)
     old = torch.zeros(ids.shape, dtype=torch.float32)
@@ -52,7 +55,12 @@ def collate(samples: Sequence[Sample], pad_id: int, advantages: Sequence[float |
         for i, (s, a) in enumerate(zip(samples, advantages)):
             adv[i, :len(s)] = torch.as_tensor(np.broadcast_to(np.asarray(a, np.float32), (len(s),)).copy())
         adv = adv * mask
-    return Batch(ids, attention, mask, old, adv)
+    pixels = None
+    if any(s.images for s in samples):
+        if vision is None:
+            raise ValueError("samples with images need the policy's vision processor (collate(..., vision=policy.vision))")
+        pixels = vision.inputs([s.images for s in samples])
+    return Batch(ids, attention, mask, old, adv, pixels)
 
 
 class NonFiniteLoss(RunStopped):
@@ -113,8 +121,9 @@ def action_entropy(policy: Policy, samples: Sequence[Sample], limit: int = 512, 
     chunk = samples[:limit]
     out, n = 0.0, 0
     for b in range(0, len(chunk), batch_size):
-        batch = collate(chunk[b:b + batch_size], policy.pad_id)
-        _, ent = token_logprobs(policy.model, batch.ids, batch.attention, 1.0, with_entropy=True, positions=batch.mask)
+        batch = collate(chunk[b:b + batch_size], policy.pad_id, vision=policy.vision)
+        _, ent = token_logprobs(policy.model, batch.ids, batch.attention, 1.0, with_entropy=True, positions=batch.mask,
+                                vision=batch.vision)
         m = batch.mask
         out += float((ent * m).sum())
         n += int(m.sum())

@@ -371,8 +371,9 @@ def _rft_data(s: Session, data: list[Candidate]) -> tuple[list[Sample], list[flo
 def _is_weights(s: Session, samples: list[Sample]) -> list[float]:
     if not samples:
         return []
-    batch = collate(samples, s.policy.pad_id)
-    lp, _ = token_logprobs(s.policy.model, batch.ids, batch.attention, s.cfg.flywheel.temperature, positions=batch.mask)
+    batch = collate(samples, s.policy.pad_id, vision=s.policy.vision)
+    lp, _ = token_logprobs(s.policy.model, batch.ids, batch.attention, s.cfg.flywheel.temperature, positions=batch.mask,
+                           vision=batch.vision)
     log_ratio = ((lp - batch.old_logprobs) * batch.mask).sum(dim=1)
     return torch.exp(log_ratio).clamp(max=1.0).tolist()
 
@@ -394,9 +395,9 @@ def _rft(s: Session, step: GuardedStep, samples: list[Sample], weights: list[flo
             order = rng(s.cfg.seed, "flywheel-rft", r, epoch).permutation(len(samples))
             for k, b in enumerate(range(0, len(samples), fw.rft_batch_size)):
                 idx = order[b:b + fw.rft_batch_size]
-                batch = collate([samples[i] for i in idx], policy.pad_id)
+                batch = collate([samples[i] for i in idx], policy.pad_id, vision=policy.vision)
                 lp, ent = token_logprobs(policy.model, batch.ids, batch.attention, with_entropy=floor > 0,
-                                         positions=batch.mask)
+                                         positions=batch.mask, vision=batch.vision)
                 mask = batch.mask * w_all[idx][:, None]
                 loss = -(lp * mask).sum() / batch.mask.sum().clamp(min=1)
                 if floor > 0:

@@ -35,6 +35,7 @@ from turnforge.policy.gguf import cached_import, find_gguf
 from turnforge.policy.lora import ADAPTER_DIR, FrozenBase, add_lora, check_lora_targets, is_lora, merge_lora, skeleton
 from turnforge.policy.model import ChatFormat, Policy, check_model_dir, load_policy
 from turnforge.policy.tiny import build_tiny_model, build_tokenizer, default_corpus, tiny_hf_config
+from turnforge.policy.vision import check_first_images, check_vision_options
 from turnforge.rollout.context import PromptSpec, check_summary_budget
 from turnforge.rollout.engine import Engine, RolloutEngine, make_engine
 from turnforge.rollout.episodic import EpisodicMemory, read_store
@@ -94,6 +95,7 @@ def preflight(cfg: TrainConfig, run_dir: Path, resume: bool) -> Checked:
         stored = read_store(cfg.memory, env.env_id) if cfg.memory.enabled and cfg.memory.store is not None else None
         checked = Checked(env, memory=stored)
         check_options(cfg, checked.env)
+        check_vision_options(cfg, checked.env)
         if cfg.check_env:
             check_env_at_start(cfg)
     if cfg.cluster == "ray":  # an unreachable cluster is a one-line error now, not after the BC stage
@@ -255,6 +257,7 @@ def _make_engine(cfg: TrainConfig, policy: Policy, run_dir: Path, checked: Check
                            cfg.rollout.tools_in_system_prompt)
     policy.chat.start(prompt.system, prompt.tools, prompt.examples, prompt.observation_role)  # the template fits the env
     policy.chat.turn(prompt.observation_role)
+    check_first_images(checked.env, policy.vision)
     engine = stack.enter_context(closing(make_engine(cfg, policy)))
     return engine, check_action_lengths(engine.env, policy.chat, cfg.rollout.max_new_tokens) if cfg.check_env else []
 

@@ -70,14 +70,15 @@ def ppo_update(
     for _ in range(rl.epochs):
         for idx in minibatches(rows, order, rl.minibatch_size):
             chunk = [rows[i] for i in idx]
-            batch = collate([r.sample for r in chunk], policy.pad_id, [r.advantage for r in chunk])
+            batch = collate([r.sample for r in chunk], policy.pad_id, [r.advantage for r in chunk], vision=policy.vision)
             counts = torch.tensor([r.count for r in chunk], dtype=torch.float32)
             logprobs, entropy = token_logprobs(policy.model, batch.ids, batch.attention, temperature,
-                                               with_entropy=True, positions=batch.mask)
+                                               with_entropy=True, positions=batch.mask, vision=batch.vision)
             ref = None
             if reference is not None:
                 with torch.no_grad():
-                    ref, _ = token_logprobs(reference, batch.ids, batch.attention, temperature, positions=batch.mask)
+                    ref, _ = token_logprobs(reference, batch.ids, batch.attention, temperature, positions=batch.mask,
+                                            vision=batch.vision)
             ppo_kwargs = dict(
                 clip_low=rl.clip_low, clip_high=rl.clip_high, ref_logprobs=ref, kl_coef=rl.kl_coef,
                 weights=torch.tensor([r.weight for r in chunk], dtype=torch.float32), dual_clip=rl.dual_clip,
@@ -135,8 +136,8 @@ def proximal_logprobs(policy: Policy, samples: list[Sample], temperature: float,
     stale, weights, raw_max, truncated, diffs, log_diffs = 0, [], 1.0, 0, [], []
     for b in range(0, len(samples), batch_size):
         chunk = samples[b:b + batch_size]
-        batch = collate(chunk, policy.pad_id)
-        lp, _ = token_logprobs(policy.model, batch.ids, batch.attention, temperature, positions=batch.mask)
+        batch = collate(chunk, policy.pad_id, vision=policy.vision)
+        lp, _ = token_logprobs(policy.model, batch.ids, batch.attention, temperature, positions=batch.mask, vision=batch.vision)
         w, st = importance_weights(lp, batch.old_logprobs, batch.mask, cap)
         on = batch.mask.bool()
         weights.append(w[on])

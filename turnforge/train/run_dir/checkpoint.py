@@ -110,7 +110,7 @@ def save_model(policy: Policy, path: Path, extra: dict[str, Any] | None = None, 
         policy.model.save_pretrained(tmp / ADAPTER_DIR, safe_serialization=True)
     else:
         policy.model.save_pretrained(tmp, safe_serialization=True)
-    policy.tokenizer.save_pretrained(tmp)
+    (policy.tokenizer if policy.vision is None else policy.vision.processor).save_pretrained(tmp)  # a processor saves its tokenizer
     for name, obj in (extra or {}).items():
         if name.endswith(".pt"):
             torch.save(obj, tmp / name)

@@ -1,0 +1,170 @@
+"""Vision-language policies: images in observations, sampled and re-scored token-exactly."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+import torch
+
+from helpers import assert_rescores, inline_engine
+from turnforge.config import RolloutConfig, TinyModelConfig, TinyVisionConfig, TrainConfig
+from turnforge.envs.base import Env, capabilities
+from turnforge.envs.tasks import TaskGenerator
+from turnforge.errors import UserError
+from turnforge.policy.generate import pad_right, token_logprobs
+from turnforge.rollout.actors import PolicyActor
+from turnforge.rollout.engine import EpisodeRequest
+from turnforge.types import StepResult
+
+COLOURS = {"red": (220, 30, 30), "green": (30, 200, 30), "blue": (30, 30, 220)}
+
+
+def png(rgb, size=(40, 28)) -> bytes:
+    from PIL import Image, ImageDraw
+
+    img = Image.new("RGB", size, rgb)
+    ImageDraw.Draw(img).rectangle([3, 3, 12, 9], fill=(255, 255, 255))
+    buf = io.BytesIO()
+    img.save(buf, format="PNG")
+    return buf.getvalue()
+
+
+class ColourEnv(Env):
+    """Test env: each turn shows a coloured image; answer its colour (episode of ``length`` turns)."""
+
+    env_id = "test-colour"
+    instructions = "Name the colour of the image: red, green or blue."
+    tasks = TaskGenerator(lambda rng: {"colours": [rng.choice(sorted(COLOURS)) for _ in range(4)]})
+
+    def __init__(self, length: int = 3) -> None:
+        self.length = length
+
+    def reset(self, task, seed):
+        self.colours, self.t = list(task.data["colours"]), 0
+        return "What colour is it?"
+
+    def observation_images(self):
+        return (png(COLOURS[self.colours[self.t % len(self.colours)]]),)
+
+    def step(self, action):
+        right = action.strip().lower().startswith(self.colours[self.t % len(self.colours)])
+        self.t += 1
+        done = self.t >= self.length
+        return StepResult("And now?", float(right), done, False, success=done)
+
+    def expert_action(self):
+        return self.colours[self.t % len(self.colours)]
+
+
+@pytest.fixture(scope="module")
+def vlm_dir(tmp_path_factory):
+    from turnforge.policy.tiny import build_tiny_model
+
+    path = tmp_path_factory.mktemp("tiny_vlm")
+    vision = TinyVisionConfig(enabled=True, image_size=56, patch_size=14, hidden_size=32, intermediate_size=64)
+    build_tiny_model(path, TinyModelConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                                           num_key_value_heads=1, vision=vision), corpus=["red green blue colour image"])
+    return path
+
+
+@pytest.fixture()
+def vlm(vlm_dir):
+    from turnforge.policy.model import load_policy
+
+    return load_policy(vlm_dir)
+
+
+def _play(policy, cfg, n=4, length=3, seed=0):
+    engine = inline_engine(policy, [ColourEnv(length) for _ in range(n)], cfg)
+    reqs = [EpisodeRequest(engine.env.task("train", i), i, f"g{i}", f"t{i}") for i in range(n)]
+    return engine.play(reqs, PolicyActor(policy, cfg.max_new_tokens, 1.0, torch.Generator().manual_seed(seed)))
+
+
+def test_image_block_is_the_processors_expansion(vlm):
+    from PIL import Image
+
+    image = png(COLOURS["red"])
+    out = vlm.vision.processor(text=["<image>"], images=[[Image.open(io.BytesIO(image)).convert("RGB")]], return_tensors="pt")
+    block = vlm.vision.block(image)
+    assert list(block) == out["input_ids"][0].tolist()
+    assert block.count(vlm.vision.image_token_id) == 4  # (56 / 14 / 2)^2 image tokens
+    assert capabilities(ColourEnv()).images
+
+
+@pytest.mark.parametrize("context,window", [("window", 0), ("window", 2), ("full_history", 0)])
+def test_rescored_logprobs_match_sampling_with_images(vlm, context, window):
+    cfg = RolloutConfig(context=context, history_window=window, max_turns=4, max_new_tokens=4, max_context_tokens=1024)
+    trajs, _ = _play(vlm, cfg)
+    samples = [s for t in trajs for s in t.samples]
+    per_block = vlm.vision.block(png(COLOURS["red"])).count(vlm.vision.image_token_id)
+    for s in samples:
+        assert s.images and int((s.token_ids == vlm.vision.image_token_id).sum()) == per_block * len(s.images)
+        assert (s.loss_mask[s.token_ids == vlm.vision.image_token_id] == 0).all()  # image tokens are context
+    if context == "window" and window == 0:
+        assert all(len(s.images) == 1 for s in samples)
+    if context == "full_history":
+        assert [len(s.images) for s in samples] == [t.num_turns for t in trajs]
+    assert_rescores(vlm, samples, atol=1e-4)
+
+
+def test_the_model_sees_the_pixels(vlm):
+    """Re-scoring with other images gives other logprobs: the pixels reach the forward pass."""
+    cfg = RolloutConfig(context="window", history_window=0, max_turns=2, max_new_tokens=4, max_context_tokens=1024)
+    trajs, _ = _play(vlm, cfg, n=2)
+    samples = [s for t in trajs for s in t.samples]
+    ids, attn = pad_right([s.token_ids for s in samples], vlm.pad_id)
+    other = [tuple(png((0, 0, 0)) for _ in s.images) for s in samples]
+    with torch.no_grad():
+        lp_true, _ = token_logprobs(vlm.model, ids, attn, vision=vlm.vision.inputs([s.images for s in samples]))
+        lp_other, _ = token_logprobs(vlm.model, ids, attn, vision=vlm.vision.inputs(other))
+    assert not torch.allclose(lp_true, lp_other)
+
+
+def test_checkpoint_keeps_the_processor(vlm, tmp_path):
+    from turnforge.policy.model import load_policy
+    from turnforge.train.run_dir.checkpoint import save_model
+
+    save_model(vlm, tmp_path / "ck")
+    again = load_policy(tmp_path / "ck")
+    image = png(COLOURS["blue"])
+    assert again.vision.block(image) == vlm.vision.block(image)
+    cfg = RolloutConfig(context="window", max_turns=2, max_new_tokens=3, max_context_tokens=1024)
+    samples = [s for t in _play(vlm, cfg, n=2)[0] for s in t.samples]
+    assert_rescores(again, samples, atol=1e-5)
+
+
+def test_text_model_refuses_an_image_env(tiny_policy):
+    cfg = RolloutConfig(context="window", max_turns=2, max_new_tokens=3)
+    with pytest.raises(UserError, match="shows images in its observations but the model is text-only"):
+        inline_engine(tiny_policy, [ColourEnv()], cfg)
+
+
+def test_an_image_the_processor_rejects_is_one_line(vlm):
+    with pytest.raises(UserError, match="not an image the processor can read"):
+        vlm.vision.block(b"not a png")
+
+
+@pytest.mark.parametrize("override,bad", [
+    ({"rollout": {"prefix_cache": True}}, "rollout.prefix_cache=true"),
+    ({"rollout": {"context": "summarize"}}, "rollout.context=summarize"),
+    ({"rl": {"rehearsal_coef": 0.1}}, "rl.rehearsal_coef>0"),
+])
+def test_options_a_vision_policy_refuses(override, bad):
+    from turnforge.policy.vision import check_vision_options
+
+    cfg = TrainConfig.model_validate({"model": {"tiny": {"vision": {"enabled": True}}}, **override})
+    with pytest.raises(UserError, match=bad.replace("+", r"\+")):
+        check_vision_options(cfg, ColourEnv())
+
+
+def test_a_text_model_on_an_image_env_is_refused_before_any_work():
+    from turnforge.policy.vision import check_vision_options
+
+    with pytest.raises(UserError, match="text-only"):
+        check_vision_options(TrainConfig(), ColourEnv())
+
+
+def test_vision_grid_must_divide():
+    with pytest.raises(ValueError, match="multiple of patch_size"):
+        TinyVisionConfig(enabled=True, image_size=50, patch_size=14)
