@@ -168,3 +168,22 @@ def test_a_text_model_on_an_image_env_is_refused_before_any_work():
 def test_vision_grid_must_divide():
     with pytest.raises(ValueError, match="multiple of patch_size"):
         TinyVisionConfig(enabled=True, image_size=50, patch_size=14)
+
+
+def test_parquet_names_each_samples_images_and_keeps_them_once(vlm, tmp_path):
+    import pyarrow.parquet as pq
+
+    from turnforge.data.store import read_image, write_trajectories
+    from turnforge.policy.vision import image_key
+
+    cfg = RolloutConfig(context="full_history", max_turns=3, max_new_tokens=3, max_context_tokens=1024)
+    trajs, _ = _play(vlm, cfg, n=3)
+    path = tmp_path / "trajectories" / "rl_00000.parquet"
+    write_trajectories(path, trajs, stage="rl", iteration=0)
+    rows = pq.read_table(path).to_pylist()
+    samples = [s for t in trajs for s in t.samples]
+    assert [r["image_sha256"] for r in rows] == [[image_key(p) for p in s.images] for s in samples]
+    for r, s in zip(rows, samples):
+        assert tuple(read_image(path, k) for k in r["image_sha256"]) == s.images
+    distinct = {image_key(p) for s in samples for p in s.images}
+    assert len(list((tmp_path / "trajectories" / "images").iterdir())) == len(distinct)

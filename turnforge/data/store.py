@@ -5,7 +5,9 @@ has one sample per turn, with ``full_history`` exactly one, with ``summarize`` o
 segment (``segment_index`` 0, 1, ..., ``parent_segment`` the one it continues, -1 for the
 first; ``first_turn`` the turn of its first action; its last ``summary_tokens`` tokens are the
 summary that ended it, 0 for the last segment; ``token_ids[memory_start : memory_start +
-memory_tokens]`` is the episodic-memory block in its prompt, 0 tokens without memory). Episode-level columns
+memory_tokens]`` is the episodic-memory block in its prompt, 0 tokens without memory;
+``image_sha256`` names the images of a vision policy's sample, in the order of their blocks, each
+stored once as ``images/<sha256>.png`` beside the file). Episode-level columns
 (``reward``, ``success``, ``num_turns``, ...) repeat on each row of a trajectory;
 ``turn_index`` is -1 for samples of several turns. ``logprobs`` is null where no policy
 sampled the token (context tokens, expert demonstrations).
@@ -74,6 +76,9 @@ SCHEMA = pa.schema(
         ("logprobs", pa.list_(pa.float32())),
         ("loss_mask", pa.list_(pa.int8())),
         ("versions", pa.list_(pa.int32())),
+        # vision policies: sha256 of each image whose processor block token_ids hold, in order (the PNG
+        # is IMAGES_DIR/<sha256>.png beside the file); an empty list for a text sample
+        ("image_sha256", pa.list_(pa.string())),
         ("action_text", pa.string()),
         ("turn_reward", pa.float32()),
         ("reward", pa.float32()),
@@ -94,6 +99,9 @@ SCHEMA = pa.schema(
 
 #: Per-sample integer columns copied from ``Sample`` attributes of the same name.
 SAMPLE_SPANS: tuple[str, ...] = ("segment_index", "parent_segment", "first_turn", "summary_tokens", "memory_start", "memory_tokens")
+
+#: Folder beside the Parquet files that holds the images of their samples, one PNG per content hash.
+IMAGES_DIR = "images"
 
 #: Where an episode came from: the values of the ``source`` column.
 SOURCES: tuple[str, ...] = ("demo", "plain", "retry", "guided", "curriculum", "anchor", "evolved", "replay")
@@ -145,6 +153,7 @@ def write_trajectories(
             rows["logprobs"].append(None if lp is None else [None if np.isnan(x) else float(x) for x in lp])
             rows["loss_mask"].append(None if s is None else s.loss_mask.tolist())
             rows["versions"].append(None if s is None else s.versions.tolist())
+            rows["image_sha256"].append(None if s is None else [_keep_image(path, png) for png in s.images])
             rows["action_text"].append(turn.action_text if turn else None)
             rows["turn_reward"].append(turn.reward if turn else None)
             rows["reward"].append(None if failed else traj.episode_return)
@@ -172,6 +181,27 @@ def write_trajectories(
     finally:
         tmp.unlink(missing_ok=True)
     return table.num_rows
+
+
+def _keep_image(parquet_path: str | Path, png: bytes) -> str:
+    """Write ``png`` as ``IMAGES_DIR/<sha256>.png`` beside ``parquet_path`` (once: content-addressed,
+    through a temporary file and a rename); returns the hash."""
+    from turnforge.policy.vision import image_key
+
+    key = image_key(png)
+    folder = Path(parquet_path).parent / IMAGES_DIR
+    target = folder / f"{key}.png"
+    if not target.exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = folder / f".{key}.{os.getpid()}.tmp"
+        tmp.write_bytes(png)
+        os.replace(tmp, target)
+    return key
+
+
+def read_image(parquet_path: str | Path, key: str) -> bytes:
+    """The PNG bytes of image ``key`` (a value of ``image_sha256``) stored beside ``parquet_path``."""
+    return (Path(parquet_path).parent / IMAGES_DIR / f"{key}.png").read_bytes()
 
 
 def _source_lookup(trajectories: Sequence[Trajectory], sources: Mapping[str, str] | str | None,

@@ -176,6 +176,7 @@ def check_vision_options(cfg, env) -> None:
         "rollout.context=summarize": cfg.rollout.context == "summarize",
         "rl.kl_mode=reward": cfg.rl.kl_mode == "reward" and cfg.rl.kl_coef > 0,
         "rl.rehearsal_coef>0": cfg.rl.rehearsal_coef > 0,
+        "rl.advantage=mc_grpo": cfg.rl.advantage == "mc_grpo",
     }
     bad = [k for k, on in refused.items() if on]
     if bad:

@@ -54,7 +54,7 @@ def merge_samples(
     for i, (x, a) in enumerate(samples):
         adv = np.asarray(a, np.float64)
         sign = bool(adv < 0) if adv.ndim == 0 else (adv[x.loss_mask.astype(bool)] < 0).tobytes()
-        key = (x.token_ids.tobytes(), x.loss_mask.tobytes(), x.versions.tobytes(), sign)
+        key = (x.token_ids.tobytes(), x.loss_mask.tobytes(), x.versions.tobytes(), sign, x.images)  # equal ids may hold other images
         buckets.setdefault(key, []).append(i)
     out = []
     for idx in buckets.values():
