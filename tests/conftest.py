@@ -88,6 +88,18 @@ def tiny_model_dir(tmp_path_factory):
     return path
 
 
+@pytest.fixture(scope="session")
+def tiny_vlm_dir(tmp_path_factory):
+    """A tiny Idefics3 vision-language model (56 px images, 4 image tokens each) with its processor."""
+    from turnforge.config import TinyModelConfig, TinyVisionConfig
+    from turnforge.policy.tiny import build_tiny_model
+
+    path = tmp_path_factory.mktemp("tiny_vlm")
+    vision = TinyVisionConfig(enabled=True, image_size=56, patch_size=14, hidden_size=32, intermediate_size=64)
+    build_tiny_model(path, TinyModelConfig(**TINY_TEST_SHAPE, vision=vision), corpus=["red green blue colour image"])
+    return path
+
+
 @pytest.fixture()
 def tiny_policy(tiny_model_dir):
     from turnforge.policy.model import load_policy

@@ -58,3 +58,16 @@ def assert_rescores(policy, samples, atol: float = 1e-4) -> None:
     for i, s in enumerate(samples):
         sampled = s.versions >= 0
         np.testing.assert_allclose(lp[i, : len(s)][torch.from_numpy(sampled)].numpy(), s.logprobs[sampled], atol=atol)
+
+
+def solid_png(rgb, size=(40, 28)) -> bytes:
+    """PNG bytes of a ``size`` image of colour ``rgb`` with a white mark in its top-left corner."""
+    import io
+
+    from PIL import Image, ImageDraw
+
+    img = Image.new("RGB", size, rgb)
+    ImageDraw.Draw(img).rectangle([3, 3, 12, 9], fill=(255, 255, 255))
+    buf = io.BytesIO()
+    img.save(buf, format="PNG")
+    return buf.getvalue()

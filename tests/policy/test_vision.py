@@ -7,8 +7,8 @@ import io
 import pytest
 import torch
 
-from helpers import assert_rescores, inline_engine
-from turnforge.config import RolloutConfig, TinyModelConfig, TinyVisionConfig, TrainConfig
+from helpers import assert_rescores, inline_engine, solid_png
+from turnforge.config import RolloutConfig, TinyVisionConfig, TrainConfig
 from turnforge.envs.base import Env, capabilities
 from turnforge.envs.tasks import TaskGenerator
 from turnforge.errors import UserError
@@ -20,14 +20,7 @@ from turnforge.types import StepResult
 COLOURS = {"red": (220, 30, 30), "green": (30, 200, 30), "blue": (30, 30, 220)}
 
 
-def png(rgb, size=(40, 28)) -> bytes:
-    from PIL import Image, ImageDraw
-
-    img = Image.new("RGB", size, rgb)
-    ImageDraw.Draw(img).rectangle([3, 3, 12, 9], fill=(255, 255, 255))
-    buf = io.BytesIO()
-    img.save(buf, format="PNG")
-    return buf.getvalue()
+png = solid_png
 
 
 class ColourEnv(Env):
@@ -57,22 +50,11 @@ class ColourEnv(Env):
         return self.colours[self.t % len(self.colours)]
 
 
-@pytest.fixture(scope="module")
-def vlm_dir(tmp_path_factory):
-    from turnforge.policy.tiny import build_tiny_model
-
-    path = tmp_path_factory.mktemp("tiny_vlm")
-    vision = TinyVisionConfig(enabled=True, image_size=56, patch_size=14, hidden_size=32, intermediate_size=64)
-    build_tiny_model(path, TinyModelConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
-                                           num_key_value_heads=1, vision=vision), corpus=["red green blue colour image"])
-    return path
-
-
 @pytest.fixture()
-def vlm(vlm_dir):
+def vlm(tiny_vlm_dir):
     from turnforge.policy.model import load_policy
 
-    return load_policy(vlm_dir)
+    return load_policy(tiny_vlm_dir)
 
 
 def _play(policy, cfg, n=4, length=3, seed=0):

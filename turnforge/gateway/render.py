@@ -9,6 +9,11 @@ lack a feature (both measured once per tokenizer, by rendering with and without 
 - assistant ``tool_calls`` the template cannot render are written into the message content
   as ``<tool_call>{json}</tool_call>`` (the Hermes form the model is asked to emit).
 
+Images (a vision-language policy, ``turnforge.policy.vision``): ``image_url`` content parts with a
+``data:image/...;base64,...`` URL (no fetching: the gateway reaches nothing) are written into the
+message as the text of the image's processor block, which tokenizes back to exactly that block;
+the request's images go with its prompt, in order. A text model answers them with a 400.
+
 Token-exact history (``splice``): when the rendered prompt's text begins with the text of an
 earlier call of the same rollout (its prompt and sampled completion, decoded), the prompt
 is that call's exact token ids followed by the rest of the text, tokenized. The model then
@@ -41,20 +46,45 @@ class RequestError(ValueError):
         self.param, self.code = param, code
 
 
-def _text(content: Any, where: str) -> str:
+def _image(part: dict, where: str) -> bytes:
+    """The bytes of an ``image_url`` part's ``data:`` URL."""
+    import base64
+    import binascii
+
+    url = part.get("image_url")
+    url = url.get("url") if isinstance(url, dict) else url
+    if not isinstance(url, str) or not url.startswith("data:image/") or ";base64," not in url:
+        raise RequestError(f"{where}.image_url.url: only data:image/...;base64,... URLs are supported (the gateway "
+                           "fetches nothing)", f"{where}.image_url")
+    try:
+        return base64.b64decode(url.split(";base64,", 1)[1], validate=True)
+    except (binascii.Error, ValueError):
+        raise RequestError(f"{where}.image_url.url: not valid base64", f"{where}.image_url") from None
+
+
+def _text(content: Any, where: str, image_text=None, images: list[bytes] | None = None) -> str:
+    """A message's content as text; ``image_url`` parts become ``image_text(bytes)`` (the image's
+    block as text) and their bytes are appended to ``images`` (vision policies; else refused)."""
     if content is None:
         return ""
     if isinstance(content, str):
         return content
-    if isinstance(content, list):  # content parts: text only
+    if isinstance(content, list):  # content parts: text, and images for a vision policy
         parts = []
         for i, part in enumerate(content):
-            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-                raise RequestError(f"{where}.content[{i}]: only text parts are supported, got {kind!r}", f"{where}.content")
+            kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+            if kind == "image_url" and image_text is not None and images is not None:
+                png = _image(part, f"{where}.content[{i}]")
+                parts.append(image_text(png, f"{where}.content[{i}]"))
+                images.append(png)
+                continue
+            if not isinstance(part, dict) or kind != "text" or not isinstance(part.get("text"), str):
+                supported = "text and image_url" if image_text is not None else "text (the model is text-only)"
+                raise RequestError(f"{where}.content[{i}]: only {supported} parts are supported, got {kind!r}",
+                                   f"{where}.content")
             parts.append(part["text"])
         return "".join(parts)
-    raise RequestError(f"{where}.content must be a string or a list of text parts", f"{where}.content")
+    raise RequestError(f"{where}.content must be a string or a list of content parts", f"{where}.content")
 
 
 def hermes_calls(tool_calls: list[dict], where: str) -> str:
@@ -89,8 +119,8 @@ def decode(tokenizer, ids) -> str:
 class Renderer:
     """Renders requests for one tokenizer (see the module docstring)."""
 
-    def __init__(self, tokenizer) -> None:
-        self.tok = tokenizer
+    def __init__(self, tokenizer, vision=None) -> None:
+        self.tok, self.vision = tokenizer, vision
         probe_tool = [{"type": "function", "function": {"name": "probe_fn", "description": "d",
                                                          "parameters": {"type": "object", "properties": {}}}}]
         user = [{"role": "user", "content": "hi"}]
@@ -105,8 +135,17 @@ class Renderer:
     def _apply(self, messages, tools, gen: bool = True) -> str:
         return self.tok.apply_chat_template(messages, tools=tools, add_generation_prompt=gen, tokenize=False)
 
-    def messages(self, messages: Any, tools: Any) -> tuple[list[dict], list[dict] | None]:
-        """The request's messages checked and adapted to the template, and the tools to pass it."""
+    def _image_text(self, png: bytes, where: str) -> str:
+        from turnforge.errors import UserError
+
+        try:
+            return decode(self.tok, self.vision.block(png))
+        except UserError as err:
+            raise RequestError(f"{where}: {err}", where) from None
+
+    def messages(self, messages: Any, tools: Any, images: list[bytes] | None = None) -> tuple[list[dict], list[dict] | None]:
+        """The request's messages checked and adapted to the template, and the tools to pass it;
+        the images of ``image_url`` parts are appended to ``images`` in order (vision policies)."""
         if not isinstance(messages, list) or not messages:
             raise RequestError("messages must be a non-empty list", "messages")
         if tools is not None and (not isinstance(tools, list) or not all(
@@ -120,7 +159,7 @@ class Renderer:
                 role = m.get("role") if isinstance(m, dict) else None
                 raise RequestError(f"{where}.role {role!r} is not one of {', '.join(ROLES)}", f"{where}.role")
             role = "system" if m["role"] == "developer" else m["role"]
-            content = _text(m.get("content"), where)
+            content = _text(m.get("content"), where, self._image_text if self.vision is not None else None, images)
             msg = {"role": role, "content": content}
             if role == "assistant" and m.get("tool_calls"):
                 if self.renders_tool_calls:
@@ -137,17 +176,27 @@ class Renderer:
             tools = None
         return out, (tools or None)
 
-    def prompt(self, messages: Any, tools: Any, priors: list[Prior] = ()) -> tuple[tuple[int, ...], bool]:
-        """(prompt ids, spliced?) of a request, spliced onto the longest matching prior."""
-        msgs, tools = self.messages(messages, tools)
+    def prompt(self, messages: Any, tools: Any, priors: list[Prior] = ()) -> tuple[tuple[int, ...], bool, tuple[bytes, ...]]:
+        """(prompt ids, spliced?, the images of its blocks) of a request, spliced onto the longest matching prior."""
+        images: list[bytes] = []
+        msgs, tools = self.messages(messages, tools, images)
         try:
             text = self._apply(msgs, tools)
         except Exception as err:  # jinja raise_exception: roles out of order, unsupported roles
             raise RequestError(f"the model's chat template cannot render these messages: {err}", "messages") from None
         best = max((p for p in priors if text.startswith(p.text)), key=lambda p: len(p.text), default=None)
         if best is not None:
-            return best.ids + tuple(self.tok.encode(text[len(best.text):], add_special_tokens=False)), True
-        return tuple(self.tok.encode(text, add_special_tokens=False)), False
+            ids, spliced = best.ids + tuple(self.tok.encode(text[len(best.text):], add_special_tokens=False)), True
+        else:
+            ids, spliced = tuple(self.tok.encode(text, add_special_tokens=False)), False
+        if self.vision is not None:
+            per = sum(len(self.vision.block(png)) for png in images)
+            written = sum(1 for i in ids if i == self.vision.image_token_id)
+            blocks = sum(1 for png in images for i in self.vision.block(png) if i == self.vision.image_token_id)
+            if written != blocks:
+                raise RequestError(f"the messages hold {written} image tokens but their {len(images)} image_url parts "
+                                   f"make {blocks} ({per} block tokens): do not write image tokens as text", "messages")
+        return ids, spliced, tuple(images)
 
 
 def assistant_message(text: str, finish_reason: str) -> tuple[dict, str]:

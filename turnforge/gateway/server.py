@@ -66,6 +66,7 @@ class _Job:
     temperature: float
     max_tokens: int
     future: concurrent.futures.Future
+    images: tuple[bytes, ...] = ()  # the images of the prompt's blocks (vision policies)
 
 
 class Gateway:
@@ -76,7 +77,7 @@ class Gateway:
                  temperature: float | None = None, host: str = "127.0.0.1", port: int = 0,
                  batch_window_s: float = 0.005, max_wait_s: float = 0.05, max_batch: int = 64,
                  model_name: str | None = None) -> None:
-        self.policy, self.renderer = policy, Renderer(policy.tokenizer)
+        self.policy, self.renderer = policy, Renderer(policy.tokenizer, policy.vision)
         self.max_new_tokens, self.max_context_tokens, self.temperature = max_new_tokens, max_context_tokens, temperature
         self.batch_window_s, self.max_wait_s, self.max_batch = batch_window_s, max_wait_s, max_batch
         self.model_name = model_name or "turnforge-policy"
@@ -170,8 +171,10 @@ class Gateway:
             for t, group in by_t.items():
                 try:
                     with self.lock:
+                        images = [j.images for j in group] if any(j.images for j in group) else None
                         gens = self.actor.generate([j.prompt for j in group], [j.key or "serve" for j in group],
-                                                   max_new_tokens=max(j.max_tokens for j in group), temperature=t)
+                                                   max_new_tokens=max(j.max_tokens for j in group), temperature=t,
+                                                   images=images)
                         version = self.policy.version
                     self.batch_sizes.append(len(group))
                     for j, g in zip(group, gens):
@@ -292,7 +295,7 @@ class Gateway:
     async def _complete(self, body: dict, rollout: RolloutRecord | None, queued: list[bool]) -> dict:
         temperature, cap, stops, want_logprobs, tools = self._params(body)
         tok = self.policy.tokenizer
-        prompt, spliced = self.renderer.prompt(body.get("messages"), tools, rollout.priors if rollout else [])
+        prompt, spliced, images = self.renderer.prompt(body.get("messages"), tools, rollout.priors if rollout else [])
         room = self.max_context_tokens - len(prompt)
         if room < 1:
             raise RequestError(f"the prompt is {len(prompt)} tokens; the context budget is {self.max_context_tokens} "
@@ -301,7 +304,7 @@ class Gateway:
         fut: concurrent.futures.Future = concurrent.futures.Future()
         queued[0] = True
         self._arriving -= 1
-        self._jobs.put(_Job(rollout.rollout_id if rollout else None, prompt, temperature, max_tokens, fut))
+        self._jobs.put(_Job(rollout.rollout_id if rollout else None, prompt, temperature, max_tokens, fut, images))
         gen, version = await asyncio.wrap_future(fut)
         ids, logprobs = list(gen.ids), list(gen.logprobs)
         body_ids = ids[:-1] if gen.stopped else ids
@@ -317,7 +320,7 @@ class Gateway:
         message, finish = assistant_message(text, finish)
         if rollout is not None:
             rollout.calls.append(CallRecord(len(rollout.calls), prompt, tuple(ids), tuple(logprobs), version,
-                                            temperature, finish))
+                                            temperature, finish, images))
             rollout.priors.append(Prior(prompt + tuple(ids), decode(tok, prompt + tuple(ids))))
             rollout.spliced_calls += spliced
         choice = {"index": 0, "message": message, "finish_reason": finish, "logprobs": None}

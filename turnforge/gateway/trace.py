@@ -27,7 +27,7 @@ rollout's advantage to all of them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -47,6 +47,7 @@ class CallRecord:
     version: int  # policy version that sampled it
     temperature: float
     finish_reason: str  # "stop" | "length" | "tool_calls"
+    images: tuple[bytes, ...] = field(default=(), repr=False)  # the images of the prompt's blocks, in order
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,7 @@ class _Builder:
         self.mask: list[int] = []
         self.logprobs: list[float] = []
         self.versions: list[int] = []
+        self.images: tuple[bytes, ...] = ()
 
     def add(self, ids, sampled: bool, logprobs=(), version: int = -1) -> None:
         self.ids += ids
@@ -87,7 +89,7 @@ class _Builder:
             token_ids=np.asarray(self.ids, dtype=np.int64), loss_mask=np.asarray(self.mask, dtype=np.int8),
             logprobs=np.asarray(self.logprobs, dtype=np.float32), versions=np.asarray(self.versions, dtype=np.int32),
             trajectory_id=trajectory_id, turn_index=turn_index, segment_index=segment_index,
-            parent_segment=segment_index - 1,
+            parent_segment=segment_index - 1, images=self.images,
         )
 
 
@@ -102,8 +104,10 @@ def compile_trace(calls: list[CallRecord], trajectory_id: str) -> CompiledTrace:
         if len(call.completion_ids) != len(call.logprobs):
             raise ValueError(f"call {call.index}: {len(call.completion_ids)} completion ids but {len(call.logprobs)} logprobs")
         prompt = list(call.prompt_ids)
-        if cur is not None and prompt[:len(cur.ids)] == cur.ids:
+        # equal ids may hold other images: the prompt extends the sample only if its images do too
+        if cur is not None and prompt[:len(cur.ids)] == cur.ids and call.images[:len(cur.images)] == cur.images:
             cur.add(prompt[len(cur.ids):], False)
+            cur.images = call.images
         else:
             if cur is not None:
                 pos = next((i for i, (a, b) in enumerate(zip(cur.ids, prompt)) if a != b), min(len(cur.ids), len(prompt)))
@@ -116,6 +120,7 @@ def compile_trace(calls: list[CallRecord], trajectory_id: str) -> CompiledTrace:
                 samples.append(cur.sample(trajectory_id, first_call if cur_calls == 1 else -1, len(samples)))
             cur, first_call, cur_calls = _Builder(), call.index, 0
             cur.add(prompt, False)
+            cur.images = call.images
         cur.add(list(call.completion_ids), True, call.logprobs, call.version)
         cur_calls += 1
     if cur is not None:

@@ -17,8 +17,9 @@ Sources (option ``source``):
 - ``miniwob``: screenshots of MiniWoB++ pages rendered by Chromium (``turnforge.envs.web``): the
   160 x 160 task area below the instruction, resized to ``size`` x ``size``; one-click tasks
   (``MINIWOB_TASKS``) whose target is the element the ``miniwob`` env's scripted expert clicks,
-  its box read from the page. The page only provides the picture: clicks are scored against
-  the box, not sent to the page. Kind ``click`` only.
+  its box read from the page (a seed whose target is covered at its centre, e.g. one button
+  under the other in ``click-test-2``, moves on to the next seed). The page only provides the
+  picture: clicks are scored against the box, not sent to the page. Kind ``click`` only.
 
 A task is its content in ``task.data`` (the widgets with their boxes, the target, the kind, the
 word; or the MiniWoB task and seed), drawn by a ``TaskGenerator`` and split by a hash of that
@@ -87,6 +88,11 @@ LABELS = {
 WORDS = ("cat", "dog", "sun", "sea", "map", "pen", "cup", "hat", "box", "key", "egg", "ice", "jam", "owl", "fox", "bee")
 BACKGROUND = "#f4f4f4"
 MINIWOB_AREA_TOP = 50  # MiniWoB's instruction bar (#query: 44 px + 2 x 3 px padding); the task area is below it
+#: Seeds a MiniWoB capture tries, from the task's own on, for a page whose target is visible.
+MINIWOB_TRIES = 20
+#: JS: the element is what a click at its centre reaches (not covered by another), inside the task area.
+_ON_TOP = """(el, areaTop) => { const r = el.getBoundingClientRect(); const x = r.left + r.width / 2, y = r.top + r.height / 2;
+  const hit = document.elementFromPoint(x, y); return y >= areaTop && hit !== null && (hit === el || el.contains(hit)); }"""
 ANSWER_LINE = 'Screenshot above; answer with click(x, y), click(x1, y1, x2, y2), type("text") or scroll(up|down).'
 
 
@@ -181,8 +187,7 @@ def draw_screen(data: Mapping[str, Any], offset: int, focused: bool, typed: str)
             active = focused and i == data["target"]
             draw.rectangle((x1, y1, x2, y2), fill="white", outline=fill, width=line + (1 if active else 0))
             text = typed if (active and typed) else wd["label"]
-            draw.text((x1 + round(4 * s), cy), text, fill="black" if text == typed and typed else "#777777", font=font,
-                      anchor="lm")
+            draw.text((x1 + round(4 * s), cy), text, fill="black" if active and typed else "#777777", font=font, anchor="lm")
             if active:
                 caret = x1 + round(4 * s) + (font.getlength(typed) if typed else 0) + 1
                 draw.line((caret, y1 + 3 * line, caret, y2 - 3 * line), fill="black", width=1)
@@ -399,19 +404,22 @@ class GuiClickEnv(Env):
         # the miniwob env's page set-up and expert, reused as they are
         from turnforge.envs.web.miniwob import _START, AFTER_START, HEIGHT, WIDTH, _dom_js, expert, html_dir
 
-        url, start, after = (html_dir() / f"{name}.html").as_uri(), _START % repr(str(seed)), AFTER_START.get(name)
+        url, after = (html_dir() / f"{name}.html").as_uri(), AFTER_START.get(name)
 
         def shoot(page) -> tuple[bytes, dict, str]:
-            page.goto(url)
-            if not page.evaluate(start):
-                raise RuntimeError(f"gui-click: MiniWoB task {name!r} did not become ready")
-            if after:
-                page.evaluate(after)
-            utterance = page.evaluate("core.getUtterance()")
-            ref = int(expert(name, utterance, page.evaluate(_dom_js()), []).split()[1])
-            rect = page.query_selector(f'[data-tf-ref="{ref}"]').bounding_box()
-            clip = {"x": 0, "y": MINIWOB_AREA_TOP, "width": WIDTH, "height": HEIGHT - MINIWOB_AREA_TOP}
-            return page.screenshot(clip=clip), rect, utterance
+            for k in range(MINIWOB_TRIES):  # a page whose target is hidden moves on to the next seed
+                page.goto(url)
+                if not page.evaluate(_START % repr(str((seed + k) % 2**31))):
+                    raise RuntimeError(f"gui-click: MiniWoB task {name!r} did not become ready")
+                if after:
+                    page.evaluate(after)
+                utterance = page.evaluate("core.getUtterance()")
+                ref = int(expert(name, utterance, page.evaluate(_dom_js()), []).split()[1])
+                handle = page.query_selector(f'[data-tf-ref="{ref}"]')
+                if handle.evaluate(_ON_TOP, MINIWOB_AREA_TOP):
+                    clip = {"x": 0, "y": MINIWOB_AREA_TOP, "width": WIDTH, "height": HEIGHT - MINIWOB_AREA_TOP}
+                    return page.screenshot(clip=clip), handle.bounding_box(), utterance
+            raise RuntimeError(f"gui-click: MiniWoB {name!r} hides its target on seeds {seed} to {seed + MINIWOB_TRIES - 1}")
 
         if self._browser is None:
             from turnforge.envs.web.browser import Browser
