@@ -28,7 +28,7 @@ class ColourEnv(Env):
 
     env_id = "test-colour"
     instructions = "Name the colour of the image: red, green or blue."
-    tasks = TaskGenerator(lambda rng: {"colours": [rng.choice(sorted(COLOURS)) for _ in range(4)]})
+    tasks = TaskGenerator(lambda rng: {"colours": [rng.choice(sorted(COLOURS)) for _ in range(6)]})
 
     def __init__(self, length: int = 3) -> None:
         self.length = length
@@ -40,8 +40,12 @@ class ColourEnv(Env):
     def observation_images(self):
         return (png(COLOURS[self.colours[self.t % len(self.colours)]]),)
 
+    action_names = tuple(sorted(COLOURS))
+
     def step(self, action):
-        right = action.strip().lower().startswith(self.colours[self.t % len(self.colours)])
+        if action.strip().lower() not in COLOURS:
+            return StepResult("Answer red, green or blue.", 0.0, False, False, invalid_action=True)
+        right = action.strip().lower() == self.colours[self.t % len(self.colours)]
         self.t += 1
         done = self.t >= self.length
         return StepResult("And now?", float(right), done, False, success=done)
@@ -169,3 +173,25 @@ def test_parquet_names_each_samples_images_and_keeps_them_once(vlm, tmp_path):
         assert tuple(read_image(path, k) for k in r["image_sha256"]) == s.images
     distinct = {image_key(p) for s in samples for p in s.images}
     assert len(list((tmp_path / "trajectories" / "images").iterdir())) == len(distinct)
+
+
+def test_check_env_compares_images_and_rejects_bad_ones():
+    from turnforge.envs.checker import EnvCheckError, check_env
+
+    check_env(ColourEnv(), allow_no_actions=True)
+
+    class Unseeded(ColourEnv):
+        shown = 0
+
+        def observation_images(self):
+            Unseeded.shown += 1
+            return (png((Unseeded.shown % 250, 0, 0)),)
+
+    class Broken(ColourEnv):
+        def observation_images(self):
+            return (b"not an image",)
+
+    with pytest.raises(EnvCheckError, match="different observations"):
+        check_env(Unseeded(), allow_no_actions=True)
+    with pytest.raises(EnvCheckError, match="not an image PIL can read"):
+        check_env(Broken(), allow_no_actions=True)

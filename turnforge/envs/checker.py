@@ -34,6 +34,8 @@ with no actions the checker can play (no ``action_names``, ``random_action`` or
 from __future__ import annotations
 
 import copy
+import hashlib
+import io
 import pickle
 import random
 import re
@@ -226,10 +228,32 @@ def _expert(env: Env) -> str:
 
 # ---------------------------------------------------------------------- playing
 def _reset(env: Env, task: Task, seed: int) -> str:
+    """The first observation; for an env that shows images, with their hashes appended (so that
+    the determinism checks compare the images too)."""
     obs = env.reset(task=task, seed=seed)
     if not isinstance(obs, str):
         _fail(f"{_name(env)}.reset() returned {type(obs).__name__}; return the observation str")
-    return obs
+    images = _images(env, "reset()")
+    return obs if not images else obs + "\n[images " + " ".join(hashlib.sha256(p).hexdigest()[:16] for p in images) + "]"
+
+
+def _images(env: Env, where: str) -> tuple[bytes, ...]:
+    """``env.observation_images()`` (() for an env without it), checked: a tuple of images PIL reads."""
+    if not callable(getattr(env, "observation_images", None)):
+        return ()
+    images = env.observation_images()
+    if not isinstance(images, tuple) or not all(isinstance(p, bytes) for p in images):
+        _fail(f"{_name(env)}.observation_images() after {where} returned {type(images).__name__}; return a tuple of "
+              "PNG bytes")
+    from PIL import Image, UnidentifiedImageError
+
+    for k, png in enumerate(images):
+        try:
+            with Image.open(io.BytesIO(png)) as img:
+                img.verify()
+        except (UnidentifiedImageError, OSError, ValueError) as err:
+            _fail(f"{_name(env)}.observation_images() after {where}: image {k} is not an image PIL can read ({err})")
+    return images
 
 
 def _step(env: Env, action: str) -> StepResult:
@@ -266,6 +290,8 @@ def _check_result(env: Env, result: object, action: str) -> StepResult:
         isinstance(k, str) and isinstance(v, (float, int, str, bool)) for k, v in result.info.items()
     ):
         _fail(f"{where}: info must map str to scalars (float, int, str, bool), got {result.info!r}")
+    if not (result.terminated or result.truncated):
+        result = replace(result, images=_images(env, f"step({action!r})"))
     return result
 
 

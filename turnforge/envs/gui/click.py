@@ -124,7 +124,7 @@ def make_screen(rng: random.Random, kind: str, size: int) -> dict[str, Any]:
             widgets.append({"type": wtype, "label": label, "colour": colour, "box": box})
         else:
             order = list(range(n))
-            rng.shuffle(order)  # the target is not always drawn first
+            rng.shuffle(order)  # the target sits anywhere in the list
             data: dict[str, Any] = {"source": "synthetic", "kind": kind, "size": size, "page_height": page_height,
                                     "widgets": [widgets[i] for i in order], "target": order.index(0)}
             if kind == "type":
