@@ -108,6 +108,8 @@ class TinyModelConfig(Section):
     )
     corpus_episodes: int = Field(20, description="Episodes per corpus env whose observations (and, for open-text "
                                  "envs, expert actions) the tokenizer is trained on")
+    split_digits: bool = Field(False, description="Every digit its own token (as Llama's and Qwen's tokenizers do): a "
+                               "number's digits carry its magnitude (e.g. click coordinates)")
     vision: TinyVisionConfig = Field(default_factory=TinyVisionConfig, description="An optional vision tower (a tiny VLM)")
 
 

@@ -195,6 +195,8 @@ def test_bad_options_are_one_line():
              ({"size": 10}, "size must be an integer from 64 to 1024 (pixels); got 10"),
              ({"reward_weights": {"hit": 1}}, "unknown reward weight 'hit'; valid weights: 'action_type', 'argument', 'box'"),
              ({"miniwob_tasks": ["click-tab"]}, "unknown miniwob task 'click-tab' in miniwob_tasks; valid tasks: "),
+             ({"widgets": [0, 2]}, "widgets must be [min, max] with 1 <= min <= max <= 5 (widgets per synthetic screen); got [0, 2]"),
+             ({"widgets": [3]}, "widgets must be [min, max]"),
              ({"colour": "red"}, "env 'gui-click' has no option 'colour'; valid options: 'invalid_action_penalty', 'kinds'")]
     for kwargs, message in cases:
         with pytest.raises(UserError) as err:
@@ -272,3 +274,10 @@ def test_miniwob_source_options_and_check_env(browser_ok):
         make("gui-click", source="miniwob", kinds=["type"])
     report = check_env("gui-click", env_kwargs={"source": "miniwob", "miniwob_tasks": ["click-button", "click-link"]})
     assert "expert" in report.checks
+
+
+@pytest.mark.parametrize("widgets", [(1, 1), (2, 3)])
+def test_widgets_option_sets_how_many_widgets_a_screen_has(widgets):
+    env = make("gui-click", widgets=list(widgets))
+    counts = {len(env.task("train", i).data["widgets"]) for i in range(40)}
+    assert counts <= set(range(widgets[0], widgets[1] + 1)) and len(counts) == widgets[1] - widgets[0] + 1

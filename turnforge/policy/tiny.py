@@ -69,17 +69,16 @@ calculator python result error output true false none
 CORPUS_MAX_STEPS = 100  # expert steps per corpus episode (an expert that never ends is cut here)
 
 
-def build_tokenizer(corpus: list[str], vocab_size: int = 512):
-    """Train a byte-level BPE on ``BASE_CORPUS + corpus`` and return a ``PreTrainedTokenizerFast``."""
+def build_tokenizer(corpus: list[str], vocab_size: int = 512, split_digits: bool = False):
+    """Train a byte-level BPE on ``BASE_CORPUS + corpus`` and return a ``PreTrainedTokenizerFast``
+    (``split_digits``: every digit its own token, as Llama's and Qwen's tokenizers do)."""
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.Sequence(
-        [
-            pre_tokenizers.Split(Regex(r"[^A-Za-z0-9]"), behavior="isolated"),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-        ]
-    )
+    splits = [pre_tokenizers.Split(Regex(r"[^A-Za-z0-9]"), behavior="isolated")]
+    if split_digits:
+        splits.append(pre_tokenizers.Digits(individual_digits=True))
+    tok.pre_tokenizer = pre_tokenizers.Sequence([*splits, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     tok.decoder = decoders.ByteLevel()
     specials = [PAD_TOKEN, IM_START, IM_END]
     trainer = trainers.BpeTrainer(
@@ -209,7 +208,8 @@ def build_tiny_model(out_dir: str | Path, cfg: TinyModelConfig | None = None, co
     out = final.with_name(final.name + ".tmp")
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
-    tokenizer = build_tokenizer(default_corpus(cfg.corpus_episodes, cfg.corpus_envs) if corpus is None else corpus, cfg.vocab_size)
+    tokenizer = build_tokenizer(default_corpus(cfg.corpus_episodes, cfg.corpus_envs) if corpus is None else corpus, cfg.vocab_size,
+                                cfg.split_digits)
     special = {
         "bos_token_id": tokenizer.convert_tokens_to_ids(PAD_TOKEN),
         "eos_token_id": tokenizer.convert_tokens_to_ids(IM_END),

@@ -33,6 +33,7 @@ import torch
 
 from turnforge.errors import UserError
 
+SUPPORTED = ("idefics3", "smolvlm")  # model types whose text model takes 1-D positions and <image> blocks
 IMAGE_TOKEN = "<image>"
 IMAGE_TOKENS = (IMAGE_TOKEN, "<fake_token_around_image>", "<global-img>")  # what the Idefics3 processor expands into
 
@@ -76,7 +77,7 @@ class Vision:
             out = self.processor(text=[IMAGE_TOKEN], images=[[img]], return_tensors="pt")
         except Exception as err:  # noqa: BLE001 - the processor's own message names what it rejects
             raise UserError(f"the model's processor rejects an image of {img.size[0]}x{img.size[1]} px: {err}") from None
-        pixels = out["pixel_values"][0]  # [1, 3, H, W]
+        pixels = out["pixel_values"][0]  # [crops, 3, H, W]: 1 crop without image splitting
         mask = out.get("pixel_attention_mask")
         mask = mask[0] if mask is not None else torch.ones(pixels.shape[0], *pixels.shape[2:], dtype=torch.bool)
         entry = (tuple(int(i) for i in out["input_ids"][0].tolist()), pixels, mask)
@@ -92,18 +93,18 @@ class Vision:
     def inputs(self, rows: Sequence[Sequence[bytes]], device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
         """Keyword arguments of the model's forward for a batch whose row ``i`` holds the blocks
         of ``rows[i]`` in order: ``pixel_values [1, N, 3, H, W]`` and ``pixel_attention_mask``
-        of the N images in row-major order ({} when there are none)."""
-        flat = [png for row in rows for png in row]
-        if not flat:
+        of the N crops of those images in row-major order (one crop per image without image
+        splitting; a split image's crops in the processor's order) ({} when there are none)."""
+        crops = [(px[k], m[k]) for row in rows for png in row for _, px, m in [self._encode(png)] for k in range(px.shape[0])]
+        if not crops:
             return {}
-        encoded = [self._encode(png) for png in flat]
-        h = max(e[1].shape[-2] for e in encoded)
-        w = max(e[1].shape[-1] for e in encoded)
-        pixels = torch.zeros(1, len(flat), 3, h, w, dtype=encoded[0][1].dtype)
-        mask = torch.zeros(1, len(flat), h, w, dtype=torch.bool)
-        for i, (_, px, m) in enumerate(encoded):
-            pixels[0, i, :, : px.shape[-2], : px.shape[-1]] = px[0]
-            mask[0, i, : m.shape[-2], : m.shape[-1]] = m[0].bool()
+        h = max(px.shape[-2] for px, _ in crops)
+        w = max(px.shape[-1] for px, _ in crops)
+        pixels = torch.zeros(1, len(crops), 3, h, w, dtype=crops[0][0].dtype)
+        mask = torch.zeros(1, len(crops), h, w, dtype=torch.bool)
+        for i, (px, m) in enumerate(crops):
+            pixels[0, i, :, : px.shape[-2], : px.shape[-1]] = px
+            mask[0, i, : m.shape[-2], : m.shape[-1]] = m.bool()
         return {"pixel_values": pixels.to(device), "pixel_attention_mask": mask.to(device)}
 
 
@@ -133,6 +134,10 @@ def load_vision(path) -> Vision | None:
     config = json.loads((Path(path) / "config.json").read_text())
     if "vision_config" not in config:
         return None
+    if config.get("model_type") not in SUPPORTED:
+        raise UserError(f"model directory {str(path)!r} is a {config.get('model_type')!r} vision-language model; turnforge's "
+                        f"sampler runs {', '.join(map(repr, SUPPORTED))} models (1-D positions; Qwen2-VL's 3-D M-RoPE "
+                        "positions are not supported)")
     from transformers import AutoProcessor
 
     try:

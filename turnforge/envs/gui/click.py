@@ -9,7 +9,7 @@ box-size guard), ``type("text")`` (into the focused field) or ``scroll(up|down)`
 Sources (option ``source``):
 
 - ``synthetic`` (default): screens drawn with PIL, ``size`` x ``size`` pixels (default 112): 3 to
-  5 widgets (coloured buttons with short labels, text fields, checkboxes), each with its own
+  5 widgets (option ``widgets=[min, max]``; coloured buttons with short labels, text fields, checkboxes), each with its own
   colour and label, so the instruction names its target by both ('Click the red "OK" button.').
   Task kinds (option ``kinds``, default all): ``click`` (one turn: click the target), ``type``
   (click the field, then type the asked word) and ``scroll`` (the page is two screens tall and the
@@ -97,15 +97,15 @@ ANSWER_LINE = 'Screenshot above; answer with click(x, y), click(x1, y1, x2, y2),
 
 
 # ---------------------------------------------------------------------------- synthetic screens
-def make_screen(rng: random.Random, kind: str, size: int) -> dict[str, Any]:
+def make_screen(rng: random.Random, kind: str, size: int, count: tuple[int, int] = (3, 5)) -> dict[str, Any]:
     """A synthetic task's content (JSON-able): ``size`` x ``size`` screens, a page one screen tall
-    (two for ``scroll``), 3 to 5 non-overlapping widgets with distinct colours and labels, the
-    target's index and, for ``type``, the word to type."""
+    (two for ``scroll``), ``count[0]`` to ``count[1]`` (default 3 to 5) non-overlapping widgets with
+    distinct colours and labels, the target's index and, for ``type``, the word to type."""
     s = size / 112
     page_height = 2 * size if kind == "scroll" else size
     right = size - (round(6 * s) if kind == "scroll" else 0)  # room for the scroll bar
     while True:  # a draw that cannot be laid out is redrawn (rare)
-        n = rng.randint(3, 5)
+        n = rng.randint(*count)
         target_type = "field" if kind == "type" else rng.choice(("button", "button", "checkbox", "field"))
         types = [target_type] + [rng.choice(("button", "button", "checkbox", "field")) for _ in range(n - 1)]
         colours = rng.sample(sorted(COLOURS), n)
@@ -250,6 +250,7 @@ class GuiClickEnv(Env):
 
     def __init__(self, size: int = 112, kinds: Sequence[str] | None = None, source: str = "synthetic",
                  miniwob_tasks: Sequence[str] = MINIWOB_TASKS, reward_weights: Mapping[str, float] | None = None,
+                 widgets: Sequence[int] = (3, 5),
                  invalid_action_penalty: float = 0.0) -> None:
         if source not in SOURCES:
             raise UserError(f"env gui-click: unknown source {source!r}; valid sources: {choices(SOURCES)}")
@@ -277,6 +278,11 @@ class GuiClickEnv(Env):
             html_dir()
             require_playwright()
             chromium_path()  # missing Chromium: one line now, before any episode
+        if (len(widgets) != 2 or not all(isinstance(n, int) and not isinstance(n, bool) for n in widgets)
+                or not 1 <= widgets[0] <= widgets[1] <= 5):
+            raise UserError(f"env gui-click: widgets must be [min, max] with 1 <= min <= max <= 5 (widgets per synthetic "
+                            f"screen); got {list(widgets)!r}")
+        self.widget_range = (int(widgets[0]), int(widgets[1]))
         self.size, self.kinds, self.source, self.miniwob_tasks = size, kinds, source, miniwob_tasks
         self.weights = GroundingWeights.from_mapping(dict(reward_weights or {}))
         self.invalid_action_penalty = float(invalid_action_penalty)
@@ -303,7 +309,7 @@ class GuiClickEnv(Env):
         if self.source == "miniwob":
             return {"source": "miniwob", "task": rng.choice(self.miniwob_tasks), "seed": rng.randrange(2**31),
                     "size": self.size}
-        return make_screen(rng, rng.choice(self.kinds), self.size)
+        return make_screen(rng, rng.choice(self.kinds), self.size, self.widget_range)
 
     # ------------------------------------------------------------------ the contract
     def reset(self, task: Task, seed: int) -> str:
