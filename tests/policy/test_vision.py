@@ -195,3 +195,26 @@ def test_check_env_compares_images_and_rejects_bad_ones():
         check_env(Unseeded(), allow_no_actions=True)
     with pytest.raises(EnvCheckError, match="not an image PIL can read"):
         check_env(Broken(), allow_no_actions=True)
+
+
+def test_sincos_positions_by_hand():
+    import math
+
+    from turnforge.policy.tiny import sincos_2d
+
+    pe = sincos_2d(2, 4)  # one frequency (1.0): [sin(row), cos(row), sin(col), cos(col)], patches row-major
+    expected = [[0, 1, 0, 1], [0, 1, math.sin(1), math.cos(1)], [math.sin(1), math.cos(1), 0, 1],
+                [math.sin(1), math.cos(1), math.sin(1), math.cos(1)]]
+    torch.testing.assert_close(pe, torch.tensor(expected, dtype=torch.float32))
+    with pytest.raises(UserError, match="multiple of 4"):
+        sincos_2d(2, 6)
+
+
+def test_the_tiny_vlm_tells_blank_patches_apart_by_position(vlm):
+    """With sin-cos positions the image features of a blank screen differ from patch to patch."""
+    blank = png((255, 255, 255), size=(56, 56))
+    v = vlm.vision.inputs([[blank]])
+    with torch.no_grad():
+        out = vlm.model.model.get_image_features(v["pixel_values"], v["pixel_attention_mask"]).pooler_output
+    feats = torch.cat(out) if isinstance(out, (list, tuple)) else out
+    assert (feats[0] - feats[-1]).norm() > 0.3 * feats[0].norm()

@@ -189,7 +189,30 @@ def _tiny_vlm(cfg: TinyModelConfig, tokenizer, special: dict[str, int]):
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(cfg.seed)
         model = Idefics3ForConditionalGeneration(config)
+    side = v.image_size // v.patch_size
+    with torch.no_grad():  # 2-D sin-cos positions (as MAE's ViT) instead of N(0, 0.02): see sincos_2d
+        model.model.vision_model.embeddings.position_embedding.weight.copy_(sincos_2d(side, v.hidden_size))
     return model, processor
+
+
+def sincos_2d(side: int, dim: int) -> torch.Tensor:
+    """``[side * side, dim]`` 2-D sine-cosine position embeddings of a ``side`` x ``side`` patch grid,
+    row-major (MAE's ``get_2d_sincos_pos_embed``): half the dims encode the row, half the column.
+
+    The tiny VLM's vision tower starts from these, not from transformers' N(0, 0.02) init: there,
+    position is ~1/25 of a patch embedding's scale, so blank patches at different places look alike
+    and a randomly initialised model could not learn where a widget is (measured: BC on one-widget
+    screens stayed at chance for 3,000 steps). A pretrained SigLIP's positions are large; these are
+    the standard from-scratch choice, and stay trainable."""
+    if dim % 4:
+        raise UserError(f"model.tiny.vision.hidden_size={dim} must be a multiple of 4 (2-D sin-cos positions)")
+    omega = 1.0 / 10000 ** (torch.arange(dim // 4, dtype=torch.float64) / (dim // 4))
+    rows, cols = torch.meshgrid(torch.arange(side, dtype=torch.float64), torch.arange(side, dtype=torch.float64), indexing="ij")
+    parts = []
+    for grid in (rows.reshape(-1), cols.reshape(-1)):
+        angles = grid[:, None] * omega[None, :]
+        parts += [torch.sin(angles), torch.cos(angles)]
+    return torch.cat(parts, dim=1).float()
 
 
 def build_tiny_model(out_dir: str | Path, cfg: TinyModelConfig | None = None, corpus: list[str] | None = None) -> Path:
