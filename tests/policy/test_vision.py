@@ -135,6 +135,7 @@ def test_an_image_the_processor_rejects_is_one_line(vlm):
     ({"rollout": {"prefix_cache": True}}, "rollout.prefix_cache=true"),
     ({"rollout": {"context": "summarize"}}, "rollout.context=summarize"),
     ({"rl": {"rehearsal_coef": 0.1}}, "rl.rehearsal_coef>0"),
+    ({"critic": {"enabled": True}, "rl": {"advantage": "gae"}}, "critic.enabled=true"),
 ])
 def test_options_a_vision_policy_refuses(override, bad):
     from turnforge.policy.vision import check_vision_options

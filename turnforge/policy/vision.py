@@ -182,6 +182,7 @@ def check_vision_options(cfg, env) -> None:
         "rl.kl_mode=reward": cfg.rl.kl_mode == "reward" and cfg.rl.kl_coef > 0,
         "rl.rehearsal_coef>0": cfg.rl.rehearsal_coef > 0,
         "rl.advantage=mc_grpo": cfg.rl.advantage == "mc_grpo",
+        "critic.enabled=true": cfg.critic.enabled,
     }
     bad = [k for k, on in refused.items() if on]
     if bad:
