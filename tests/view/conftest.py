@@ -155,3 +155,20 @@ def segment_run(tmp_path_factory, tiny_model_dir) -> Path:
             "rl.iterations=1", "rl.tasks_per_iteration=2", "rl.group_size=2", f"model.path={tiny_model_dir}"]), path, live=False)
 
     return _once(tmp_path_factory, "segment_run", make)
+
+
+@pytest.fixture(scope="session")
+def image_run(tmp_path_factory) -> Path:
+    """A tiny gui-click run of the tiny vision-language model: every sample holds one screenshot."""
+    def make(path: Path) -> None:
+        from helpers import NO_FLYWHEEL, TINY_TEST_SHAPE
+        from turnforge.config import load_config
+        from turnforge.train.run import train
+
+        train(load_config("gui-click-tiny", [
+            *[f"model.tiny.{k}={v}" for k, v in TINY_TEST_SHAPE.items()], *NO_FLYWHEEL,
+            "model.tiny.vision.image_size=56", "model.tiny.vision.hidden_size=32", "model.tiny.vision.intermediate_size=64",
+            "model.tiny.corpus_episodes=20", "env.kwargs.size=64", "bc.num_demos=4", "bc.epochs=1",
+            "rl.iterations=1", "rl.tasks_per_iteration=2", "rl.group_size=2", "eval.episodes=2"]), path, live=False)
+
+    return _once(tmp_path_factory, "image_run", make)

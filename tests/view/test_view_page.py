@@ -223,3 +223,37 @@ def test_segments_their_summaries_and_memory_are_shown(page, segment_run, tmp_pa
     assert page.locator(".tok.memory").count() == sum(m["memory_tokens"] for m in memory)
     assert page.locator("[data-testid=memory]").first.inner_text().startswith("recalled memory")
     check_trajectory(page, segment_run, "rl", 0, row["trajectory_id"])
+
+
+def test_screenshots_a_sample_holds_are_shown(page, image_run, tmp_path, monkeypatch):
+    import base64
+    import hashlib
+    import urllib.request
+
+    from turnforge.view import page as page_module
+    from turnforge.view.data import RunView
+    from turnforge.view.server import ViewServer
+
+    row = duck(image_run, "SELECT trajectory_id, image_sha256 FROM samples WHERE stage = 'rl' AND iteration = 0 "
+                          "ORDER BY trajectory_id, turn_index LIMIT 1")[0]
+    (sha,) = row["image_sha256"]
+    shown = duck(image_run, "SELECT sum(len(image_sha256)) AS n FROM samples WHERE stage = 'rl' AND iteration = 0 "
+                            "AND trajectory_id = ?", [row["trajectory_id"]])[0]["n"]
+    out = build([image_run], tmp_path / "images.html")
+    goto(page, out.as_uri() + f"#traj?run=0&stage=rl&iteration=0&id={row['trajectory_id']}", "traj")
+    assert page.locator("[data-testid=images] img").count() == shown
+    src = page.locator("[data-testid=images] img").first.get_attribute("src")
+    assert hashlib.sha256(base64.b64decode(src.split(",", 1)[1])).hexdigest() == sha  # the very image the model saw
+    check_trajectory(page, image_run, "rl", 0, row["trajectory_id"])
+    monkeypatch.setattr(page_module, "IMAGE_BUDGET", 0)  # over the page's image budget: the hash, not the picture
+    small = tmp_path / "no-images.html"
+    small.write_text(page_module.build_page([RunView(image_run)]))
+    goto(page, small.as_uri() + f"#traj?run=0&stage=rl&iteration=0&id={row['trajectory_id']}", "traj")
+    assert page.locator("[data-testid=images] img").count() == 0 and page.locator("[data-testid=images] code").first.inner_text() == sha[:12]
+    with ViewServer([RunView(image_run)], port=0).start() as server:  # served: every image, by its hash
+        with urllib.request.urlopen(f"{server.url}/api/image?run=0&sha={sha}") as res:
+            assert hashlib.sha256(res.read()).hexdigest() == sha
+        goto(page, server.url.rstrip("/") + f"/#traj?run=0&stage=rl&iteration=0&id={row['trajectory_id']}", "traj")
+        assert page.locator("[data-testid=images] img").count() == shown
+        page.locator("[data-testid=images] img").first.evaluate("img => img.decode()")  # the served PNG loads
+        assert page.locator("[data-testid=images] img").first.evaluate("img => img.naturalWidth") == 64

@@ -85,7 +85,8 @@ _ORDER = {"run": "ord", "spread": "best - worst DESC NULLS LAST, ord", "best": "
 
 _SEGMENT = ("coalesce(segment_index, 0) AS segment_index, coalesce(parent_segment, -1) AS parent_segment, "
             "coalesce(first_turn, 0) AS first_turn, coalesce(summary_tokens, 0) AS summary_tokens, "
-            "coalesce(memory_start, 0) AS memory_start, coalesce(memory_tokens, 0) AS memory_tokens")
+            "coalesce(memory_start, 0) AS memory_start, coalesce(memory_tokens, 0) AS memory_tokens, "
+            "coalesce(image_sha256, []::VARCHAR[]) AS image_sha256")
 _SAMPLES = f"""
 SELECT trajectory_id, turn_index, action_text, turn_reward, advantage, token_ids, logprobs, loss_mask, versions, {_SEGMENT}
 FROM ({{src}}) WHERE token_ids IS NOT NULL AND stage = ? AND iteration = ? AND trajectory_id IN ({{ids}})
@@ -283,7 +284,7 @@ class RunView:
                 env_seed=x.get("env_seed"),
                 samples=[SampleTokens(s["turn_index"], s["action_text"], json_value(s["turn_reward"]), json_value(s["advantage"]),
                                       s["token_ids"], [json_value(v, 5) for v in s["logprobs"]], s["loss_mask"], s["versions"],
-                                      *(s[name] for name in SAMPLE_SPANS))
+                                      *(s[name] for name in SAMPLE_SPANS), images=s["image_sha256"])
                          for s in mine],
                 splits=splits.get(tid, [])))
         return self._with_pieces(out, used)
@@ -292,6 +293,18 @@ class RunView:
         if self.pieces is None:
             return Detail(trajectories, {}, [])
         return Detail(trajectories, self.pieces.table(used), sorted(self.pieces.special & used))
+
+    def image(self, sha: str) -> bytes | None:
+        """The PNG bytes of image ``sha`` (a value of ``image_sha256``) from the run's
+        ``trajectories/images/``; None when the run does not hold it."""
+        from turnforge.data.store import IMAGES_DIR
+
+        if not (len(sha) == 64 and all(c in "0123456789abcdef" for c in sha)):
+            raise UserError(f"image {sha!r}: expected a sha256 in hex (64 characters)")
+        for folder in dict.fromkeys(f.parent / IMAGES_DIR for f in self.files.parquet):
+            if (folder / f"{sha}.png").is_file():
+                return (folder / f"{sha}.png").read_bytes()
+        return None
 
     # ------------------------------------------------------------------ everything (file mode)
     def episode_columns(self) -> dict[str, list[Any]]:
@@ -332,7 +345,7 @@ class RunView:
             ids=tokens.flatten().to_numpy().astype(np.int32), logprobs=flat("logprobs", np.float32, float("nan")),
             mask=flat("loss_mask", np.int8, 0), versions=flat("versions", np.int32, -1),
             **{name: t.column(name).to_numpy().astype(np.int32)
-               for name in SAMPLE_SPANS})
+               for name in SAMPLE_SPANS}, images=t.column("image_sha256").to_pylist())
 
     def splits(self) -> dict[str, list[dict[str, Any]]]:
         """``RUN/gateway_splits.jsonl`` by rollout (trajectory id); a line that does not parse

@@ -70,7 +70,8 @@ def run_document(run: RunView) -> tuple[dict, dict[str, np.ndarray]]:
         "samples": {"episode": arrays.episode.tolist(), "turn_index": arrays.turn_index.tolist(),
                     "action_text": arrays.action_text, "turn_reward": arrays.turn_reward, "advantage": arrays.advantage,
                     "start": arrays.start.tolist(), "length": arrays.length.tolist(),
-                    **{k: getattr(arrays, k).tolist() for k in SAMPLE_SPANS}},
+                    **{k: getattr(arrays, k).tolist() for k in SAMPLE_SPANS}, "images": arrays.images},
+        "image_data": _image_data(run, arrays.images),
         "pieces": pieces,
         "special": special,
         "splits": run.splits(),
@@ -78,6 +79,24 @@ def run_document(run: RunView) -> tuple[dict, dict[str, np.ndarray]]:
     blobs = {"ids": arrays.ids.astype("<i4"), "logprobs": arrays.logprobs.astype("<f4"), "mask": arrays.mask.astype("i1"),
              "versions": arrays.versions.astype("<i4")}
     return doc, blobs
+
+
+#: Bytes of images (PNG, before base64) a file-mode page embeds per run; the samples' images beyond it
+#: show as their hash (``turnforge view --serve`` serves every one).
+IMAGE_BUDGET = 8 * 2**20
+
+
+def _image_data(run: RunView, images: list[list[str]]) -> dict[str, str]:
+    """sha256 -> base64 PNG of the images the samples show, first seen first, up to ``IMAGE_BUDGET``."""
+    out: dict[str, str] = {}
+    used = 0
+    for sha in dict.fromkeys(s for row in images for s in row or ()):
+        png = run.image(sha)
+        if png is None or used + len(png) > IMAGE_BUDGET:
+            continue
+        out[sha] = base64.b64encode(png).decode()
+        used += len(png)
+    return out
 
 
 def build_page(runs: Sequence[RunView]) -> str:

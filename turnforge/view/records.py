@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import decimal
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -205,6 +205,7 @@ class SampleTokens:
     summary_tokens: int = 0  # trailing tokens that are the summary that ended the segment
     memory_start: int = 0  # episodic memory: ids[memory_start : memory_start + memory_tokens] is the recalled block
     memory_tokens: int = 0
+    images: list[str] = field(default_factory=list)  # sha256 of the images its ids hold (vision policies), in order
 
 
 @dataclass(frozen=True)
@@ -251,6 +252,7 @@ class TokenArrays:
     summary_tokens: np.ndarray  # [S] int32
     memory_start: np.ndarray  # [S] int32
     memory_tokens: np.ndarray  # [S] int32 (0 where no memory was shown)
+    images: list[list[str]]  # [S] sha256 of each sample's images (vision policies; [] for text)
 
 
 def json_value(value: Any, digits: int = 7) -> Any:

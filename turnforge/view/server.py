@@ -143,6 +143,14 @@ class _Handler(BaseHTTPRequestHandler):
         if not url.path.startswith("/api/"):
             return self._json(HTTPStatus.NOT_FOUND, {"error": f"no page {url.path!r}"})
         params = dict(parse_qsl(url.query, keep_blank_values=True))
+        if url.path == "/api/image":  # a sample's image, as PNG
+            try:
+                png = self.view.run(params).image(_need(params, "sha"))
+            except UserError as err:
+                return self._json(HTTPStatus.BAD_REQUEST, {"error": str(err)})
+            if png is None:
+                return self._json(HTTPStatus.NOT_FOUND, {"error": f"no image {params.get('sha')!r} in this run"})
+            return self._send(HTTPStatus.OK, png, "image/png")
         try:
             body = self.view.answer(url.path, params)
         except UserError as err:

@@ -211,13 +211,16 @@ class FileSource {
           logprobs: r.logprobs.subarray(a, b), mask: r.mask.subarray(a, b), versions: r.versions.subarray(a, b),
           segment_index: r.samples.segment_index[s], parent_segment: r.samples.parent_segment[s],
           first_turn: r.samples.first_turn[s], summary_tokens: r.samples.summary_tokens[s],
-          memory_start: r.samples.memory_start[s], memory_tokens: r.samples.memory_tokens[s] });
+          memory_start: r.samples.memory_start[s], memory_tokens: r.samples.memory_tokens[s],
+          images: (r.samples.images || [])[s] || [] });
       }
       return { episode: this.row(r, i), judge_prompt: E.judge_prompt[i], judge_output: E.judge_output[i],
         turn_advantages: E.turn_advantages[i], env_seed: E.env_seed[i], samples, splits: r.splits[E.trajectory_id[i]] || [] };
     }) };
   }
   find(r, pred) { const E = r.episodes, out = []; for (let i = 0; i < E.ord.length; i++) if (pred(E, i)) out.push(i); return out; }
+  // a sample's image: embedded in the page (up to its image budget), else null (shown as its hash)
+  imageUrl(run, sha) { const b = (this.runs[run].image_data || {})[sha]; return b ? "data:image/png;base64," + b : null; }
   byReward(r, idx) { const E = r.episodes; return idx.sort((a, b) => nullsLast(E.reward[a], E.reward[b], -1) || a - b); }
   async group(run, stage, iteration, gid) {
     const r = this.runs[run];
@@ -257,6 +260,7 @@ class ServerSource {
   async group(run, stage, iteration, group) { return this.withPieces(run, await this.get("group", { run, stage, iteration, group })); }
   async trajectory(run, stage, iteration, id) { return this.withPieces(run, await this.get("trajectory", { run, stage, iteration, id })); }
   async sameTask(run, task) { return this.get("same_task", { run, task }); }
+  imageUrl(run, sha) { return `api/image?${new URLSearchParams({ run, sha })}`; }
 }
 
 // ---------------------------------------------------------------- app state and routing
@@ -791,7 +795,11 @@ async function viewTrajectory(params) {
       el("span", {}, `advantage ${num(s.advantage, 4)}`), el("span", { class: "muted" }, `${s.ids.length} tokens, ${trained} trained`),
       versions.length ? el("span", { class: "muted" }, `sampled by policy version ${versions.join(", ")}`) : el("span", { class: "muted" }, "not sampled by a policy"),
       actions.length > 1 ? el("span", { class: "muted" }, `${actions.length} model calls`) : null);
-    root.append(el("div", { class: "turn", "data-sample": j, "data-turn": s.turn_index }, head,
+    const shots = (s.images || []).length ? el("div", { class: "shots", "data-testid": "images" },
+      el("span", { class: "muted" }, `the ${s.images.length === 1 ? "image" : `${s.images.length} images`} its image tokens stand for, in order`),
+      s.images.map((sha) => { const url = state.src.imageUrl(run, sha);
+        return url ? el("img", { src: url, alt: `image ${sha.slice(0, 12)}`, title: sha }) : el("code", { title: "not embedded: turnforge view --serve shows it" }, sha.slice(0, 12)); })) : null;
+    root.append(el("div", { class: "turn", "data-sample": j, "data-turn": s.turn_index }, head, shots,
       el("div", { class: "tokens", html: tokenHtml(s, texts, mode, s.advantage, maxAdv) })));
   });
   if (t.splits.length) {
