@@ -159,11 +159,15 @@ class EnvConfig(Section):
 
 
 class RolloutConfig(Section):
-    context: Literal["window", "full_history", "summarize"] = Field(
+    context: Literal["window", "full_history", "summarize", "fold"] = Field(
         "window", description="'window': one sample per turn, prompt = last turns; 'full_history': one sample per "
         "episode; 'summarize': a growing context that, past rollout.summary_threshold tokens, the policy summarizes "
-        "and that restarts from the task, its summary and the latest observation: one sample per segment"
+        "and that restarts from the task, its summary and the latest observation: one sample per segment; 'fold': a "
+        "growing context in which the policy opens sub-contexts with branch(goal) and folds them with "
+        "return(message): one sample per context (turnforge.rollout.context)"
     )
+    max_branches: int = Field(4, ge=1, description="fold: branch() calls per episode the engine intercepts; later ones "
+                              "go to the env as text")
     summary_threshold: int | None = Field(
         None, ge=16, description="summarize: when the segment's prompt with the next observation, plus max_new_tokens, "
         "would pass this many tokens, the policy writes a summary first. None: 3/4 of max_context_tokens"
@@ -790,7 +794,10 @@ def incompatible_options(cfg: TrainConfig) -> str | None:
         return (f"rollout.summary_threshold={r.summary_at} plus rollout.summary_max_tokens={r.summary_max_tokens} is above "
                 f"rollout.max_context_tokens={r.max_context_tokens}: a summary would not fit; set rollout.summary_threshold "
                 f"to at most {r.max_context_tokens - r.summary_max_tokens} (less the summary request's tokens)")
-    if cfg.rollout.context == "summarize" and critic.enabled:
+    if cfg.rollout.context == "fold" and not cfg.rollout.include_instructions:
+        return ("rollout.context=fold explains branch(goal) and return(message) in the system prompt; set "
+                "rollout.include_instructions=true")
+    if cfg.rollout.context in ("summarize", "fold") and critic.enabled:
         return ("critic.enabled=true reads values per turn of whole episodes or single turns, not of summarize segments; "
                 "use critic.mc_weight=1 (Monte-Carlo values) or another rollout.context")
     if rl.advantage == "mc_grpo" and rl.kl_mode == "reward":

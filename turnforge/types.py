@@ -126,6 +126,9 @@ class Sample:
     memory_tokens: int = 0  # its length (0: no memory shown)
     #: PNG bytes of the images whose blocks ``token_ids`` hold, in order (``turnforge.policy.vision``)
     images: tuple[bytes, ...] = field(default=(), repr=False)
+    #: ``rollout.context=fold``: the env turn of each run of action tokens, in order (a ``branch`` or
+    #: ``return`` meta-action: the turn it precedes); () when runs are consecutive turns from ``first_turn``
+    run_turns: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         check_alignment(self.token_ids, self.loss_mask, self.logprobs, self.versions, where=self.trajectory_id)

@@ -179,6 +179,7 @@ def check_vision_options(cfg, env) -> None:
         "rollout.prefix_cache=true": cfg.rollout.prefix_cache,
         "rollout.backend=vllm": cfg.rollout.backend == "vllm",
         "rollout.context=summarize": cfg.rollout.context == "summarize",
+        "rollout.context=fold": cfg.rollout.context == "fold",
         "rl.kl_mode=reward": cfg.rl.kl_mode == "reward" and cfg.rl.kl_coef > 0,
         "rl.rehearsal_coef>0": cfg.rl.rehearsal_coef > 0,
         "rl.advantage=mc_grpo": cfg.rl.advantage == "mc_grpo",

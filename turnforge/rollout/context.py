@@ -20,6 +20,20 @@ Three context policies:
   the policy writes them (as in SUPO); by default the restarted context keeps the first
   observation (ReSum's query), not only the summary.
 
+- ``fold`` (Context-Folding, FoldGRPO): a growing main context, as ``full_history``, in which the
+  policy may open a sub-context with the meta-action ``branch(goal)`` and close it with
+  ``return(message)`` (``FOLD_INSTRUCTIONS`` in the system prompt say how; the engine intercepts
+  both: neither reaches the env). A branch starts from the system prompt, the first observation,
+  the goal and the latest observation, and plays env turns in its own growing context; at
+  ``return`` it is closed as its own sample and the main context goes on from the ``branch`` call
+  with the message and the latest observation (copied: context there, never re-tokenized): the
+  branch's turns are folded away. One sample per context: the main one is segment 0, each branch
+  a segment whose parent is 0; every run of action tokens knows its env turn (``Sample.run_turns``)
+  so step-level advantages land on the right tokens; trajectory-level ones broadcast. One level of
+  branching (a ``branch`` inside a branch, or a ``return`` outside one, goes to the env as text), at
+  most ``rollout.max_branches`` per episode. Departure: FoldGRPO's process rewards for
+  in-scope/out-of-scope actions are not computed.
+
 Episodic memory (``turnforge.rollout.episodic``): ``EpisodeContext.memory`` ids open the first
 user message of every prompt of the episode (every window, every segment), as context.
 
@@ -40,6 +54,7 @@ reason ``context_budget``.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -48,6 +63,23 @@ from turnforge.config import RolloutConfig
 from turnforge.errors import UserError
 from turnforge.policy.model import ChatFormat
 from turnforge.types import Sample
+
+
+#: What ``rollout.context=fold`` adds to the system prompt.
+FOLD_INSTRUCTIONS = (
+    "You may fold work away: answer branch(<goal>) to open a sub-task with a fresh context (the task, the goal and "
+    "the latest observation), act in it, then answer return(<what you found>) to close it; the main context then "
+    "shows only the goal and what you returned. One sub-task at a time."
+)
+_META = re.compile(r"^\s*(branch|return)\((.*)\)\s*$")
+
+
+def fold_meta(text: str) -> tuple[str, str] | None:
+    """``("branch", goal)`` or ``("return", message)`` when the first line of ``text`` is a fold
+    meta-action, else None."""
+    first = text.strip().split("\n", 1)[0] if text.strip() else ""
+    found = _META.match(first)
+    return (found.group(1), found.group(2).strip()) if found else None
 
 
 class ContextOverflow(Exception):
@@ -165,6 +197,18 @@ class EpisodeContext:
     _segment_first_turn: int = 0
     #: episodic memory (``turnforge.rollout.episodic``): ids at the start of the first user message of every prompt
     memory: tuple[int, ...] = ()
+    # fold: the current context's action runs' turns; the main context's buffers while a branch runs
+    _runs: list[int] = field(default_factory=list)
+    _main: tuple | None = None
+    _last_obs: tuple[int, ...] = ()
+    _branch_first_turn: int = 0
+    branches: int = 0  # branches opened so far
+    _branch_samples: list[Sample] = field(default_factory=list)
+
+    @property
+    def in_branch(self) -> bool:
+        """fold: a branch's context is the current one."""
+        return self._main is not None
 
     # ------------------------------------------------------------ observations
     def observe(self, observation: str, images: tuple[bytes, ...] = ()) -> int:
@@ -182,6 +226,12 @@ class EpisodeContext:
             blocks = tuple(i for png in images for i in self.vision.block(png))  # type: ignore[attr-defined]
         if self.cfg.context == "full_history":
             return self._observe_full(content, blocks, images)[0]
+        if self.cfg.context == "fold":
+            first = not self._ids and not self.in_branch
+            cut, self._last_obs = self._observe_full(content)
+            if first:
+                self._first_obs = self._last_obs
+            return cut
         if self.cfg.context == "summarize":
             return self._observe_summarize(content)
         return self._observe_window(content, blocks, images)
@@ -334,13 +384,17 @@ class EpisodeContext:
         """The images whose blocks ``prompt()`` holds, in order."""
         return self._prompt_images if self.cfg.context == "window" else tuple(self._images)
 
-    def act(self, ids: tuple[int, ...], logprobs: tuple[float, ...] | None, version: int) -> None:
-        """Record the action ids (exactly as generated) and the template's closing ids."""
+    def act(self, ids: tuple[int, ...], logprobs: tuple[float, ...] | None, version: int, meta: bool = False) -> None:
+        """Record the action ids (exactly as generated) and the template's closing ids. ``meta``:
+        a fold meta-action (``branch``/``return``): no env turn (``branch()``/``fold_return()`` follow)."""
         if logprobs is not None and len(logprobs) != len(ids):
             raise ValueError(f"{len(ids)} action ids but {len(logprobs)} logprobs")
         if self.summary_due:
             raise RuntimeError("act() while a summary is due: call summarize() first")
-        self._actions += 1
+        if ids:
+            self._runs.append(self._actions)  # the env turn this run acts in (a meta-action: the turn it precedes)
+        if not meta:
+            self._actions += 1
         # The closing text minus what the ids already hold (e.g. a sampled <|im_end|>): decode
         # with special tokens kept so a sampled stop token is seen.
         close = self.chat.close_after(self.chat.tokenizer.decode(ids, skip_special_tokens=False))
@@ -373,8 +427,60 @@ class EpisodeContext:
             )
             self._turns.append((self._obs_ids, action, self._obs_images))
 
+    # ------------------------------------------------------------ fold
+    def branch(self, goal: str) -> int:
+        """fold: after ``act(..., meta=True)`` recorded a ``branch(goal)`` call in the main context,
+        open the branch's context: the system prompt, the first observation, the goal and the latest
+        observation. Returns the tokens cut from that observation; ``ContextOverflow`` when it cannot fit."""
+        if self.cfg.context != "fold" or self.in_branch:
+            raise RuntimeError("branch() needs rollout.context=fold and no open branch")
+        self._main = (self._ids, self._mask, self._logprobs, self._versions, self._runs)
+        self._ids, self._mask, self._logprobs, self._versions, self._runs = [], [], [], [], []
+        self.branches += 1
+        self._branch_first_turn = self._actions
+        head, tail = self.chat.start(self.spec.system, self.spec.tools, self.spec.examples, self.spec.observation_role)
+        lead = self.memory + self._first_obs + self.chat.encode(f"\n\nSub-task: {goal}\n\nNow:\n")
+        last, cut = self._fit(self._last_obs, len(head) + len(lead) + len(tail))
+        self._context(head + lead + last + tail)
+        return cut
+
+    def fold_return(self, message: str) -> int:
+        """fold: after ``act(..., meta=True)`` recorded a ``return(message)`` call in the branch, close
+        the branch as a sample and go on in the main context with the message and the latest
+        observation. Returns the tokens cut from that observation; ``ContextOverflow`` when it cannot fit."""
+        if not self.in_branch:
+            raise RuntimeError("fold_return() without an open branch")
+        self._close_branch()
+        head, tail = self.chat.turn(self.spec.observation_role)
+        lead = self.chat.encode(f"Sub-task returned: {message}\n\nNow:\n")
+        last, cut = self._fit(self._last_obs, len(self._ids) + len(head) + len(lead) + len(tail))
+        self._context(head + lead + last + tail)
+        return cut
+
+    def _close_branch(self) -> None:
+        """The branch's context as a sample (segment 1, 2, ... with parent 0); the main context's buffers back."""
+        assert self._main is not None
+        if any(self._mask):
+            self._branch_samples.append(self._fold_sample(len(self._branch_samples) + 1, 0, self._branch_first_turn))
+        self._ids, self._mask, self._logprobs, self._versions, self._runs = self._main
+        self._main = None
+
+    def _fold_sample(self, index: int, parent: int, first_turn: int) -> Sample:
+        return Sample(
+            token_ids=np.asarray(self._ids, dtype=np.int64), loss_mask=np.asarray(self._mask, dtype=np.int8),
+            logprobs=np.asarray(self._logprobs, dtype=np.float32), versions=np.asarray(self._versions, dtype=np.int32),
+            trajectory_id=self.trajectory_id, turn_index=-1, segment_index=index, parent_segment=parent,
+            first_turn=first_turn, run_turns=tuple(self._runs), **self._memory_span(),
+        )
+
     def finish(self) -> list[Sample]:
         """All samples of the episode (call once, after the last action)."""
+        if self.cfg.context == "fold":
+            if self.in_branch:  # the episode ended inside a branch
+                self._close_branch()
+            if any(self._mask):
+                self.samples = [self._fold_sample(0, -1, 0), *self._branch_samples]
+            return self.samples
         if self.cfg.context == "summarize":
             if self._actions > self._segment_first_turn:  # the last segment, when it holds an action
                 self.samples.append(self._segment())
@@ -432,7 +538,7 @@ def rerender(trajectory, observations: list[str], chat: ChatFormat, cfg: Rollout
     of the ones it was shown: same action ids, sampling logprobs and versions, contexts written
     afresh (e.g. a guided episode with its hints stripped), cut to the budget as the engine
     would. None when a context does not fit at all."""
-    if any(x.summary_tokens or x.images for x in trajectory.samples):
+    if any(x.summary_tokens or x.images or x.run_turns for x in trajectory.samples):
         return None  # its summaries were written for the contexts it was shown; images are not re-rendered
     actions: list[tuple[np.ndarray, np.ndarray, int]] = []
     for x in sorted(trajectory.samples, key=lambda x: x.turn_index):

@@ -59,7 +59,8 @@ from turnforge.errors import UserError
 from turnforge.policy.generate import Generation
 from turnforge.policy.model import Policy
 from turnforge.rollout.actors import Actor, ActorInput
-from turnforge.rollout.context import ContextOverflow, EpisodeContext, PromptSpec, SummaryLimit, check_summary_budget
+from turnforge.rollout.context import (FOLD_INSTRUCTIONS, ContextOverflow, EpisodeContext, PromptSpec, SummaryLimit,
+                                       check_summary_budget, fold_meta)
 from turnforge.rollout.episodic import EpisodicMemory
 from turnforge.types import EnvSnapshot, Task, Trajectory, Turn
 
@@ -190,6 +191,7 @@ class Episode:
     generation_truncations: int = 0
     action_tokens: int = 0
     summary_tokens: int = 0
+    meta_actions: int = 0  # fold: branch/return calls (no env step)
     done: bool = False
 
     @property
@@ -213,6 +215,9 @@ class RolloutEngine:
     def __init__(self, backend: EnvBackend, cfg: RolloutConfig, policy: Policy | None, env: Env) -> None:
         self.backend, self.cfg, self.policy, self.env = backend, cfg, policy, env
         self.prompt = PromptSpec.of(env, cfg.include_instructions, cfg.example_turns, cfg.tools_in_system_prompt)
+        if cfg.context == "fold":  # the meta-actions are explained in the system prompt
+            self.prompt = replace(self.prompt, system=f"{self.prompt.system}\n\n{FOLD_INSTRUCTIONS}" if self.prompt.system
+                                  else FOLD_INSTRUCTIONS)
         if policy is not None:
             check_summary_budget(policy.chat, cfg)
         self.caps = capabilities(env)
@@ -460,12 +465,17 @@ class RolloutEngine:
                     self._record(e, action, texts, next(decoded))
                 else:
                     self._record(e, action, texts)
-        for e in eps:
+        stepping = [e for e in eps if e.slot in texts]  # the others took a fold meta-action (or ended on one)
+        for e in stepping:
             e.awaiting_action = False
-        self.backend.send_step([e.slot for e in eps], [texts[e.slot] for e in eps], [self._probe(e, e.turn + 1) for e in eps])
+        if stepping:
+            self.backend.send_step([e.slot for e in stepping], [texts[e.slot] for e in stepping],
+                                   [self._probe(e, e.turn + 1) for e in stepping])
 
     def _record(self, e: Episode, action: Generation | str, texts: dict[int, str], decoded: str | None = None) -> None:
         """Write one action into the episode's context; ``texts[slot]`` = the text the env gets."""
+        if isinstance(action, Generation) and self._fold(e, action, decoded):
+            return
         if isinstance(action, Generation):  # sampled ids: recorded as sampled, never re-tokenized
             version = e.actor.version
             e.ctx.act(action.ids, action.logprobs, version)  # type: ignore[union-attr]
@@ -482,6 +492,34 @@ class RolloutEngine:
         self.stats.generated_tokens += n
         e.pending = (text, not stopped, e.cut)
         texts[e.slot] = text
+
+    def _fold(self, e: Episode, action: Generation, decoded: str | None) -> bool:
+        """``rollout.context=fold``: a sampled ``branch(goal)`` (no branch open, fewer than
+        ``rollout.max_branches`` so far) or ``return(message)`` (in a branch) is recorded and switches
+        the episode's context; it is not sent to the env and the episode acts again. True if it was one."""
+        ctx = e.ctx
+        if self.cfg.context != "fold" or ctx is None or decoded is None:
+            return False
+        meta = fold_meta(decoded)
+        if meta is None or (meta[0] == "branch") == ctx.in_branch or (meta[0] == "branch" and ctx.branches >= self.cfg.max_branches):
+            return False
+        version = e.actor.version
+        ctx.act(action.ids, action.logprobs, version, meta=True)
+        e.min_version = version if e.min_version is None else min(e.min_version, version)
+        e.action_tokens += len(action.ids)
+        self.stats.generated_tokens += len(action.ids)
+        e.generation_truncations += not action.stopped
+        e.meta_actions += 1
+        try:
+            e.cut = ctx.branch(meta[1]) if meta[0] == "branch" else ctx.fold_return(meta[1])
+        except ContextOverflow:
+            with self.lock:
+                e.truncated, e.reason = True, "context_budget"
+                self._finish(e)
+                self.lock.notify_all()
+            return True
+        e.obs_truncations += e.cut > 0
+        return True
 
     def round(self, lockstep: bool, wait: float | None = None) -> None:
         """One scheduling round: collect env results, then act for the episodes that await

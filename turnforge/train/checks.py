@@ -25,6 +25,9 @@ def check_options(cfg: TrainConfig, env: Env) -> None:
             "rollout.history_window=0 the policy would never see the task again; use rollout.context=full_history "
             "or rollout.history_window >= 1"
         )
+    if cfg.rollout.context == "fold" and env.tools:
+        raise UserError(f"env {env_id!r} takes tool calls, so branch(goal) and return(message) cannot be told from its "
+                        "actions; rollout.context=fold needs an env with text actions (use rollout.context=summarize)")
     if cfg.bc.enabled:
         caps.require("expert", env_id, "the BC warm start (bc.enabled=true)", "set bc.enabled=false")
         if cfg.rollout.context == "summarize":

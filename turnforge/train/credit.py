@@ -164,7 +164,12 @@ def action_turns(sample: Sample) -> np.ndarray:
     if sample.turn_index >= 0:
         return np.where(mask, sample.turn_index, -1)
     starts = mask & ~np.concatenate([[False], mask[:-1]])
-    return np.where(mask, sample.first_turn + np.cumsum(starts) - 1, -1)
+    run = np.cumsum(starts) - 1
+    if sample.run_turns:  # fold: the runs' turns are recorded (a meta-action counts for the turn it precedes)
+        if int(starts.sum()) != len(sample.run_turns):
+            raise ValueError(f"sample {sample.trajectory_id!r}: {int(starts.sum())} action runs but {len(sample.run_turns)} run turns")
+        return np.where(mask, np.asarray(sample.run_turns, dtype=np.int64)[np.clip(run, 0, None)], -1)
+    return np.where(mask, sample.first_turn + run, -1)
 
 
 def sample_advantage(sample: Sample, per_turn: np.ndarray) -> float | np.ndarray:
@@ -177,7 +182,9 @@ def sample_advantage(sample: Sample, per_turn: np.ndarray) -> float | np.ndarray
     turn = action_turns(sample)
     last = turn.max(initial=sample.first_turn - 1)
     # a sample without a summary ends with the episode; one with a summary ends before its next turn
-    if (last + 1 != len(per_turn)) if sample.summary_tokens == 0 else last > len(per_turn):
+    # a fold segment may end before the episode's last turn (a sub-task), or on a meta-action before it
+    if sample.run_turns and last > len(per_turn) or not sample.run_turns and (
+            (last + 1 != len(per_turn)) if sample.summary_tokens == 0 else last > len(per_turn)):
         raise ValueError(
             f"sample {sample.trajectory_id!r}: action runs up to turn {last} but {len(per_turn)} turns"
         )
