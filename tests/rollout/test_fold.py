@@ -9,7 +9,7 @@ import torch
 
 from helpers import assert_rescores, inline_engine
 from turnforge.config import RolloutConfig, TrainConfig
-from turnforge.policy.generate import Generation, pad_right, token_logprobs
+from turnforge.policy.generate import Generation, token_logprobs
 from turnforge.rollout.context import FOLD_INSTRUCTIONS, fold_meta
 from turnforge.rollout.engine import EpisodeRequest
 from turnforge.train.credit import action_turns, sample_advantage
