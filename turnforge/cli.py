@@ -404,6 +404,8 @@ def eval_cmd(
 
     # 4. write (whole or not at all) and print
     data = {**result.as_dict(), "checkpoint": str(checkpoint), "settings": settings}
+    if result.by_label:
+        data["by_label"] = {x.label: {"episodes": x.episodes, "success_rate": x.success_rate} for x in result.by_label}
     if look is not None:
         from dataclasses import asdict
 

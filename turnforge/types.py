@@ -214,6 +214,20 @@ class Trajectory:
 
 
 @dataclass(frozen=True)
+class LabelSuccess:
+    """Success on the tasks of one label of an evaluation (the env's ``task_label``: a MiniWoB
+    task, a mix member, a gui-click kind)."""
+
+    label: str
+    episodes: int  # scored (infra failures excluded)
+    successes: int
+
+    @property
+    def success_rate(self) -> float:
+        return self.successes / self.episodes if self.episodes else 0.0
+
+
+@dataclass(frozen=True)
 class EvalResult:
     """Held-out (or train-split) evaluation of a policy on one env."""
 
@@ -227,6 +241,7 @@ class EvalResult:
     infra_failures: int = 0
     tool_call_rate: float | None = None  # episodes with at least one tool call / episodes; None for envs without tools
     memory_recall_rate: float | None = None  # episodes shown a past success / episodes; None without episodic memory
+    by_label: tuple[LabelSuccess, ...] = ()  # per task label, sorted by label (envs with ``task_label``; () otherwise)
 
     def as_dict(self) -> dict[str, Scalar]:
         return {

@@ -39,6 +39,8 @@ def test_gui_click_tiny_trains_on_images_and_resumes_exactly(tmp_path):
     ref = tmp_path / "ref"
     summary = train(load_config("gui-click-tiny", FAST), ref, live=False)
     assert summary.rl_iterations == 3 and summary.env_steps > 0
+    (click,) = read_summary(ref).eval_after_rl.by_label  # success per task label, through summary.json
+    assert click.label == "click" and click.episodes == 4
     rl = sorted((ref / "trajectories").glob("rl_*.parquet"))[0]
     rows = [r for r in pq.read_table(rl).to_pylist() if r["token_ids"] is not None]
     assert rows and all(len(r["image_sha256"]) == 1 for r in rows)  # window 0: the screenshot of its turn

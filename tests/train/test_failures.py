@@ -156,3 +156,27 @@ def test_a_start_point_whose_monte_carlo_rollouts_all_failed_has_no_value_not_ze
     lost = MCEstimate(np.array([0.5, np.nan]), np.array([0.1, np.nan]), env_steps=4, failed=4, episodes=8, first_error="boom")
     with pytest.raises(RunStopped, match=r"^mc: 1 of 2 start points on env 'e' have no value .*first error: boom$"):
         known_values(lost, "mc", "e")
+
+
+def test_success_per_label_by_hand():
+    from dataclasses import replace
+
+    from turnforge.train.evaluate import by_label
+
+    t = [replace(_traj(f"t{i}", 1, None), success=ok) for i, ok in enumerate([True, False, True, True])]
+    t.append(_traj("t4", 1, "env step() raised"))  # an infrastructure failure: not scored under its label
+    result = summarize("x", "heldout", t, labels=["b", "a", "b", "a", "a"])
+    assert [(x.label, x.episodes, x.successes) for x in result.by_label] == [("a", 2, 1), ("b", 2, 2)]
+    assert [x.success_rate for x in result.by_label] == [0.5, 1.0]
+    assert summarize("x", "heldout", t).by_label == () and by_label(t[:1], ["z"])[0].success_rate == 1.0
+    with pytest.raises(ValueError):
+        by_label(t, ["a"])  # one label per trajectory
+
+
+def test_envs_label_their_tasks():
+    from turnforge.envs import make
+
+    gui = make("gui-click")
+    assert {gui.task_label(gui.task("heldout", i)) for i in range(30)} == {"click", "type", "scroll"}
+    mix = make("mix", weights=[1, 0])
+    assert {mix.task_label(mix.task("heldout", i)) for i in range(10)} == {"sokoban"}

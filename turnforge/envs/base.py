@@ -47,6 +47,8 @@ needs a missing one stops the run at start with a one-line error naming the meth
   majority voting compares across attempts (``turnforge eval --best-of N --select vote``);
 - ``close()``: release what the env holds outside Python objects (an MCP env's server
   process); env backends call it when they close;
+- ``task_label(task) -> str``: a category of the task (a MiniWoB task, a mix member, a gui-click
+  kind); evaluations then report success per label too (``EvalResult.by_label``);
 - ``observation_images() -> tuple[bytes, ...]``: PNG bytes of the images shown with the latest
   observation (after ``reset``, ``restore`` and ``step``); the env host puts them in
   ``StepResult.images`` and a vision-language policy sees each one, rendered by its processor,

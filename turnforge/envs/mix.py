@@ -130,6 +130,10 @@ class MixEnv(Env):
             raise RuntimeError("env mix: step() before reset()")
         return self.active.step(action)
 
+    def task_label(self, task: Task) -> str:
+        """The member env a task is drawn from (evaluations report success per member)."""
+        return str((task.data or {}).get("env", ""))
+
     def close(self) -> None:
         for m in self.members:
             close_env(m)

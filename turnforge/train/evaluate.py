@@ -17,7 +17,7 @@ from turnforge.rollout.actors import PolicyActor
 from turnforge.rollout.engine import Engine, EpisodeRequest
 from turnforge.seeding import generator
 from turnforge.train.run_dir.failures import check_trajectories
-from turnforge.types import EvalResult, Trajectory
+from turnforge.types import EvalResult, LabelSuccess, Trajectory
 
 
 def evaluate(
@@ -49,7 +49,9 @@ def evaluate(
     trajectories, _ = engine.play(requests, actor, on_progress=on_progress)
     check_trajectories(stage, env.env_id, trajectories, max_failure_share, kind=f"{split} evaluation episodes")
     memory = getattr(engine, "memory", None) is not None
-    return summarize(env.env_id, split, trajectories, has_tools=bool(env.tools), memory=memory), trajectories
+    label = getattr(env, "task_label", None)
+    labels = [label(t.task) for t in trajectories] if callable(label) else None
+    return summarize(env.env_id, split, trajectories, has_tools=bool(env.tools), memory=memory, labels=labels), trajectories
 
 
 def prefill_cache(policy: Policy, budget_mb: int) -> PrefillCache | None:
@@ -62,11 +64,12 @@ def prefill_cache(policy: Policy, budget_mb: int) -> PrefillCache | None:
 
 
 def summarize(env_id: str, split: str, trajectories: Sequence[Trajectory], has_tools: bool = False,
-              memory: bool = False) -> EvalResult:
+              memory: bool = False, labels: Sequence[str] | None = None) -> EvalResult:
     """Aggregate episodes into an ``EvalResult`` (infra failures excluded and counted);
     ``has_tools``: the env offers tools, so the share of episodes that called one (an
     ``n_tool_calls`` event in any turn) is counted too; ``memory``: episodic memory was on, so
-    the share of episodes shown a past success is counted. Raises ``ValueError`` when no episode is left to score."""
+    the share of episodes shown a past success is counted; ``labels`` (one per trajectory, the env's
+    ``task_label``): success per label too. Raises ``ValueError`` when no episode is left to score."""
     ok = [t for t in trajectories if t.infra_failure is None]
     n = len(ok)
     if n == 0:
@@ -83,7 +86,19 @@ def summarize(env_id: str, split: str, trajectories: Sequence[Trajectory], has_t
         infra_failures=len(trajectories) - n,
         tool_call_rate=sum(any(turn.info.get("n_tool_calls", 0) for turn in t.turns) for t in ok) / n if has_tools else None,
         memory_recall_rate=sum(t.memory_tokens > 0 for t in ok) / n if memory else None,
+        by_label=by_label(trajectories, labels) if labels is not None else (),
     )
+
+
+def by_label(trajectories: Sequence[Trajectory], labels: Sequence[str]) -> tuple[LabelSuccess, ...]:
+    """Success per label of the scored trajectories (``labels[i]`` is trajectory ``i``'s), sorted by label."""
+    counts: dict[str, list[int]] = {}
+    for t, label in zip(trajectories, labels, strict=True):
+        if t.infra_failure is None:
+            c = counts.setdefault(label, [0, 0])
+            c[0] += 1
+            c[1] += t.success
+    return tuple(LabelSuccess(k, n, s) for k, (n, s) in sorted(counts.items()))
 
 
 def load_for_eval(cfg, checkpoint) -> Policy:

@@ -491,6 +491,11 @@ class GuiClickEnv(Env):
         self._state, self.done = state, done
         return self._observation()
 
+    def task_label(self, task: Task) -> str:
+        """The task's kind (click, type, scroll) or, for MiniWoB screens, its MiniWoB task (per-label evaluation)."""
+        data = task.data or {}
+        return str(data.get("task") if data.get("source") == "miniwob" else data.get("kind", ""))
+
     def anchor_key(self) -> str:
         """The task's content and the episode's state (scroll offset, focus, typed text)."""
         text = json.dumps([self._key, self._state.offset, self._state.focused, self._state.typed])

@@ -157,6 +157,10 @@ class MiniWoBEnv(Env):
             self._browser = Browser(WIDTH, HEIGHT)
         return self._browser.call(fn)
 
+    def task_label(self, task: Task) -> str:
+        """The MiniWoB task a task is an episode of (evaluations report success per label)."""
+        return str((task.data or {}).get("task", ""))
+
     def close(self) -> None:
         if self._browser is not None:
             self._browser.close()

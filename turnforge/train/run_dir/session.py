@@ -93,6 +93,8 @@ class Session:
             f"{'' if result.memory_recall_rate is None else f'shown a memory {result.memory_recall_rate:.2f}  '}({result.episodes} {e.split} episodes"
             f"{'' if temperature == e.temperature else f', T={temperature}'}{failures})"
         )
+        if result.by_label:
+            self.progress.message("  per task: " + ", ".join(f"{x.label} {x.success_rate:.2f} ({x.episodes})" for x in result.by_label))
         return result
 
     def boundary(self, tag: str, evaluation: EvalResult, prefills: PrefillCache | None = None) -> BoundaryReport | None:
