@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import io
 import math
-import os
 import pickle
 import random
 
@@ -222,28 +221,6 @@ def test_check_env_passes():
 
 
 # ---------------------------------------------------------------------------- the MiniWoB source
-@pytest.fixture(scope="module")
-def browser_ok():
-    why = None
-    try:
-        import miniwob  # noqa: F401
-        import playwright.sync_api  # noqa: F401
-    except ImportError as err:
-        why = f"{err.name} is missing"
-    if why is None:
-        try:
-            from turnforge.envs.web.browser import chromium_path
-
-            chromium_path()
-        except UserError as err:
-            why = str(err)
-    if why is not None:
-        message = f"{why}: run `make setup` (it installs chromium and the web extra)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(message)
-        pytest.skip(message)
-
-
 @pytest.fixture()
 def miniwob_env(browser_ok):
     env = make("gui-click", source="miniwob")

@@ -19,28 +19,6 @@ from turnforge.envs.web.miniwob import DEFAULT_TASKS, parse_action, render
 from turnforge.errors import UserError
 
 
-@pytest.fixture(scope="module")
-def browser_ok():
-    why = None
-    try:
-        import miniwob  # noqa: F401
-        import playwright.sync_api  # noqa: F401
-    except ImportError as err:
-        why = f"{err.name} is missing"
-    if why is None:
-        try:
-            from turnforge.envs.web.browser import chromium_path
-
-            chromium_path()
-        except UserError as err:
-            why = str(err)
-    if why is not None:
-        message = f"{why}: run `make setup` (it installs chromium and the web extra)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(message)
-        pytest.skip(message)
-
-
 @pytest.fixture()
 def env(browser_ok):
     from turnforge.envs import make

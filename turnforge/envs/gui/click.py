@@ -242,6 +242,19 @@ class _State:
     typed: str = ""  # text typed into it
 
 
+def _subset(option: str, what: str, given: str | Sequence[str], valid: Sequence[str], where: str = "") -> tuple[str, ...]:
+    """``given`` (one name or several) checked against ``valid``: one ``UserError`` line for an unknown
+    name or none at all."""
+    names = tuple([given] if isinstance(given, str) else given)
+    plural = "tasks" if what.endswith("task") else f"{what}s"
+    for name in names:
+        if name not in valid:
+            raise UserError(f"env gui-click: unknown {what} {name!r} in {option}{where}; valid {plural}: {choices(valid)}")
+    if not names:
+        raise UserError(f"env gui-click: {option} is empty; valid {plural}: {choices(valid)}")
+    return names
+
+
 class GuiClickEnv(Env):
     """See the module docstring."""
 
@@ -257,20 +270,8 @@ class GuiClickEnv(Env):
         if isinstance(size, bool) or not isinstance(size, int) or not 64 <= size <= 1024:
             raise UserError(f"env gui-click: size must be an integer from 64 to 1024 (pixels); got {size!r}")
         valid_kinds = KINDS if source == "synthetic" else ("click",)
-        kinds = tuple([kinds] if isinstance(kinds, str) else (kinds if kinds is not None else valid_kinds))
-        for kind in kinds:
-            if kind not in valid_kinds:
-                raise UserError(f"env gui-click: unknown kind {kind!r} in kinds for source {source!r}; valid kinds: "
-                                f"{choices(valid_kinds)}")
-        if not kinds:
-            raise UserError(f"env gui-click: kinds is empty; valid kinds: {choices(valid_kinds)}")
-        miniwob_tasks = tuple([miniwob_tasks] if isinstance(miniwob_tasks, str) else miniwob_tasks)
-        for name in miniwob_tasks:
-            if name not in MINIWOB_TASKS:
-                raise UserError(f"env gui-click: unknown miniwob task {name!r} in miniwob_tasks; valid tasks: "
-                                f"{choices(MINIWOB_TASKS)}")
-        if not miniwob_tasks:
-            raise UserError(f"env gui-click: miniwob_tasks is empty; valid tasks: {choices(MINIWOB_TASKS)}")
+        kinds = _subset("kinds", "kind", valid_kinds if kinds is None else kinds, valid_kinds, f" for source {source!r}")
+        miniwob_tasks = _subset("miniwob_tasks", "miniwob task", miniwob_tasks, MINIWOB_TASKS)
         if source == "miniwob":
             from turnforge.envs.web.browser import chromium_path, require_playwright
             from turnforge.envs.web.miniwob import html_dir
