@@ -250,7 +250,7 @@ def test_screenshots_a_sample_holds_are_shown(page, image_run, tmp_path, monkeyp
     small.write_text(page_module.build_page([RunView(image_run)]))
     goto(page, small.as_uri() + f"#traj?run=0&stage=rl&iteration=0&id={row['trajectory_id']}", "traj")
     assert page.locator("[data-testid=images] img").count() == 0 and page.locator("[data-testid=images] code").first.inner_text() == sha[:12]
-    with ViewServer([RunView(image_run)], port=0).start() as server:  # served: every image, by its hash
+    with ViewServer([RunView(image_run)], port=0) as server:  # served: every image, by its hash
         with urllib.request.urlopen(f"{server.url}/api/image?run=0&sha={sha}") as res:
             assert hashlib.sha256(res.read()).hexdigest() == sha
         goto(page, server.url.rstrip("/") + f"/#traj?run=0&stage=rl&iteration=0&id={row['trajectory_id']}", "traj")

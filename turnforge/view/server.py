@@ -56,6 +56,8 @@ class ViewServer:
         self.httpd.serve_forever(poll_interval=0.2)
 
     def start(self) -> "ViewServer":
+        if self._thread is not None:  # serving already (a second loop would outlive close())
+            return self
         self._thread = threading.Thread(target=self.serve_forever, name="turnforge-view", daemon=True)
         self._thread.start()
         return self
