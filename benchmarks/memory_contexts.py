@@ -3,6 +3,7 @@ full_history, each trained BC -> flywheel rounds at an equal env-step budget, ov
 
     python benchmarks/memory_contexts.py                                  # 4 variants, seeds 0 1
     python benchmarks/memory_contexts.py --variants summarize window --seeds 0 --episodes 200
+    python benchmarks/memory_contexts.py --variants summarize_mask --seeds 0 --jobs 2 --set threads=1
 
 Every variant runs the recipe (default ``keydoor-tiny``: a 100-300 cell corridor, the key's
 colour shown once, a lock every 40 cells; a 512-token context budget) from the same
@@ -64,10 +65,12 @@ def main() -> None:
     ap.add_argument("--window", type=int, default=2, help="History turns of the window variant (default %(default)s)")
     ap.add_argument("--window-bc-epochs", type=int, default=2, help="BC epochs of the window variant (default %(default)s)")
     ap.add_argument("--jobs", type=int, default=1, help="Runs at once (default %(default)s)")
+    ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                    help="Overrides for every run, e.g. threads=1 with --jobs 2 on 2 cores")
     ap.add_argument("--work", type=Path, default=RESULTS / "memory_contexts")
     ap.add_argument("--out", type=Path, default=RESULTS / "memory_contexts.json")
     args = ap.parse_args()
-    common = (f"eval.episodes={args.episodes}",)
+    common = (f"eval.episodes={args.episodes}", *args.set)
     jobs = [Job(args.recipe, (f"seed={s}", *common, *overrides(v, args.window, args.window_bc_epochs)), args.work / f"{v}-{s}")
             for v in args.variants for s in args.seeds]
     t0 = time.time()
