@@ -15,7 +15,7 @@ import uuid
 import psutil
 import pytest
 
-from turnforge.envs.web.miniwob import DEFAULT_TASKS, parse_action, render
+from turnforge.envs.web.miniwob import DEFAULT_TASKS, by_field, parse_action, render, task_fields
 from turnforge.errors import UserError
 
 
@@ -49,6 +49,45 @@ def test_parse_action_and_render_by_hand():
              {"ref": 4, "tag": "button", "text": "Submit"}]
     assert render("Do it.", items) == ('Do it.\n[1] checkbox "T3mIz" (checked)\n[2] textbox #tt (focused)\n'
                                        '[3] select value="Guam" options: Guam | Peru\n[4] button "Submit"')
+
+
+def test_fields_by_hand():
+    """MiniWoB++'s own extractors give the fields; the expert's typed text becomes a field reference."""
+    utterance = 'Enter the username "vanda" and the password "iygs" into the text fields and press login.'
+    fields = task_fields("login-user", utterance)
+    assert fields == (("username", "vanda"), ("password", "iygs"))
+    assert task_fields("use-autocomplete", 'Enter an item that starts with "Sur".') == (("start", "Sur"),)
+    assert parse_action("type 4 field 2") == ("type_field", 4, "2")
+    assert parse_action('type 4 "field 2"') == ("type", 4, "field 2")  # quoted: the literal text
+    assert by_field('type 4 "iygs"', fields) == "type 4 field 2"
+    assert by_field('type 4 "vandal"', fields) == 'type 4 "vandal"' and by_field("click 5", fields) == "click 5"
+    assert render("Log in.", [{"ref": 1, "tag": "button", "text": "Login"}], fields) == (
+        'Log in.\nfields: 1 username="vanda" 2 password="iygs"\n[1] button "Login"')
+
+
+def test_fields_the_expert_types_by_reference(browser_ok):
+    """With fields=True every task's expert still solves it, typing by field reference; a field
+    that does not exist is an invalid action that says which do."""
+    from turnforge.envs import make
+
+    env = make("miniwob", fields=True)
+    try:
+        actions = []
+        for name in DEFAULT_TASKS:
+            env.reset(_task_of(env, name, "heldout"), 0)
+            for _ in range(8):
+                actions.append(env.expert_action())
+                result = env.step(actions[-1])
+                if result.terminated:
+                    break
+            assert result.success, name
+        assert any(" field " in a for a in actions) and not any('type' in a and '"' in a for a in actions)
+        obs = env.reset(_task_of(env, "enter-text"), 0)
+        assert "\nfields: 1 target=" in obs and "type N field K" in env.instructions
+        r = env.step("type 1 field 3")
+        assert r.invalid_action and "no field 3; this task has fields 1..1" in r.observation
+    finally:
+        env.close()
 
 
 def test_the_expert_solves_every_task(env):

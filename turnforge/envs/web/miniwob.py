@@ -11,7 +11,12 @@ ref it can act on::
     [5] button "Submit"
 
 and answers with one action: ``click 4``, ``type 2 "agustina"`` (clears the field, then types
-key by key), ``select 1 "Montenegro"`` (a list's option) or ``press Enter``. Clicks are
+key by key), ``select 1 "Montenegro"`` (a list's option) or ``press Enter``. With ``fields=True``
+the observation also lists the instruction's fields as MiniWoB++'s own extractors read them
+(``miniwob.fields``: ``fields: 1 username="vanda" 2 password="iygs"``) and ``type 2 field 1``
+types field 1's value: MiniWoB++'s ``FOCUS_ELEMENT_AND_TYPE_FIELD`` action, the action space of
+workflow-guided exploration (Liu et al. 2018), for policies that cannot yet copy a word out of
+the instruction; the free-text ``type`` stays. Clicks are
 dispatched to the element (MiniWoB's own element click), typing and keys are real keyboard
 events. The reward is MiniWoB's raw reward (+1 solved, -1 wrong, at the end): its default
 reward decays with wall time, which a CPU model cannot meet, and the 10 s episode clock is
@@ -49,8 +54,8 @@ DEFAULT_TASKS = (
 #: model's step takes longer than any of them, so they only make episodes depend on wall time).
 AFTER_START = {"use-autocomplete": "$('#tags').autocomplete('option', 'delay', 0);"}
 KEYS = ("Enter", "Tab", "Escape", "Backspace", "Space", "ArrowUp", "ArrowDown", "ArrowLeft", "ArrowRight")
-_ACTION = re.compile(r'^\s*(?:(click|focus)\s+\[?(\d+)\]?|(type|select)\s+\[?(\d+)\]?\s+"(.*)"|press\s+(\w+))\s*$',
-                     re.IGNORECASE | re.DOTALL)
+_ACTION = re.compile(r'^\s*(?:(click|focus)\s+\[?(\d+)\]?|(type|select)\s+\[?(\d+)\]?\s+"(.*)"|press\s+(\w+)'
+                     r'|type\s+\[?(\d+)\]?\s+field\s+(\d+))\s*$', re.IGNORECASE | re.DOTALL)
 WIDTH, HEIGHT = 160, 210  # MiniWoB's task area (the page is laid out for it)
 _START = "Math.seedrandom(%s); core.EPISODE_MAX_TIME = 1e9; core.startEpisodeReal(); WOB_TASK_READY"
 _STATE = "[WOB_DONE_GLOBAL, WOB_RAW_REWARD_GLOBAL, WOB_REWARD_REASON]"
@@ -77,9 +82,12 @@ def available_tasks() -> list[str]:
     return sorted(p.stem for p in html_dir().glob("*.html"))
 
 
-def render(utterance: str, items: Sequence[dict]) -> str:
-    """The instruction, then one line per element: ``[ref] kind "text"`` and its state."""
+def render(utterance: str, items: Sequence[dict], fields: Sequence[tuple[str, str]] = ()) -> str:
+    """The instruction, its ``fields`` (if any: ``fields: 1 key="value" ...``), then one line per
+    element: ``[ref] kind "text"`` and its state."""
     lines = [utterance]
+    if fields:
+        lines.append("fields: " + " ".join(f'{k} {key}="{value}"' for k, (key, value) in enumerate(fields, 1)))
     for it in items:
         kind = it.get("type") if it["tag"] == "input" else it["tag"]
         kind = {"text": "textbox", "password": "password box"}.get(kind, kind)
@@ -101,11 +109,14 @@ def render(utterance: str, items: Sequence[dict]) -> str:
 
 def parse_action(text: str) -> tuple[str, int | None, str]:
     """``(verb, ref, argument)`` of an action text's first line (a chat model may explain itself
-    on the next; a trailing period is ignored), or ``ValueError`` saying what is wrong."""
+    on the next; a trailing period is ignored), or ``ValueError`` saying what is wrong.
+    ``type N field K`` is ``("type_field", N, "K")`` (the env resolves the field)."""
     lines = [line for line in text.strip().splitlines() if line.strip()]
     m = _ACTION.match(lines[0].rstrip().removesuffix(".")) if lines else None
     if m is None:
-        raise ValueError('actions: click N | type N "text" | select N "option" | press KEY')
+        raise ValueError('actions: click N | type N "text" | type N field K | select N "option" | press KEY')
+    if m.group(7):
+        return "type_field", int(m.group(7)), m.group(8)
     if m.group(1):
         return "click", int(m.group(2)), ""
     if m.group(3):
@@ -121,7 +132,8 @@ class MiniWoBEnv(Env):
 
     observation_role = "user"
 
-    def __init__(self, tasks: Sequence[str] = DEFAULT_TASKS, invalid_action_penalty: float = -0.1) -> None:
+    def __init__(self, tasks: Sequence[str] = DEFAULT_TASKS, invalid_action_penalty: float = -0.1,
+                 fields: bool = False) -> None:
         from turnforge.envs.web.browser import chromium_path, require_playwright
 
         if isinstance(tasks, str):
@@ -136,15 +148,19 @@ class MiniWoBEnv(Env):
         chromium_path()  # missing Chromium: one line now, before any episode
         self.task_names = tuple(tasks)
         self.invalid_action_penalty = float(invalid_action_penalty)
+        self.fields = bool(fields)
         names = self.task_names
         self.tasks = TaskGenerator(lambda rng: {"task": rng.choice(names), "seed": rng.randrange(2**31)})
-        self.instructions = ("You operate a web page. Each message gives the task and the page's elements as "
-                             '[ref] kind "text". Answer with one action: click N, type N "text", select N "option" '
+        typing = 'type N "text", type N field K (the task\'s field K)' if self.fields else 'type N "text"'
+        self.instructions = ("You operate a web page. Each message gives the task"
+                             + (", its fields" if self.fields else "") + " and the page's elements as "
+                             f'[ref] kind "text". Answer with one action: click N, {typing}, select N "option" '
                              f"or press KEY ({', '.join(KEYS)}).")
         self._browser = None
         self._task: str | None = None
         self._items: list[dict] = []
         self._utterance = ""
+        self._fields: tuple[tuple[str, str], ...] = ()  # the instruction's fields (fields=True)
         self._clicked: list[str] = []  # texts of the elements clicked this episode (the expert's memory)
         self.done = True
 
@@ -168,7 +184,7 @@ class MiniWoBEnv(Env):
 
     def _observe(self) -> str:
         self._items = self._call(lambda page: page.evaluate(_dom_js()))
-        return render(self._utterance, self._items)
+        return render(self._utterance, self._items, self._fields)
 
     # ------------------------------------------------------------------ the contract
     def reset(self, task: Task, seed: int) -> str:
@@ -190,6 +206,7 @@ class MiniWoBEnv(Env):
         if not ready:
             raise RuntimeError(f"miniwob: task {name!r} did not become ready")
         self._task, self._clicked, self.done = name, [], False
+        self._fields = task_fields(name, self._utterance) if self.fields else ()
         return self._observe()
 
     def step(self, action: str) -> StepResult:
@@ -212,6 +229,12 @@ class MiniWoBEnv(Env):
     def _act(self, verb: str, ref: int | None, arg: str) -> None:
         """Check the action against the page as last shown, then do it (``ValueError``: invalid)."""
         item: dict = {}
+        if verb == "type_field":
+            k = int(arg)
+            if not 1 <= k <= len(self._fields):
+                have = f"fields 1..{len(self._fields)}" if self._fields else "no fields" + ("" if self.fields else " (fields=false)")
+                raise ValueError(f"no field {k}; this task has {have}")
+            verb, arg = "type", self._fields[k - 1][1]
         if ref is not None:
             item = next((it for it in self._items if it["ref"] == ref), {})
             if not item:
@@ -253,6 +276,8 @@ class MiniWoBEnv(Env):
         for it in self._items:
             if it["tag"] in ("input", "textarea") and it.get("type") not in ("checkbox", "radio"):
                 moves.append(f'type {it["ref"]} "{rng.choice(words)}"')
+                if self._fields:
+                    moves.append(f'type {it["ref"]} field {rng.randrange(len(self._fields)) + 1}')
             if it["tag"] == "select" and it.get("options"):
                 moves.append(f'select {it["ref"]} "{rng.choice(it["options"])}"')
         return rng.choice(moves) if moves else "press Enter"
@@ -261,7 +286,25 @@ class MiniWoBEnv(Env):
     def expert_action(self) -> str:
         """The scripted expert's next action for the current page (see ``expert``)."""
         assert self._task is not None, "miniwob: expert_action() before reset()"
-        return expert(self._task, self._utterance, self._items, self._clicked)
+        return by_field(expert(self._task, self._utterance, self._items, self._clicked), self._fields)
+
+
+def task_fields(task: str, utterance: str) -> tuple[tuple[str, str], ...]:
+    """The instruction's fields by MiniWoB++'s own extractor for ``task`` (``miniwob.fields``);
+    the fields without a value (an extractor's optional group) are left out."""
+    from miniwob.fields import get_field_extractor
+
+    return tuple((str(k), str(v)) for k, v in get_field_extractor(task)(utterance) if v)
+
+
+def by_field(action: str, fields: Sequence[tuple[str, str]]) -> str:
+    """``action`` with a typed text that is one of ``fields``' values written as ``type N field K``
+    (the first field with that value); any other action unchanged."""
+    m = re.fullmatch(r'type (\d+) "(.*)"', action, re.DOTALL)
+    values = [v for _, v in fields]
+    if m is None or m.group(2) not in values:
+        return action
+    return f"type {m.group(1)} field {values.index(m.group(2)) + 1}"
 
 
 def _quoted(utterance: str) -> list[str]:
@@ -342,4 +385,4 @@ def expert(task: str, utterance: str, items: Sequence[dict], clicked: Sequence[s
     raise NotImplementedError(f"miniwob: no scripted expert for task {task!r} (experts: {', '.join(DEFAULT_TASKS)})")
 
 
-__all__ = ["DEFAULT_TASKS", "MiniWoBEnv", "expert", "parse_action", "render"]
+__all__ = ["DEFAULT_TASKS", "MiniWoBEnv", "by_field", "expert", "parse_action", "render", "task_fields"]
