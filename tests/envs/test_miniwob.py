@@ -208,6 +208,8 @@ def test_bad_options_are_one_line(browser_ok, monkeypatch):
 
     with pytest.raises(UserError, match="unknown MiniWoB task 'click-everything'; valid tasks: .*click-button"):
         make("miniwob", tasks=["click-everything"])
+    with pytest.raises(UserError, match="miniwob: fields must be true or false; got 'yes'"):
+        make("miniwob", fields="yes")
     monkeypatch.setenv("TURNFORGE_CHROMIUM", "/nonexistent/chromium")
     with pytest.raises(UserError, match=r"browser envs need Chromium: TURNFORGE_CHROMIUM='/nonexistent/chromium' is not an "
                                         r"executable; run `make setup`"):

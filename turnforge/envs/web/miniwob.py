@@ -148,7 +148,9 @@ class MiniWoBEnv(Env):
         chromium_path()  # missing Chromium: one line now, before any episode
         self.task_names = tuple(tasks)
         self.invalid_action_penalty = float(invalid_action_penalty)
-        self.fields = bool(fields)
+        if not isinstance(fields, bool):
+            raise UserError(f"miniwob: fields must be true or false; got {fields!r}")
+        self.fields = fields
         names = self.task_names
         self.tasks = TaskGenerator(lambda rng: {"task": rng.choice(names), "seed": rng.randrange(2**31)})
         typing = 'type N "text", type N field K (the task\'s field K)' if self.fields else 'type N "text"'
