@@ -1,7 +1,8 @@
 """``miniwob``: MiniWoB++ pages in a real headless Chromium. The scripted expert solves every
 task; episodes repeat per seed; invalid actions cost and explain; bad options are one line; a
 crashed browser makes the step raise (an infrastructure failure); a training run with browsers in
-env workers leaves no browser process or open file behind.
+env workers leaves no browser process, open file or temporary file behind, nor does a crashed
+browser or a killed worker.
 
 Without Chromium or Playwright the browser tests skip, naming ``make setup``; under CI
 (``CI=true``) they fail instead."""
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import os
 import signal
+import tempfile
 import uuid
 
 import psutil
@@ -26,6 +28,28 @@ def env(browser_ok):
     e = make("miniwob")
     yield e
     e.close()
+
+
+@pytest.fixture()
+def private_tmp(monkeypatch):
+    """A temp directory of the test's own (for this process and the workers it starts), so what
+    browsers leave there can be listed while other tests run beside it. Short (not under pytest's
+    tmp_path): Chromium puts a Unix socket in it, whose path may have at most 107 bytes."""
+    import shutil
+    from pathlib import Path
+
+    path = Path(tempfile.mkdtemp(prefix="tft-", dir="/tmp"))
+    monkeypatch.setenv("TMPDIR", str(path))
+    monkeypatch.setattr(tempfile, "tempdir", str(path))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _browser_tmp(path) -> list[str]:
+    """What Playwright's driver and Chromium put in a temp directory (torch's compile cache may be there too)."""
+    from turnforge.envs.web.browser import TMP_PREFIX
+
+    return sorted(p.name for p in path.iterdir() if p.name.startswith((TMP_PREFIX, "playwright", "org.chromium")))
 
 
 def _task_of(env, name: str, split: str = "train", start: int = 0):
@@ -125,15 +149,22 @@ def test_invalid_actions_cost_and_say_why(env):
     assert not r.invalid_action and f'value="{option}"' in r.observation
 
 
-def test_a_crashed_browser_makes_the_step_raise(env, monkeypatch):
+def test_a_crashed_browser_makes_the_step_raise(env, monkeypatch, private_tmp):
+    from turnforge.envs.web import browser
+
     tag = uuid.uuid4().hex
     monkeypatch.setenv("TURNFORGE_BROWSER_TAG", tag)
     env.close()
     env.reset(_task_of(env, "click-test"), 0)
+    if browser._open.get(os.getpid()) == 1:  # this env's browser started the process's driver
+        assert [p.name for p in private_tmp.iterdir()] != []  # its temp files are in the test's directory
     for p in _tagged(tag):
         p.send_signal(signal.SIGKILL)
     with pytest.raises(Exception):
         env.step(env.expert_action())
+    env.close()
+    if not browser._open.get(os.getpid()):  # the driver stopped: nothing of it or the crashed browser is left
+        assert _browser_tmp(private_tmp) == []
 
 
 def _tagged(tag: str) -> list[psutil.Process]:
@@ -144,9 +175,10 @@ def _tagged(tag: str) -> list[psutil.Process]:
     return found
 
 
-def test_a_run_leaves_no_browser_or_open_file(browser_ok, tmp_path, monkeypatch):
+def test_a_run_leaves_no_browser_or_open_file(browser_ok, tmp_path, monkeypatch, private_tmp):
     """BC, one GRPO iteration and the evaluations with 2 env workers (a browser per env slot):
-    afterwards no browser of the run is left, nor a child process or an open file of this one."""
+    afterwards no browser of the run is left, nor a child process, an open file of this one or a
+    temporary file."""
     from helpers import NO_FLYWHEEL
     from turnforge.config import load_config
     from turnforge.train.run import train
@@ -165,6 +197,7 @@ def test_a_run_leaves_no_browser_or_open_file(browser_ok, tmp_path, monkeypatch)
     assert _tagged(tag) == []
     assert {p.pid for p in psutil.Process().children(recursive=True)} == children
     assert sorted(set(_fds()) - set(fds)) == []
+    assert _browser_tmp(private_tmp) == []
 
 
 def _settle(done, seconds: float = 20.0) -> None:
@@ -222,8 +255,10 @@ def test_check_env_passes(browser_ok):
     check_env("miniwob")
 
 
-def test_killing_a_worker_takes_its_browsers_with_it(browser_ok, monkeypatch):
-    """A worker killed as a hung one is (its browser in a process group of its own included)."""
+def test_killing_a_worker_takes_its_browsers_with_it(browser_ok, monkeypatch, private_tmp):
+    """A worker killed as a hung one is (its browser in a process group of its own included), and
+    the next driver start removes the temporary files it could not."""
+    from turnforge.envs.web.browser import TMP_PREFIX, remove_stale_tmp
     from turnforge.envpool.pool import EnvPool
     from turnforge.envs import make
 
@@ -234,6 +269,11 @@ def test_killing_a_worker_takes_its_browsers_with_it(browser_ok, monkeypatch):
         pool.send_reset([0, 1], [0, 1], [task, task])
         assert all(r.status == "ok" for r in pool.recv(batch_size=2))
         assert len({p.pid for p in _tagged(tag) if "--type=" not in " ".join(p.cmdline())}) == 2  # 2 browsers up
+        pid = pool._workers[0].pid
+        assert [p.name for p in private_tmp.iterdir() if p.name.startswith(f"{TMP_PREFIX}{pid}-")] != []
         pool._workers[0].kill()
         _settle(lambda: not _tagged(tag))
         assert _tagged(tag) == []
+        _settle(lambda: not psutil.pid_exists(pid))
+        assert [name for name in remove_stale_tmp() if name.startswith(f"{TMP_PREFIX}{pid}-")] != []
+        assert [p.name for p in private_tmp.iterdir() if p.name.startswith(f"{TMP_PREFIX}{pid}-")] == []

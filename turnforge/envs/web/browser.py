@@ -14,6 +14,12 @@ left running after a run). The driver and every page call live on one thread of 
 process (the sync API refuses a second driver on a thread that has one); a call that takes
 longer than ``CALL_TIMEOUT_S`` raises (an infrastructure failure, not a hung run). A process that
 forked after starting the driver starts its own.
+
+Temporary files: the driver and its browsers write theirs (profiles, artifacts, Chromium's
+singleton sockets) under one directory per process, ``$TMPDIR/tf-browsers-<pid>-*``, removed
+when the driver stops. A process that was killed (a hung env worker) cannot remove its own, so
+every driver start removes those of processes that no longer exist: a crashed browser or a killed
+worker leaves nothing in ``/tmp`` for longer than the next browser start.
 """
 
 from __future__ import annotations
@@ -21,6 +27,8 @@ from __future__ import annotations
 import atexit
 import os
 import shutil
+import tempfile
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, TypeVar
 
@@ -34,6 +42,9 @@ CHROMIUM_ARGS = ("--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--
 _driver: dict[int, Any] = {}  # pid -> the process's Playwright driver
 _open: dict[int, int] = {}  # pid -> browsers open in that process
 _thread: dict[int, ThreadPoolExecutor] = {}  # pid -> the thread every Playwright call of the process runs on
+_tmp: dict[int, str] = {}  # pid -> the directory of the temporary files of the process's driver and browsers
+_env_lock = threading.Lock()
+TMP_PREFIX = "tf-browsers-"  # short: Chromium puts a Unix socket under it (paths of at most 107 bytes)
 CALL_TIMEOUT_S = 60.0
 T = TypeVar("T")
 
@@ -74,19 +85,60 @@ def _playwright():
 
         _driver.clear()  # a forked child's copy of its parent's driver is not usable
         _open.clear()
-        _driver[pid] = sync_playwright().start()
+        _tmp.clear()
+        remove_stale_tmp()
+        root = tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{pid}-")
+        # The driver takes the process's environment when it starts (Playwright has no option for
+        # it) and its browsers inherit it: TMPDIR only for that moment.
+        with _env_lock:
+            before = os.environ.get("TMPDIR")
+            os.environ["TMPDIR"] = root
+            try:
+                _driver[pid] = sync_playwright().start()
+            finally:
+                if before is None:
+                    del os.environ["TMPDIR"]
+                else:
+                    os.environ["TMPDIR"] = before
+        _tmp[pid] = root
         atexit.register(_stop, pid)
     return _driver[pid]
+
+
+def remove_stale_tmp() -> list[str]:
+    """Remove the browser temp directories of processes that no longer exist; returns them."""
+    removed = []
+    for name in os.listdir(tempfile.gettempdir()):
+        if not name.startswith(TMP_PREFIX):
+            continue
+        pid = name[len(TMP_PREFIX):].split("-")[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(os.path.join(tempfile.gettempdir(), name), ignore_errors=True)
+            removed.append(name)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def _stop(pid: int) -> None:
     driver = _driver.pop(pid, None)
     _open.pop(pid, None)
+    root = _tmp.pop(pid, None)
     if driver is not None and os.getpid() == pid:
         try:
             driver.stop()
         except Exception:  # the driver already went away with the interpreter
             pass
+        if root is not None:
+            shutil.rmtree(root, ignore_errors=True)
 
 
 class Browser:
