@@ -15,6 +15,7 @@ from turnforge.rewards.grounding import (
     GuiAction,
     box_iou,
     box_size_reward,
+    gaussian_point_reward,
     grounding_reward,
     parse_action,
 )
@@ -119,12 +120,31 @@ def test_weights_scale_each_term():
     assert score("click(9, 19, 31, 31)", weights=plain).argument == 1.0
     assert GroundingWeights.from_mapping({"format": 0.5, "max_area_ratio": 2}) == GroundingWeights(format=0.5, max_area_ratio=2)
     with pytest.raises(UserError, match=r"^unknown reward weight 'hit'; valid weights: 'action_type', 'argument', 'box', "
-                                        r"'format', 'iou', 'max_area_ratio'$"):
+                                        r"'format', 'gaussian', 'gaussian_sigma', 'iou', 'max_area_ratio'$"):
         GroundingWeights.from_mapping({"hit": 1.0})
     with pytest.raises(UserError, match="format must be a number >= 0; got -1"):
         GroundingWeights(format=-1)
     with pytest.raises(UserError, match="max_area_ratio must be >= 1"):
         GroundingWeights(max_area_ratio=0.5)
+    with pytest.raises(UserError, match="gaussian_sigma must be > 0; got 0"):
+        GroundingWeights(gaussian_sigma=0)
+
+
+def test_gui_g2_gaussian_point_term_by_hand():
+    # TARGET is 20 x 10 px, centre (19.5, 24.5); sigma 1 box: sx = 20, sy = 10
+    assert gaussian_point_reward((19.5, 24.5), TARGET, 1.0) == 1.0
+    assert gaussian_point_reward((39.5, 24.5), TARGET, 1.0) == pytest.approx(math.exp(-0.5))  # one sx right
+    assert gaussian_point_reward((19.5, 4.5), TARGET, 1.0) == pytest.approx(math.exp(-2.0))  # two sy up
+    assert gaussian_point_reward((39.5, 34.5), TARGET, 2.0) == pytest.approx(math.exp(-(400 / 1600 + 100 / 400) / 2))
+    w = GroundingWeights(gaussian=1.0, gaussian_sigma=1.0)
+    near, far, inside = score("click(39, 24)", weights=w), score("click(100, 100)", weights=w), score("click(20, 25)", weights=w)
+    # a miss keeps hit 0 and correct False; its argument is half its Gaussian term: (0 + 1 * g) / 2
+    assert (near.hit, near.correct) == (0.0, False)
+    assert near.argument == pytest.approx(math.exp(-(19.5 ** 2 / 800 + 0.5 ** 2 / 200)) / 2)
+    assert far.argument < 1e-6 < near.argument
+    # inside: (1 + g) / 2 with g = exp(-(0.5^2 / 800 + 0.5^2 / 200))
+    assert inside.argument == pytest.approx((1 + math.exp(-(0.25 / 800 + 0.25 / 200))) / 2) and inside.correct
+    assert score("click(10, 20, 29, 29)", weights=w).argument == 1.0  # box answers keep GUI-G1's composite
 
 
 def test_iou_and_box_size_by_hand():

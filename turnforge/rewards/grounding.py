@@ -12,6 +12,11 @@ against the action that solves the step (``ExpectedAction``) and returns a ``Rew
 - ``argument`` (UI-R1's R_C for clicks), 0 unless the type matches:
 
   - a point click: ``hit``, 1 when the point lies in the target box (edge pixels included);
+    with ``w.gaussian > 0``, ``(hit + w.gaussian * g) / (1 + w.gaussian)``, where ``g`` is
+    GUI-G²'s Gaussian point reward ``exp(-((x - cx)^2 / (2 sx^2) + (y - cy)^2 / (2 sy^2)))``
+    around the target's centre, ``sx = w.gaussian_sigma * box width`` and ``sy`` likewise
+    (GUI-G²'s variance adapts to the element's size): a miss close to the target earns more
+    than one across the screen, so a group whose clicks all miss still has an advantage signal;
   - a box click: ``(hit + w.iou * iou + w.box * box) / (1 + w.iou + w.box)``, GUI-G1's
     ``R_hit + alpha R_IoU + beta R_box`` with ``hit`` taken at the box's centre, ``iou`` the
     boxes' intersection over union and ``box`` GUI-G1's box-size term: the harmonic mean of
@@ -37,6 +42,9 @@ Departures from the papers:
   box spanning the screen whose centre happens to fall on the target earns (almost) no argument
   reward.
   ``max_area_ratio=inf`` turns it off (GUI-G1 as published, up to the normalisation).
+- GUI-G² (Tang et al. 2025) replaces the hit with its Gaussian point and coverage rewards; here
+  the Gaussian point term is added to the hit (off by default, weight ``w.gaussian``) and its
+  spread is a free multiple of the box size; its coverage term (for box answers) is not built.
 - The format term has no ``<think>`` tags to check: an answer's format is the action grammar
   (an ``<answer>...</answer>`` tag around the action is accepted, as UI-R1's answers carry).
 """
@@ -143,12 +151,16 @@ class GroundingWeights:
     iou: float = 0.25  # GUI-G1 alpha: weight of a box answer's IoU with the target inside the box composite
     box: float = 0.125  # GUI-G1 beta: weight of a box answer's box-size term R_box inside the box composite
     max_area_ratio: float = 4.0  # the guard: a box larger than this times the target's area gets no hit (inf: off)
+    gaussian: float = 0.0  # GUI-G²: weight of the Gaussian point term beside the hit in a point click's argument (0: off)
+    gaussian_sigma: float = 1.0  # GUI-G²: the Gaussian's standard deviation per axis, in target box widths / heights
 
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value) or value < 0:
                 raise UserError(f"reward weight {f.name} must be a number >= 0; got {value!r}")
+        if self.gaussian_sigma <= 0:
+            raise UserError(f"reward weight gaussian_sigma must be > 0; got {self.gaussian_sigma!r}")
         if self.max_area_ratio < 1:
             raise UserError(f"reward weight max_area_ratio must be >= 1 (a box the target's size always counts); "
                             f"got {self.max_area_ratio!r}")
@@ -239,6 +251,16 @@ def box_size_reward(pred: Box, target: Box, width: int, height: int) -> float:
     return 4 / sum(1 / s for s in scores)
 
 
+def gaussian_point_reward(point: tuple[float, float], target: Box, sigma: float) -> float:
+    """GUI-G²'s Gaussian point reward: ``exp(-(dx^2 / (2 sx^2) + dy^2 / (2 sy^2)))`` of the point's
+    offset from the target's centre, ``sx = sigma * width`` and ``sy = sigma * height`` of the box
+    (1 at the centre)."""
+    (cx, cy), (x, y) = target.centre, point
+    sx = sigma * (target.x2 - target.x1 + 1)
+    sy = sigma * (target.y2 - target.y1 + 1)
+    return math.exp(-((x - cx) ** 2 / (2 * sx * sx) + (y - cy) ** 2 / (2 * sy * sy)))
+
+
 def grounding_reward(action: GuiAction | None, expected: ExpectedAction, image_size: tuple[int, int],
                      weights: GroundingWeights = GroundingWeights()) -> RewardBreakdown:
     """Score ``action`` (None: the answer did not parse) against ``expected`` on an image of
@@ -255,6 +277,9 @@ def grounding_reward(action: GuiAction | None, expected: ExpectedAction, image_s
         if action.box is None:
             hit = float(inside)
             argument = hit
+            if weights.gaussian > 0:
+                g = gaussian_point_reward(action.point, target, weights.gaussian_sigma)
+                argument = (hit + weights.gaussian * g) / (1 + weights.gaussian)
         else:
             oversized = action.box.area > weights.max_area_ratio * target.area
             hit = float(inside and not oversized)
@@ -284,6 +309,7 @@ __all__ = [
     "RewardBreakdown",
     "box_iou",
     "box_size_reward",
+    "gaussian_point_reward",
     "grounding_reward",
     "parse_action",
 ]
