@@ -70,6 +70,10 @@ class TinyVisionConfig(Section):
     num_attention_heads: int = Field(2, ge=1, description="Vision encoder attention heads")
     scale_factor: int = Field(2, ge=1, description="Pixel-shuffle factor: an image is (image_size/patch_size/scale_factor)^2 "
                               "tokens")
+    normalize: Literal["corpus", "siglip"] = Field(
+        "corpus", description="The processor's per-channel image_mean / image_std: 'corpus' measures them on the corpus envs' "
+        "screenshots (the first observation of each corpus episode); 'siglip' is SigLIP's 0.5 / 0.5, which maps a white "
+        "screen to +1 everywhere and drowns a small widget (measured: docs/results.md)")
 
     @model_validator(mode="after")
     def _grid(self) -> "TinyVisionConfig":

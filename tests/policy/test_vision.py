@@ -219,3 +219,56 @@ def test_the_tiny_vlm_tells_blank_patches_apart_by_position(vlm):
         out = vlm.model.model.get_image_features(v["pixel_values"], v["pixel_attention_mask"]).pooler_output
     feats = torch.cat(out) if isinstance(out, (list, tuple)) else out
     assert (feats[0] - feats[-1]).norm() > 0.3 * feats[0].norm()
+
+
+def test_image_tokens_are_never_sampled_and_the_scores_agree(vlm):
+    """The image-block tokens get SUPPRESSED_LOGIT in every forward pass (sampling and re-scoring
+    alike), so a sampled action never holds an <image> the next forward would choke on."""
+    from turnforge.policy.vision import IMAGE_TOKENS, SUPPRESSED_LOGIT
+
+    ids = [vlm.tokenizer.convert_tokens_to_ids(t) for t in IMAGE_TOKENS]
+    prompt = list(vlm.chat.encode("What colour is it?"))
+    with torch.no_grad():
+        logits = vlm.model(input_ids=torch.tensor([prompt])).logits[0, -1]
+    assert (logits[ids] == SUPPRESSED_LOGIT).all() and (logits[[i for i in range(len(logits)) if i not in ids]] > -1e3).all()
+    seq = torch.tensor([prompt + [ids[0]]])
+    with torch.no_grad():
+        lp, ent = token_logprobs(vlm.model, seq, torch.ones_like(seq), with_entropy=True)
+    assert lp[0, -1] < -1e8 and torch.isfinite(ent).all()  # never sampled; entropies stay finite
+
+
+def test_image_statistics_by_hand():
+    from turnforge.policy.tiny import SIGLIP_MEAN_STD, image_stats
+
+    from PIL import Image
+
+    def plain(rgb):
+        out = io.BytesIO()
+        Image.new("RGB", (4, 4), rgb).save(out, format="PNG")
+        return out.getvalue()
+
+    red, white = plain((255, 0, 0)), plain((255, 255, 255))
+    mean, std = image_stats([red, white, white, white])
+    # R: 1 everywhere (std 0, floored at 0.05); G and B: 0 on a quarter of the pixels: mean 0.75, std sqrt(0.75 * 0.25)
+    assert mean == (1.0, 0.75, 0.75) and std == (0.05, 0.433, 0.433)
+    assert image_stats([]) == SIGLIP_MEAN_STD
+
+
+def test_the_tiny_vlm_normalises_by_its_corpus_screenshots(tmp_path):
+    """model.tiny.vision.normalize=corpus (the default): the processor's mean and std are the corpus
+    envs' screenshots' (gui-click: mostly white), not SigLIP's 0.5 / 0.5."""
+    import json
+
+    from turnforge.config import TinyModelConfig
+    from turnforge.policy.tiny import build_tiny_model
+
+    def built(normalize):
+        vision = TinyVisionConfig(enabled=True, image_size=56, patch_size=14, hidden_size=32, intermediate_size=64,
+                                  normalize=normalize)
+        out = build_tiny_model(tmp_path / normalize, TinyModelConfig(hidden_size=32, intermediate_size=64, vocab_size=400,
+                                                                     corpus_envs=("gui-click",), corpus_episodes=8, vision=vision))
+        return json.loads((out / "processor_config.json").read_text())["image_processor"]
+
+    corpus, siglip = built("corpus"), built("siglip")
+    assert siglip["image_mean"] == [0.5] * 3 and siglip["image_std"] == [0.5] * 3
+    assert all(m > 0.8 for m in corpus["image_mean"]) and all(0.05 <= s < 0.3 for s in corpus["image_std"])

@@ -258,7 +258,7 @@ def load_policy(path: str | Path, dtype: str = "float32", device: str = "cpu") -
     from safetensors import SafetensorError
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoTokenizer
 
-    from turnforge.policy.vision import load_vision
+    from turnforge.policy.vision import load_vision, suppress_image_tokens
 
     p = check_model_dir(path)
     torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}.get(dtype)
@@ -275,6 +275,8 @@ def load_policy(path: str | Path, dtype: str = "float32", device: str = "cpu") -
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         weights = ", ".join(sorted(f.name for f in p.iterdir() if f.suffix in (".safetensors", ".bin"))) or "no weight files"
         raise UserError(f"cannot load the model weights in {str(path)!r} ({weights}): {first}") from None
+    if vision is not None:
+        suppress_image_tokens(model, tokenizer)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     return Policy(
         model=model,

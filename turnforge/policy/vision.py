@@ -38,6 +38,32 @@ IMAGE_TOKEN = "<image>"
 IMAGE_TOKENS = (IMAGE_TOKEN, "<fake_token_around_image>", "<global-img>")  # what the Idefics3 processor expands into
 
 
+#: What a logit of a suppressed token becomes (finite: 0 * it is 0 in an entropy, where -inf gives nan).
+SUPPRESSED_LOGIT = -1e9
+
+
+def suppress_image_tokens(model: torch.nn.Module, tokenizer) -> tuple[int, ...]:
+    """Make ``model`` never emit the image-block tokens (``IMAGE_TOKENS`` in its vocabulary): a hook
+    on its output layer sets their logits to ``SUPPRESSED_LOGIT`` in every forward pass, so the
+    sampler, every re-scoring and the gateway see the same distribution (token-exact). Without it a
+    sampled ``<image>`` in an action made the next forward fail (as many image tokens as images'
+    features is what Idefics3 checks): found in a GRPO run of ``gui-click-tiny``. HF's
+    ``suppress_tokens`` does this at generation only, which would leave the trainer's logprobs
+    other than the sampler's. Returns the ids suppressed."""
+    vocab = tokenizer.get_vocab()
+    ids = tuple(sorted(vocab[t] for t in IMAGE_TOKENS if t in vocab))
+    head = model.get_output_embeddings()
+    if not ids or head is None:
+        return ids
+    index = torch.as_tensor(ids, dtype=torch.long)
+
+    def hook(_module, _inputs, logits):
+        return logits.index_fill(-1, index.to(logits.device), SUPPRESSED_LOGIT)
+
+    head.register_forward_hook(hook)
+    return ids
+
+
 def image_key(png: bytes) -> str:
     """The image's content hash (its name in a run's ``images/`` folder and in the Parquet)."""
     return hashlib.sha256(png).hexdigest()
