@@ -46,7 +46,7 @@ def private_tmp(monkeypatch):
 
 
 def _browser_tmp(path) -> list[str]:
-    """What Playwright's driver and Chromium put in a temp directory (torch's compile cache may be there too)."""
+    """What Playwright's driver and Chromium put in a temp directory (not torch's compile cache)."""
     from turnforge.envs.web.browser import TMP_PREFIX
 
     return sorted(p.name for p in path.iterdir() if p.name.startswith((TMP_PREFIX, "playwright", "org.chromium")))

@@ -230,7 +230,8 @@ def test_image_tokens_are_never_sampled_and_the_scores_agree(vlm):
     prompt = list(vlm.chat.encode("What colour is it?"))
     with torch.no_grad():
         logits = vlm.model(input_ids=torch.tensor([prompt])).logits[0, -1]
-    assert (logits[ids] == SUPPRESSED_LOGIT).all() and (logits[[i for i in range(len(logits)) if i not in ids]] > -1e3).all()
+    others = [i for i in range(len(logits)) if i not in ids]
+    assert (logits[ids] == SUPPRESSED_LOGIT).all() and (logits[others] > -1e3).all()
     seq = torch.tensor([prompt + [ids[0]]])
     with torch.no_grad():
         lp, ent = token_logprobs(vlm.model, seq, torch.ones_like(seq), with_entropy=True)
@@ -265,8 +266,9 @@ def test_the_tiny_vlm_normalises_by_its_corpus_screenshots(tmp_path):
     def built(normalize):
         vision = TinyVisionConfig(enabled=True, image_size=56, patch_size=14, hidden_size=32, intermediate_size=64,
                                   normalize=normalize)
-        out = build_tiny_model(tmp_path / normalize, TinyModelConfig(hidden_size=32, intermediate_size=64, vocab_size=400,
-                                                                     corpus_envs=("gui-click",), corpus_episodes=8, vision=vision))
+        tiny = TinyModelConfig(hidden_size=32, intermediate_size=64, vocab_size=400, corpus_envs=("gui-click",),
+                               corpus_episodes=8, vision=vision)
+        out = build_tiny_model(tmp_path / normalize, tiny)
         return json.loads((out / "processor_config.json").read_text())["image_processor"]
 
     corpus, siglip = built("corpus"), built("siglip")

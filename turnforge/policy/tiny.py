@@ -182,8 +182,8 @@ def image_stats(images: list[bytes], min_std: float = 0.05) -> tuple[tuple[float
     with SigLIP's 0.5 / 0.5 every blank patch is +1 in every channel, a large common vector beside
     which a 20 x 12 px widget barely moves its patch's features. Measured on a control (name the
     colour of one 20 x 12 px box on white, batches of 32), a from-scratch model stayed at chance
-    for 500 steps with 0.5 / 0.5 and learned it (0.03 nats) in about 380 with the corpus statistics. A pretrained SigLIP is used
-    with its own statistics (its processor's), never these."""
+    for 500 steps with 0.5 / 0.5 and learned it (0.03 nats) in about 380 with the corpus
+    statistics. A pretrained SigLIP is used with its own statistics (its processor's), never these."""
     import io
 
     import numpy as np
