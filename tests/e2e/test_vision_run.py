@@ -7,6 +7,7 @@ import hashlib
 
 import pyarrow.parquet as pq
 import pytest
+import torch
 
 from helpers import NO_FLYWHEEL, TINY_TEST_SHAPE, assert_rescores
 from turnforge.config import load_config
@@ -64,3 +65,24 @@ def test_gui_click_tiny_trains_on_images_and_resumes_exactly(tmp_path):
     train(load_run_config(out), out, resume=True, live=False)
     assert sha(out / "checkpoints" / "final") == sha(ref / "checkpoints" / "final")
     assert read_summary(out).eval_after_rl == read_summary(ref).eval_after_rl
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (model.device=cuda); this machine's torch sees none")
+def test_gui_click_tiny_trains_on_a_gpu(tmp_path):
+    """BC and GRPO with ``model.device=cuda``: the run ends, its checkpoint loads, and what the final
+    policy samples on the GPU re-scores token-exactly there."""
+    from turnforge.policy.model import load_policy
+    from turnforge.rollout.actors import PolicyActor
+    from turnforge.rollout.engine import EpisodeRequest, make_engine
+
+    cfg = load_config("gui-click-tiny", [*FAST, "model.device=cuda"])
+    summary = train(cfg, tmp_path / "run", live=False)
+    assert summary.rl_iterations == 3 and summary.env_steps > 0
+    final = load_policy(tmp_path / "run" / "checkpoints" / "final", device="cuda")
+    engine = make_engine(cfg, final)
+    try:
+        reqs = [EpisodeRequest(engine.env.task("heldout", i), i, f"g{i}", f"t{i}") for i in range(3)]
+        trajs, _ = engine.play(reqs, PolicyActor(final, cfg.rollout.max_new_tokens, 1.0, torch.Generator().manual_seed(0)))
+    finally:
+        engine.close()
+    assert_rescores(final, [s for t in trajs for s in t.samples], atol=1e-4)

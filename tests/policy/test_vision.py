@@ -13,6 +13,7 @@ from turnforge.envs.base import Env, capabilities
 from turnforge.envs.tasks import TaskGenerator
 from turnforge.errors import UserError
 from turnforge.policy.generate import pad_right, token_logprobs
+from turnforge.policy.vision import image_key as vision_key
 from turnforge.rollout.actors import PolicyActor
 from turnforge.rollout.engine import EpisodeRequest
 from turnforge.types import StepResult
@@ -94,6 +95,18 @@ def test_rescored_logprobs_match_sampling_with_images(vlm, context, window):
     assert_rescores(vlm, samples, atol=1e-4)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (model.device=cuda); this machine's torch sees none")
+def test_rescored_logprobs_match_sampling_with_images_on_a_gpu(tiny_vlm_dir):
+    from turnforge.policy.model import load_policy
+
+    vlm = load_policy(tiny_vlm_dir, device="cuda")
+    cfg = RolloutConfig(context="full_history", max_turns=4, max_new_tokens=4, max_context_tokens=1024)
+    trajs, _ = _play(vlm, cfg)
+    samples = [s for t in trajs for s in t.samples]
+    assert vlm.device.type == "cuda" and all(s.images for s in samples)
+    assert_rescores(vlm, samples, atol=1e-4)  # pixels collated on the CPU, the forward on the GPU
+
+
 def test_the_model_sees_the_pixels(vlm):
     """Re-scoring with other images gives other logprobs: the pixels reach the forward pass."""
     cfg = RolloutConfig(context="window", history_window=0, max_turns=2, max_new_tokens=4, max_context_tokens=1024)
@@ -105,6 +118,15 @@ def test_the_model_sees_the_pixels(vlm):
         lp_true, _ = token_logprobs(vlm.model, ids, attn, vision=vlm.vision.inputs([s.images for s in samples]))
         lp_other, _ = token_logprobs(vlm.model, ids, attn, vision=vlm.vision.inputs(other))
     assert not torch.allclose(lp_true, lp_other)
+
+
+def test_the_processed_image_cache_keeps_the_most_recent(vlm):
+    vlm.vision.cache_images = 2  # model.image_cache
+    red, green, blue = (png(COLOURS[c]) for c in ("red", "green", "blue"))
+    before = vlm.vision.inputs([[red], [green]])["pixel_values"]
+    vlm.vision.inputs([[blue], [red]])  # green is the least recently used: dropped
+    assert list(vlm.vision._cache) == [vision_key(blue), vision_key(red)]
+    torch.testing.assert_close(vlm.vision.inputs([[red], [green]])["pixel_values"], before)  # re-encoded alike
 
 
 def test_checkpoint_keeps_the_processor(vlm, tmp_path):

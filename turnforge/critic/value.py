@@ -45,8 +45,10 @@ class ValueModel(nn.Module):
         nn.init.zeros_(self.head.bias)
 
     def forward(self, ids: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:
-        hidden = self.trunk(input_ids=ids, attention_mask=attention).last_hidden_state
-        return self.head(hidden.to(self.head.weight.dtype)).squeeze(-1)
+        """Values ``[B, T]``, computed on the critic's device, returned on ``ids``' device."""
+        device = self.head.weight.device
+        hidden = self.trunk(input_ids=ids.to(device), attention_mask=attention.to(device)).last_hidden_state
+        return self.head(hidden.to(self.head.weight.dtype)).squeeze(-1).to(ids.device)
 
 
 def build_value_model(policy_model: nn.Module, init: str, seed: int) -> ValueModel:
@@ -65,7 +67,7 @@ def build_value_model(policy_model: nn.Module, init: str, seed: int) -> ValueMod
     trunk = trunk.float()
     for p in trunk.parameters():
         p.requires_grad_(True)
-    return ValueModel(trunk, policy_model.config.hidden_size)
+    return ValueModel(trunk, policy_model.config.hidden_size).to(next(policy_model.parameters()).device)
 
 
 def value_positions(sample: Sample) -> np.ndarray:

@@ -485,7 +485,16 @@ def token_logprobs(
     multi-turn batch. Models without that argument get full logits, then the selection.
 
     ``vision``: the pixel inputs of the rows' image blocks (``Vision.inputs``; vision policies).
+
+    The inputs may live on the CPU: the forward pass runs on the model's device (``model.device``)
+    and the results come back on ``ids``' device, so a trainer's batches and losses are the same
+    code on a CPU and a GPU (gradients flow through the copy).
     """
+    home, device = ids.device, next(model.parameters()).device
+    if device != home:
+        ids, attention_mask = ids.to(device), attention_mask.to(device)
+        positions = positions.to(device) if positions is not None else None
+        vision = {k: t.to(device) for k, t in vision.items()} if vision else vision
     v = vision or {}
     if positions is None:
         logits = model(input_ids=ids, attention_mask=attention_mask, **v).logits[:, :-1, :].float()  # [B, T-1, V]
@@ -511,4 +520,5 @@ def token_logprobs(
         picked = torch.zeros(keep.shape, dtype=picked.dtype, device=picked.device).masked_scatter(keep, picked)
         if entropy is not None:
             entropy = torch.zeros(keep.shape, dtype=entropy.dtype, device=entropy.device).masked_scatter(keep, entropy)
-    return F.pad(picked, (1, 0)), (F.pad(entropy, (1, 0)) if entropy is not None else None)
+    picked, entropy = F.pad(picked, (1, 0)), (F.pad(entropy, (1, 0)) if entropy is not None else None)
+    return picked.to(home), (entropy.to(home) if entropy is not None else None)

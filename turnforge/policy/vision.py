@@ -90,7 +90,7 @@ class Vision:
         tok = processor.tokenizer
         self.image_token_id = int(tok.convert_tokens_to_ids(IMAGE_TOKEN))
         self._cache: OrderedDict[str, tuple[tuple[int, ...], torch.Tensor, torch.Tensor]] = OrderedDict()
-        self._cache_images = cache_images
+        self.cache_images = cache_images  # processed images kept (``model.image_cache``)
 
     def _encode(self, png: bytes) -> tuple[tuple[int, ...], torch.Tensor, torch.Tensor]:
         key = image_key(png)
@@ -108,7 +108,7 @@ class Vision:
         mask = mask[0] if mask is not None else torch.ones(pixels.shape[0], *pixels.shape[2:], dtype=torch.bool)
         entry = (tuple(int(i) for i in out["input_ids"][0].tolist()), pixels, mask)
         self._cache[key] = entry
-        if len(self._cache) > self._cache_images:
+        if len(self._cache) > self.cache_images:
             self._cache.popitem(last=False)
         return entry
 

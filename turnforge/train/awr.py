@@ -38,7 +38,7 @@ import torch
 
 from turnforge.algos.awr import anchor_state_advantages, awr_weights, effective_sample_size
 from turnforge.critic.mc import MCStart, estimate
-from turnforge.policy.model import Policy, load_policy
+from turnforge.policy.model import Policy, load_policy, resolve_device
 from turnforge.seeding import stable_hash
 from turnforge.train.mc import distinct_states, known_values, tail_actor
 from turnforge.train.metrics import AWRStats
@@ -72,7 +72,7 @@ class AWRRound:
         who = s.cfg.flywheel.mc_tails
         tails = {"policy": s.policy, "random": None}.get(who)
         if who == "bc" and s.cfg.flywheel.weighting == "mc_awr":
-            tails = load_policy(s.run_dir / "checkpoints" / "bc", s.cfg.model.dtype)
+            tails = load_policy(s.run_dir / "checkpoints" / "bc", s.cfg.model.dtype, resolve_device(s.cfg.model.device))
             tails.model.eval()
         return cls(s, r, tails)
 

@@ -106,9 +106,9 @@ def load_for_eval(cfg, checkpoint) -> Policy:
     cache and its budget): what ``turnforge eval`` and ``turnforge merge --sweep`` evaluate."""
     import torch
 
-    from turnforge.policy.model import load_policy
+    from turnforge.policy.model import load_policy, resolve_device
 
     torch.set_num_threads(cfg.threads)
-    policy = load_policy(checkpoint, cfg.model.dtype)
+    policy = load_policy(checkpoint, cfg.model.dtype, resolve_device(cfg.model.device))
     policy.prefix_cache, policy.kv_cache_gib = cfg.rollout.prefix_cache, cfg.rollout.kv_cache_gib
     return policy

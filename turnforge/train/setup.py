@@ -33,7 +33,7 @@ from turnforge.errors import UserError
 from turnforge.paths import check_out_dir
 from turnforge.policy.gguf import cached_import, find_gguf
 from turnforge.policy.lora import ADAPTER_DIR, FrozenBase, add_lora, check_lora_targets, is_lora, merge_lora, skeleton
-from turnforge.policy.model import ChatFormat, Policy, check_model_dir, load_policy
+from turnforge.policy.model import ChatFormat, Policy, check_model_dir, load_policy, resolve_device
 from turnforge.policy.tiny import build_tiny_model, build_tokenizer, default_corpus, tiny_hf_config
 from turnforge.policy.vision import check_first_images, check_vision_options
 from turnforge.rollout.context import PromptSpec, check_summary_budget
@@ -102,6 +102,7 @@ def preflight(cfg: TrainConfig, run_dir: Path, resume: bool) -> Checked:
         from turnforge.envpool.ray_pool import connect_ray
 
         connect_ray(cfg.engine.ray_address)
+    resolve_device(cfg.model.device)  # a GPU asked for and absent: one line now, not after set-up
     if cfg.rollout.backend == "vllm":  # not installed: one line now, not after set-up
         from turnforge.policy.vllm_sampler import require_vllm
 
@@ -228,14 +229,16 @@ def _load_policy(cfg: TrainConfig, run_dir: Path, model_path: Path, found: Resum
     the prefix cache and the vLLM sampler as configured."""
     lora = cfg.model.lora
     if lora.r > 0 and found is not None:
-        policy = load_policy(run_dir / "checkpoints" / "bc", cfg.model.dtype)
+        policy = load_policy(run_dir / "checkpoints" / "bc", cfg.model.dtype, resolve_device(cfg.model.device))
         add_lora(policy, lora, cfg.seed, "rl", adapter_dir=found.path / ADAPTER_DIR)
     else:
-        policy = load_policy(model_path, cfg.model.dtype)
+        policy = load_policy(model_path, cfg.model.dtype, resolve_device(cfg.model.device))
         if lora.r > 0 and cfg.bc.enabled:
             add_lora(policy, lora, cfg.seed, "bc")
     policy.model.eval()
     policy.prefix_cache, policy.kv_cache_gib = cfg.rollout.prefix_cache, cfg.rollout.kv_cache_gib
+    if policy.vision is not None:
+        policy.vision.cache_images = cfg.model.image_cache
     if cfg.rollout.backend == "vllm":  # the engine loads model_path; the policy's own weights are synced before use
         from turnforge.policy.vllm_sampler import VLLMSampler
 
@@ -313,7 +316,7 @@ def rl_references(cfg: TrainConfig, run_dir: Path, policy: Policy) -> tuple[Poli
     bc_policy = None
     mc_by_bc = cfg.critic.mc_policy == "bc" and (cfg.critic.mc_weight > 0 or cfg.rl.advantage == "mc_grpo")
     if mc_by_bc or (cfg.rl.kl_coef > 0 and cfg.model.lora.r == 0):
-        bc_policy = load_policy(run_dir / "checkpoints" / "bc", cfg.model.dtype)
+        bc_policy = load_policy(run_dir / "checkpoints" / "bc", cfg.model.dtype, resolve_device(cfg.model.device))
         bc_policy.model = make_reference(bc_policy.model)
     if cfg.rl.kl_coef > 0 and is_lora(policy.model):  # the frozen base is the BC policy: no copy needed
         reference: torch.nn.Module | None = FrozenBase(policy.model)
