@@ -118,8 +118,10 @@ CASES = [
      "bad value for 'rollout.kv_cache_gib' ('lots'): Input should be a valid number"),
     ("model-device-unknown", ["train", "model.device=tpu", "--out", "run"],
      "bad value for 'model.device' ('tpu'): Value error, unknown device 'tpu'; valid: 'cpu', 'cuda', 'cuda:N', 'auto'"),
+    ("serve-device-unknown", ["serve", "{ckpt}", "--device", "gpu"], "--device: unknown device 'gpu'; valid: 'cpu', 'cuda'"),
     *([] if torch.cuda.is_available() else [  # a GPU asked for on a machine without one
         ("model-device-no-gpu", ["train", "model.device=cuda", "--out", "run"], "model.device='cuda' but torch"),
+        ("serve-device-no-gpu", ["serve", "{ckpt}", "--device", "cuda"], "--device='cuda' but torch"),
     ]),
     # pass@k (issue 31): checked before any work
     ("pass-at-k-above-n", ["train", "eval.pass_at_k_samples=8", "eval.pass_at_k=[1,2,4,8,16]", "--out", "run"],

@@ -444,6 +444,7 @@ def serve_cmd(
     max_tokens: int = typer.Option(256, "--max-tokens", min=1, help="Completion tokens when a request gives no max_tokens"),
     context: int = typer.Option(4096, "--context", min=2, help="Prompt plus completion tokens at most (longer prompts get a 400)"),
     dtype: str = typer.Option("float32", "--dtype", help="'float32' or 'bfloat16'"),
+    device: str = typer.Option("cpu", "--device", help="'cpu', 'cuda', 'cuda:N' or 'auto' (a GPU if torch sees one)"),
     seed: int = typer.Option(0, "--seed", help="Seed of sampling"),
 ) -> None:
     """Serve a checkpoint on an OpenAI-compatible endpoint (/v1/chat/completions, /v1/models)
@@ -452,15 +453,21 @@ def serve_cmd(
         raise UserError(f"model path {str(checkpoint)!r} does not exist; give a local directory saved with save_pretrained")
     if max_tokens >= context:
         raise UserError(f"--max-tokens ({max_tokens}) must be below --context ({context})")
+    from turnforge.config import check_device_name
+
+    try:
+        check_device_name(device)
+    except ValueError as err:
+        raise UserError(f"--device: {err}") from None
     import torch
 
     from turnforge.gateway.server import Gateway
-    from turnforge.policy.model import load_policy
-    from turnforge.policy.model import quiet_hf
+    from turnforge.policy.model import load_policy, quiet_hf, resolve_device
 
+    device = resolve_device(device, "--device")
     quiet_hf()
     torch.set_num_threads(max(1, os.cpu_count() or 1))
-    gateway = Gateway(load_policy(checkpoint, dtype), max_new_tokens=max_tokens, max_context_tokens=context, seed=seed,
+    gateway = Gateway(load_policy(checkpoint, dtype, device), max_new_tokens=max_tokens, max_context_tokens=context, seed=seed,
                       host=host, port=port, model_name=checkpoint.name)  # binds now: a port in use is one line
     with gateway:
         console.print(f"serving {checkpoint} on {gateway.url}/v1 (model {gateway.model_name!r}); Ctrl-C stops")

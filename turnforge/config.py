@@ -127,6 +127,16 @@ class LoraConfig(Section):
     )
 
 
+def check_device_name(value: str) -> str:
+    """``value`` if it names a torch device turnforge runs on ('cpu', 'cuda', 'cuda:N', 'auto'), else
+    ``ValueError`` naming the choices (whether that GPU exists: ``policy.model.resolve_device``)."""
+    import re
+
+    if value not in ("cpu", "cuda", "auto") and not re.fullmatch(r"cuda:\d+", value):
+        raise ValueError(f"unknown device {value!r}; valid: 'cpu', 'cuda', 'cuda:N', 'auto'")
+    return value
+
+
 class ModelConfig(Section):
     path: str | None = Field("tiny", description="'tiny' builds the tiny local Qwen2 model; otherwise a local HF model directory")
     tiny: TinyModelConfig = Field(default_factory=TinyModelConfig, description="Shape of the tiny model (path='tiny' only)")
@@ -149,11 +159,7 @@ class ModelConfig(Section):
     @field_validator("device")
     @classmethod
     def _device_name(cls, value: str) -> str:
-        import re
-
-        if value not in ("cpu", "cuda", "auto") and not re.fullmatch(r"cuda:\d+", value):
-            raise ValueError(f"unknown device {value!r}; valid: 'cpu', 'cuda', 'cuda:N', 'auto'")
-        return value
+        return check_device_name(value)
 
 
 class EnvConfig(Section):

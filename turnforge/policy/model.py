@@ -250,18 +250,19 @@ def quiet_hf() -> None:
     hf_logging.disable_progress_bar()
 
 
-def resolve_device(name: str) -> str:
-    """The torch device ``model.device`` names: 'cpu'; 'auto', the first GPU torch sees, else
-    the CPU; 'cuda' / 'cuda:N', checked: one ``UserError`` line when torch sees no such GPU."""
+def resolve_device(name: str, what: str = "model.device") -> str:
+    """The torch device ``name`` (``what``: the key or flag it came from) stands for: 'cpu'; 'auto',
+    the first GPU torch sees, else the CPU; 'cuda' / 'cuda:N', checked: one ``UserError`` line
+    when torch sees no such GPU."""
     if name == "cpu":
         return "cpu"
     if name == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     if not torch.cuda.is_available():
-        raise UserError(f"model.device={name!r} but torch {torch.__version__} sees no CUDA GPU; valid here: 'cpu', 'auto'")
+        raise UserError(f"{what}={name!r} but torch {torch.__version__} sees no CUDA GPU; valid here: 'cpu', 'auto'")
     index = int(name.partition(":")[2] or 0)
     if index >= torch.cuda.device_count():
-        raise UserError(f"model.device={name!r} but torch sees {torch.cuda.device_count()} CUDA GPU(s); valid: "
+        raise UserError(f"{what}={name!r} but torch sees {torch.cuda.device_count()} CUDA GPU(s); valid: "
                         + ", ".join(["'cuda'", *(f"'cuda:{i}'" for i in range(torch.cuda.device_count())), "'cpu'", "'auto'"]))
     return name
 
