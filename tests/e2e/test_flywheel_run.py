@@ -3,6 +3,8 @@ trajectory store reads its episodes by source; guided samples are trained withou
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -119,9 +121,12 @@ def test_guided_samples_rerendered_without_hints_keep_their_action_tokens(tmp_pa
 
 
 @pytest.mark.slow
-def test_a_run_interrupted_in_the_flywheel_resumes_to_the_same_result(tmp_path, monkeypatch):
-    """SIGINT in round 2 stops the run at once; ``--resume`` plays the flywheel again from the
-    BC checkpoint and ends with the weights and figures of a run that was never stopped."""
+@pytest.mark.parametrize("lora", [[], ["model.lora.r=4"]], ids=["full", "lora"])
+def test_a_run_interrupted_in_the_flywheel_resumes_to_the_same_result(tmp_path, monkeypatch, lora):
+    """SIGINT in round 2 stops the run at once; ``--resume`` goes on from round 1's checkpoint
+    (its weights, optimizer and carried state: replay buffer, curriculum starts, derived tasks,
+    anchors; under LoRA the BC base plus the round's adapter) with round 2 only, and ends with the
+    weights and figures of a run never stopped."""
     import signal
 
     import torch
@@ -130,23 +135,26 @@ def test_a_run_interrupted_in_the_flywheel_resumes_to_the_same_result(tmp_path, 
     from turnforge.train import flywheel
     from turnforge.train.metrics import read_summary
 
-    cfg = FLY + EVERYTHING + ["flywheel.mechanisms=[replay]", "flywheel.stages=[rft]"]
+    cfg = FLY + EVERYTHING + lora  # every mechanism, so that all of FlywheelState goes through the checkpoint
     straight = train(load_config("sokoban-tiny", cfg), tmp_path / "straight", live=False)
     original = flywheel._round
+    played = []
 
     def interrupted_in_round_two(s, st, guided, optimizer, step, r):
-        if r == 1:
+        played.append(r)
+        if r == 1 and len(played) == 2:
             signal.raise_signal(signal.SIGINT)
         return original(s, st, guided, optimizer, step, r)
 
     monkeypatch.setattr(flywheel, "_round", interrupted_in_round_two)
-    with pytest.raises(Interrupted, match=r"during the flywheel stage; resume with: .* \(plays the flywheel again"):
+    with pytest.raises(Interrupted, match=r"during flywheel round 2; resume with: .* \(continues with round 2\)"):
         train(load_config("sokoban-tiny", cfg), tmp_path / "stopped", live=False)
-    monkeypatch.setattr(flywheel, "_round", original)
     resumed = train(load_config("sokoban-tiny", cfg), tmp_path / "stopped", resume=True, live=False)
+    assert played == [0, 1, 1]  # round 1 was not played again
     assert resumed.eval_after_rl == straight.eval_after_rl and resumed.env_steps == straight.env_steps
     assert read_summary(tmp_path / "stopped").expert_queries == straight.expert_queries
-    assert [r.eval for r in read_metrics(tmp_path / "stopped").flywheel] == [r.eval for r in read_metrics(tmp_path / "straight").flywheel]
+    untimed = [[replace(r, seconds=0.0, time=0.0) for r in read_metrics(tmp_path / run).flywheel] for run in ("stopped", "straight")]
+    assert untimed[0] == untimed[1] and [r.round for r in untimed[0]] == [1, 2]  # each round once, as if never stopped
     a = load_policy(tmp_path / "straight" / "checkpoints" / "final", "float32").model.state_dict()
     b = load_policy(tmp_path / "stopped" / "checkpoints" / "final", "float32").model.state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)

@@ -70,7 +70,7 @@ from turnforge.train.awr import AWRRound
 from turnforge.train.common import GuardedStep, action_entropy, collate
 from turnforge.train.credit import drop_void, sample_advantage, turn_advantages
 from turnforge.train.metrics import FlywheelRound
-from turnforge.train.run_dir.checkpoint import keep_weights
+from turnforge.train.run_dir.checkpoint import keep_weights, save_resumable
 from turnforge.train.run_dir.failures import check_trajectories
 from turnforge.train.run_dir.session import Session
 from turnforge.train.update import ppo_update
@@ -106,17 +106,27 @@ def guided_config(cfg: TrainConfig) -> TrainConfig:
     return out
 
 
-def run_flywheel(s: Session, optimizer: torch.optim.Optimizer) -> list[FlywheelRound]:
-    """``flywheel.rounds`` rounds (see the module docstring); returns their records."""
+def run_flywheel(s: Session, optimizer: torch.optim.Optimizer, resumed: FlywheelState | None = None) -> list[FlywheelRound]:
+    """``flywheel.rounds`` rounds (see the module docstring); returns the records of the rounds
+    it played. After every round but the last it leaves a resumable checkpoint (the weights, the
+    optimizer, the counters, this ``FlywheelState``): a resume (``resumed``, with the optimizer's
+    state loaded) goes on with round ``s.state.flywheel_rounds_done + 1``, as an uninterrupted run
+    would (every random stream is derived from the seed and the round)."""
+    from turnforge.train.rl import training_state
+
     cfg, fw = s.cfg, s.cfg.flywheel
     guided = make_engine(guided_config(cfg), s.policy) if "guidance" in fw.mechanisms else None
-    state, records = FlywheelState(), []
+    state, records = resumed if resumed is not None else FlywheelState(), []
     step = GuardedStep(s.policy.model, optimizer, cfg.rl.max_grad_norm, cfg.rl.max_bad_steps)
     s.progress.stage("flywheel", fw.rounds)
     try:
-        for r in range(fw.rounds):
+        for r in range(s.state.flywheel_rounds_done, fw.rounds):
             records.append(_round(s, state, guided, optimizer, step, r))
             keep_weights(s.run_dir, s.policy, f"round-{r + 1}", cfg.keep_checkpoints)
+            s.state.flywheel_rounds_done = r + 1
+            if r + 1 < fw.rounds:  # the last round's checkpoint is the stage's own (train())
+                s.state.wall_seconds = s.wall_seconds()
+                save_resumable(s.run_dir, s.policy, s.state, training_state(s.policy, optimizer, memory=s.memory, flywheel=state))
             s.progress.update(r + 1, success=records[-1].eval.success_rate)
     finally:
         if guided is not None:

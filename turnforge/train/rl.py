@@ -252,13 +252,14 @@ def pretrain_values(s: Session, critic: Critic) -> ValuePretrainStats:
 
 
 def training_state(policy: Policy, optimizer: torch.optim.Optimizer | None, critic: Critic | None = None,
-                   memory: EpisodicMemory | None = None) -> TrainingState:
-    """What a resumable checkpoint keeps besides the weights."""
+                   memory: EpisodicMemory | None = None, flywheel=None) -> TrainingState:
+    """What a resumable checkpoint keeps besides the weights (``flywheel``: the flywheel's
+    ``FlywheelState`` after a round)."""
     return TrainingState(
         version=policy.version, optimizer=optimizer.state_dict() if optimizer is not None else None,
         critic=critic.model.state_dict() if critic is not None else None,
         critic_optimizer=critic.optimizer.state_dict() if critic is not None else None,
-        memory=memory.state() if memory is not None else None,
+        memory=memory.state() if memory is not None else None, flywheel=flywheel,
     )
 
 

@@ -84,8 +84,12 @@ def train(cfg: TrainConfig, out: str | Path, *, resume: bool = False, live: bool
 
         # 3. the data flywheel (flywheel.rounds > 0): rounds of collect -> filter -> train -> evaluate
         optimizer = torch.optim.AdamW(trainable_parameters(policy.model), lr=cfg.rl.lr, weight_decay=0.0)
+        training = run.training  # the resumed checkpoint's optimizer (and critic) state, if any
         if cfg.flywheel.rounds > 0 and state.stage == "bc":
-            rounds = run_flywheel(s, optimizer)
+            if training is not None and training.flywheel is not None:  # stopped between two rounds
+                optimizer.load_state_dict(training.optimizer)
+            rounds = run_flywheel(s, optimizer, training.flywheel if training is not None else None)
+            training = None  # the optimizer is the flywheel's own now
             state.hints = rounds[-1].expert_queries
             state.anchor_moves = rounds[-1].anchor_expert_moves
             state.stage = "flywheel"
@@ -94,11 +98,11 @@ def train(cfg: TrainConfig, out: str | Path, *, resume: bool = False, live: bool
 
         # 4. the critic (rl.advantage=gae with critic.enabled): the BC policy's trunk plus a
         #    value head, pretrained on Monte-Carlo returns of the BC policy
-        critic = make_critic(s, run.training)
+        critic = make_critic(s, training)
 
         # 5. RL (a first SIGINT/SIGTERM finishes the iteration, checkpoints and stops)
-        if run.training is not None and run.training.optimizer is not None:
-            optimizer.load_state_dict(run.training.optimizer)
+        if training is not None and training.optimizer is not None:
+            optimizer.load_state_dict(training.optimizer)
         bc_policy, reference = rl_references(cfg, run_dir, policy)
         s.stop.graceful = True
         run_rl(s, optimizer, reference, critic, bc_policy, stop_after)

@@ -191,8 +191,9 @@ def open_run(cfg: TrainConfig, run_dir: Path, checked: Checked, stack: ExitStack
     s = Session(cfg, run_dir, policy, engine, metrics, progress, state, wall_offset=state.wall_seconds, stop=stop,
                 memory=memory)
     if found is not None:
-        progress.message(f"resuming {run_dir} from {found.path.name}/ at RL iteration {state.iteration} "
-                         f"({state.env_steps} env steps)")
+        where = (f"after flywheel round {state.flywheel_rounds_done}" if state.stage == "bc" and state.flywheel_rounds_done
+                 else f"at RL iteration {state.iteration}")
+        progress.message(f"resuming {run_dir} from {found.path.name}/ {where} ({state.env_steps} env steps)")
     for warning in too_long:
         progress.message(f"warning: {warning}")
         metrics.log(RunWarning(warning), state.env_steps)
@@ -274,7 +275,9 @@ def _where(run_dir: Path, state: TrainerState, stop: Interrupts, flywheel: bool 
     if found is None:
         return f"before the first checkpoint (during behaviour cloning or the first evaluation); {resume} (starts it over)"
     if flywheel and state.stage == "bc" and found.state.stage == "bc":
-        return f"during the flywheel stage; {resume} (plays the flywheel again from the BC checkpoint)"
+        done = found.state.flywheel_rounds_done
+        return (f"during flywheel round {state.flywheel_rounds_done + 1}; {resume} "
+                + (f"(continues with round {done + 1})" if done else "(plays the flywheel again from the BC checkpoint)"))
     return f"during RL iteration {state.iteration + 1}; {resume} (continues from RL iteration {found.state.iteration})"
 
 

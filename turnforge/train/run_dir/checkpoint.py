@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import shutil
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +41,7 @@ class TrainerState:
     Written as ``trainer_state.json``."""
 
     stage: str = "bc"  # last completed stage: "bc", "flywheel" or "rl"
+    flywheel_rounds_done: int = 0  # completed flywheel rounds (a resume at stage "bc" goes on with the next)
     iteration: int = 0  # completed RL iterations
     env_steps: int = 0  # turns the policy played (rollouts, demonstrations)
     mc_env_steps: int = 0  # env steps of Monte-Carlo critic rollouts (counted apart)
@@ -65,6 +66,7 @@ class TrainingState:
     critic: dict[str, Any] | None = None  # the learned critic's weights
     critic_optimizer: dict[str, Any] | None = None
     memory: list[dict[str, Any]] | None = None  # the episodic memory's entries (EpisodicMemory.state)
+    flywheel: Any | None = None  # what carries over between flywheel rounds (FlywheelState), after a round
 
 
 @dataclass(frozen=True)
@@ -125,7 +127,8 @@ def save_resumable(run_dir: Path, policy: Policy, state: TrainerState, training:
     """Write ``checkpoints/last`` (model, ``trainer_state.pt``, ``trainer_state.json``)
     atomically; the checkpoint it replaces stays as ``checkpoints/prev``."""
     root = run_dir / "checkpoints"
-    extra = {"trainer_state.pt": asdict(training), "trainer_state.json": asdict(state)}
+    torch_state = {f.name: getattr(training, f.name) for f in fields(training)}  # shallow: FlywheelState stays one
+    extra = {"trainer_state.pt": torch_state, "trainer_state.json": asdict(state)}
     return save_model(policy, root / "last", extra, previous=root / "prev")
 
 
