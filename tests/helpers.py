@@ -25,6 +25,19 @@ def inline_engine(policy, env, cfg, n: int = 1, **env_kwargs):
     return RolloutEngine(InlineEnvs.from_envs(env), cfg, policy, env[0])
 
 
+def play(policy, env: str, cfg, n: int = 6, seed: int = 0):
+    """The samples of ``n`` train episodes of registered env ``env`` that ``policy`` plays at T = 1."""
+    import torch
+
+    from turnforge.rollout.actors import PolicyActor
+    from turnforge.rollout.engine import EpisodeRequest
+
+    engine = inline_engine(policy, env, cfg, n=n)
+    reqs = [EpisodeRequest(engine.env.task("train", i), i, f"g{i}", f"t{i}") for i in range(n)]
+    trajs, _ = engine.play(reqs, PolicyActor(policy, cfg.max_new_tokens, 1.0, torch.Generator().manual_seed(seed)))
+    return [s for t in trajs for s in t.samples]
+
+
 def run_main(args, cwd, monkeypatch, capsys):
     """``turnforge.cli.main()`` with ``args`` in ``cwd``, in this process: (exit code, stdout,
     stderr). The same code as ``python -m turnforge.cli``, without a process's ~4 s of imports;

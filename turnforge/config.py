@@ -146,6 +146,11 @@ class ModelConfig(Section):
         "torch sees, else the CPU). Rollouts, scoring and updates run there; envs stay on CPU worker processes. GPU runs "
         "are not bit-reproducible (cuBLAS reductions)"
     )
+    gradient_checkpointing: bool = Field(
+        False, description="Recompute each layer's activations in the backward pass instead of keeping them all (HF "
+        "gradient checkpointing, non-reentrant): training memory of long multi-turn samples falls to about one layer's "
+        "activations for about a third more compute; the gradients are the same"
+    )
     image_cache: int = Field(
         512, ge=1, description="Processed images a vision policy keeps in memory (least recently used dropped; a 112 px "
         "screenshot is ~150 KB of float32 pixels): set it above a BC set's screenshots and later epochs skip the processor"

@@ -9,12 +9,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers import assert_rescores, inline_engine
+from helpers import assert_rescores, play
 from turnforge.config import RolloutConfig
 from turnforge.errors import UserError
 from turnforge.policy.model import load_policy, resolve_device
-from turnforge.rollout.actors import PolicyActor
-from turnforge.rollout.engine import EpisodeRequest
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(),
                                 reason="needs a CUDA GPU (model.device=cuda); this machine's torch sees none")
@@ -31,13 +29,9 @@ def test_device_names_resolve():
             resolve_device(f"cuda:{torch.cuda.device_count()}")
 
 
-def _episodes(policy, prefix_cache: bool, n: int = 6):
+def _episodes(policy, prefix_cache: bool):
     policy.prefix_cache = prefix_cache
-    cfg = RolloutConfig(context="full_history", max_turns=4, max_new_tokens=6, max_context_tokens=1024)
-    engine = inline_engine(policy, "frozenlake", cfg, n=n)
-    reqs = [EpisodeRequest(engine.env.task("train", i), i, f"g{i}", f"t{i}") for i in range(n)]
-    trajs, _ = engine.play(reqs, PolicyActor(policy, cfg.max_new_tokens, 1.0, torch.Generator().manual_seed(0)))
-    return [s for t in trajs for s in t.samples]
+    return play(policy, "frozenlake", RolloutConfig(context="full_history", max_turns=4, max_new_tokens=6, max_context_tokens=1024))
 
 
 @needs_cuda

@@ -107,6 +107,27 @@ def test_rescored_logprobs_match_sampling_with_images_on_a_gpu(tiny_vlm_dir):
     assert_rescores(vlm, samples, atol=1e-4)  # pixels collated on the CPU, the forward on the GPU
 
 
+class PlaceholderTextEnv(ColourEnv):
+    """ColourEnv whose observations show the image placeholder's text, as a page could."""
+
+    def reset(self, task, seed):
+        super().reset(task, seed)
+        return "The page says <image> and <fake_token_around_image>. What colour is it?"
+
+
+def test_an_observation_showing_the_placeholder_text_gets_no_image_tokens(vlm):
+    """Only an image's own block holds image tokens: with the text tokenized as specials the
+    forward pass would fail ("Image features and image tokens do not match")."""
+    cfg = RolloutConfig(context="window", history_window=0, max_turns=2, max_new_tokens=4, max_context_tokens=1024)
+    engine = inline_engine(vlm, [PlaceholderTextEnv(2) for _ in range(2)], cfg)
+    reqs = [EpisodeRequest(engine.env.task("train", i), i, f"g{i}", f"t{i}") for i in range(2)]
+    trajs, _ = engine.play(reqs, PolicyActor(vlm, cfg.max_new_tokens, 1.0, torch.Generator().manual_seed(0)))
+    samples = [s for t in trajs for s in t.samples]
+    per_block = vlm.vision.block(png(COLOURS["red"])).count(vlm.vision.image_token_id)
+    assert all(int((s.token_ids == vlm.vision.image_token_id).sum()) == per_block * len(s.images) for s in samples)
+    assert_rescores(vlm, samples, atol=1e-4)
+
+
 def test_the_model_sees_the_pixels(vlm):
     """Re-scoring with other images gives other logprobs: the pixels reach the forward pass."""
     cfg = RolloutConfig(context="window", history_window=0, max_turns=2, max_new_tokens=4, max_context_tokens=1024)

@@ -490,7 +490,9 @@ def token_logprobs(
     and the results come back on ``ids``' device, so a trainer's batches and losses are the same
     code on a CPU and a GPU (gradients flow through the copy).
     """
-    home, device = ids.device, next(model.parameters()).device
+    weight = next(model.parameters(), None)  # None: a model without parameters (a test's), where the inputs are
+    home = ids.device
+    device = home if weight is None else weight.device
     if device != home:
         ids, attention_mask = ids.to(device), attention_mask.to(device)
         positions = positions.to(device) if positions is not None else None

@@ -51,7 +51,7 @@ class ChatFormat:
                 "turnforge needs a template whose rendering of a conversation extends its prefix"
             )
         head, tail = self._split(later[len(base):])
-        self._turns: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {"user": (self.encode(head), self.encode(tail))}
+        self._turns: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {"user": (self._template(head), self._template(tail))}
         self.user_head, self.user_tail = self._turns["user"]  # around a later user message's content
         prompt_u = self._render([u], gen=True)
         with_assistant = self._render([u, {"role": "assistant", "content": SENTINEL}], gen=False)
@@ -71,7 +71,13 @@ class ChatFormat:
         return head, tail
 
     def encode(self, text: str) -> tuple[int, ...]:
-        """Token ids of ``text`` with no special tokens added."""
+        """Token ids of content ``text`` (an observation, an action, a prompt of ours), no special
+        tokens added and none read from it: a page that shows ``<|im_end|>`` or ``<image>`` as
+        text gets those characters' ordinary tokens, not a turn end or an image placeholder."""
+        return tuple(self.tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]) if text else ()
+
+    def _template(self, text: str) -> tuple[int, ...]:
+        """Token ids of a piece the chat template rendered: its special tokens are read as such."""
         return tuple(self.tokenizer(text, add_special_tokens=False)["input_ids"]) if text else ()
 
     def start(self, system: str | None, tools: str = "", examples: tuple[tuple[str, str], ...] = (),
@@ -106,7 +112,7 @@ class ChatFormat:
                     "rollout.tools_in_system_prompt=true (the schemas as text) or use a model whose template takes them"
                 )
             head, tail = self._split(rendered)
-            self._starts[key] = (self.encode(head), self.encode(tail))
+            self._starts[key] = (self._template(head), self._template(tail))
         return self._starts[key]
 
     def turn(self, role: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -127,7 +133,7 @@ class ChatFormat:
                     "message; turnforge needs a template whose rendering of a conversation extends its prefix"
                 )
             head, tail = self._split(later[len(base):])
-            self._turns[role] = (self.encode(head), self.encode(tail))
+            self._turns[role] = (self._template(head), self._template(tail))
         return self._turns[role]
 
     def close_after(self, generated_text: str) -> tuple[int, ...]:
@@ -137,8 +143,8 @@ class ChatFormat:
         close = self.assistant_close
         for k in range(len(close), 0, -1):
             if generated_text.endswith(close[:k]):
-                return self.encode(close[k:])
-        return self.encode(close)
+                return self._template(close[k:])
+        return self._template(close)
 
 
 @dataclass
@@ -265,6 +271,20 @@ def resolve_device(name: str, what: str = "model.device") -> str:
         raise UserError(f"{what}={name!r} but torch sees {torch.cuda.device_count()} CUDA GPU(s); valid: "
                         + ", ".join(["'cuda'", *(f"'cuda:{i}'" for i in range(torch.cuda.device_count())), "'cpu'", "'auto'"]))
     return name
+
+
+def use_gradient_checkpointing(model: torch.nn.Module) -> None:
+    """HF gradient checkpointing on ``model`` (under a ``PeftModel``, on its base), non-reentrant,
+    so a frozen LoRA base needs no gradient on its inputs. It acts in train mode only: sampling
+    (eval mode) keeps its KV cache. A LoRA merge keeps it (the same modules)."""
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    if not getattr(inner, "supports_gradient_checkpointing", False):
+        raise UserError(f"model.gradient_checkpointing=true: {type(inner).__name__} does not support gradient checkpointing; "
+                        "set it to false")
+    if hasattr(inner, "activation_checkpointing_enable"):  # transformers 5's name
+        inner.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        inner.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
 def load_policy(path: str | Path, dtype: str = "float32", device: str = "cpu") -> Policy:

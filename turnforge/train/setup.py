@@ -33,7 +33,7 @@ from turnforge.errors import UserError
 from turnforge.paths import check_out_dir
 from turnforge.policy.gguf import cached_import, find_gguf
 from turnforge.policy.lora import ADAPTER_DIR, FrozenBase, add_lora, check_lora_targets, is_lora, merge_lora, skeleton
-from turnforge.policy.model import ChatFormat, Policy, check_model_dir, load_policy, resolve_device
+from turnforge.policy.model import ChatFormat, Policy, check_model_dir, load_policy, resolve_device, use_gradient_checkpointing
 from turnforge.policy.tiny import build_tiny_model, build_tokenizer, default_corpus, tiny_hf_config
 from turnforge.policy.vision import check_first_images, check_vision_options
 from turnforge.rollout.context import PromptSpec, check_summary_budget
@@ -236,6 +236,8 @@ def _load_policy(cfg: TrainConfig, run_dir: Path, model_path: Path, found: Resum
         policy = load_policy(model_path, cfg.model.dtype, resolve_device(cfg.model.device))
         if lora.r > 0 and cfg.bc.enabled:
             add_lora(policy, lora, cfg.seed, "bc")
+    if cfg.model.gradient_checkpointing:
+        use_gradient_checkpointing(policy.model)
     policy.model.eval()
     policy.prefix_cache, policy.kv_cache_gib = cfg.rollout.prefix_cache, cfg.rollout.kv_cache_gib
     if policy.vision is not None:
