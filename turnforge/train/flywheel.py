@@ -70,6 +70,7 @@ from turnforge.train.awr import AWRRound
 from turnforge.train.common import GuardedStep, action_entropy, collate
 from turnforge.train.credit import drop_void, sample_advantage, turn_advantages
 from turnforge.train.metrics import FlywheelRound
+from turnforge.train.rl import training_state
 from turnforge.train.run_dir.checkpoint import keep_weights, save_resumable
 from turnforge.train.run_dir.failures import check_trajectories
 from turnforge.train.run_dir.session import Session
@@ -112,8 +113,6 @@ def run_flywheel(s: Session, optimizer: torch.optim.Optimizer, resumed: Flywheel
     optimizer, the counters, this ``FlywheelState``): a resume (``resumed``, with the optimizer's
     state loaded) goes on with round ``s.state.flywheel_rounds_done + 1``, as an uninterrupted run
     would (every random stream is derived from the seed and the round)."""
-    from turnforge.train.rl import training_state
-
     cfg, fw = s.cfg, s.cfg.flywheel
     guided = make_engine(guided_config(cfg), s.policy) if "guidance" in fw.mechanisms else None
     state, records = resumed if resumed is not None else FlywheelState(), []
