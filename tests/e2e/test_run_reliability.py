@@ -166,7 +166,9 @@ def test_ctrl_c_in_rl_checkpoints_exits_130_and_resumes_exactly(tmp_path, refere
 
 def test_sigterm_before_the_first_checkpoint_then_a_new_model_config(tmp_path):
     out = tmp_path / "run"
-    proc = cli("train", *FAST, "--out", str(out))
+    # a BC stage of minutes, so the signal lands before the first checkpoint on any machine (with FAST's
+    # 3 BC steps an idle machine finished the whole run before the signal arrived)
+    proc = cli("train", *FAST, "bc.epochs=2000", "--out", str(out))
     wait_for(lambda: (out / "base_model").exists(), proc)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
