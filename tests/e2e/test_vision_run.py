@@ -31,11 +31,23 @@ def sha(path) -> str:
     return hashlib.sha256((path / "model.safetensors").read_bytes()).hexdigest()
 
 
+def assert_final_rescores(cfg, final) -> None:
+    """Three held-out episodes the final policy plays re-score token-exactly under it (images included)."""
+    from turnforge.rollout.actors import PolicyActor
+    from turnforge.rollout.engine import EpisodeRequest, make_engine
+
+    engine = make_engine(cfg, final)
+    try:
+        reqs = [EpisodeRequest(engine.env.task("heldout", i), i, f"g{i}", f"t{i}") for i in range(3)]
+        trajs, _ = engine.play(reqs, PolicyActor(final, cfg.rollout.max_new_tokens, 1.0, torch.Generator().manual_seed(0)))
+    finally:
+        engine.close()
+    assert_rescores(final, [s for t in trajs for s in t.samples], atol=1e-4)
+
+
 def test_gui_click_tiny_trains_on_images_and_resumes_exactly(tmp_path):
     from turnforge.data.store import read_image
     from turnforge.policy.model import load_policy
-    from turnforge.rollout.actors import PolicyActor
-    from turnforge.rollout.engine import EpisodeRequest, make_engine
 
     ref = tmp_path / "ref"
     summary = train(load_config("gui-click-tiny", FAST), ref, live=False)
@@ -50,15 +62,7 @@ def test_gui_click_tiny_trains_on_images_and_resumes_exactly(tmp_path):
     final = load_policy(ref / "checkpoints" / "final")
     assert final.vision is not None  # the processor was saved with the weights
     cfg = load_config("gui-click-tiny", FAST)
-    import torch
-
-    engine = make_engine(cfg, final)
-    try:
-        reqs = [EpisodeRequest(engine.env.task("heldout", i), i, f"g{i}", f"t{i}") for i in range(3)]
-        trajs, _ = engine.play(reqs, PolicyActor(final, cfg.rollout.max_new_tokens, 1.0, torch.Generator().manual_seed(0)))
-    finally:
-        engine.close()
-    assert_rescores(final, [s for t in trajs for s in t.samples], atol=1e-4)
+    assert_final_rescores(cfg, final)
 
     out = tmp_path / "run"
     train(load_config("gui-click-tiny", FAST), out, live=False, stop_after=2)
@@ -72,17 +76,9 @@ def test_gui_click_tiny_trains_on_a_gpu(tmp_path):
     """BC and GRPO with ``model.device=cuda``: the run ends, its checkpoint loads, and what the final
     policy samples on the GPU re-scores token-exactly there."""
     from turnforge.policy.model import load_policy
-    from turnforge.rollout.actors import PolicyActor
-    from turnforge.rollout.engine import EpisodeRequest, make_engine
 
     cfg = load_config("gui-click-tiny", [*FAST, "model.device=cuda"])
     summary = train(cfg, tmp_path / "run", live=False)
     assert summary.rl_iterations == 3 and summary.env_steps > 0
     final = load_policy(tmp_path / "run" / "checkpoints" / "final", device="cuda")
-    engine = make_engine(cfg, final)
-    try:
-        reqs = [EpisodeRequest(engine.env.task("heldout", i), i, f"g{i}", f"t{i}") for i in range(3)]
-        trajs, _ = engine.play(reqs, PolicyActor(final, cfg.rollout.max_new_tokens, 1.0, torch.Generator().manual_seed(0)))
-    finally:
-        engine.close()
-    assert_rescores(final, [s for t in trajs for s in t.samples], atol=1e-4)
+    assert_final_rescores(cfg, final)
