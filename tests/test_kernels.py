@@ -37,3 +37,30 @@ def test_the_cli_pins_before_torch_loads():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     if out[0] == "avx2":  # an x86 CPU with AVX2: torch runs that path
         assert out[1] == "AVX2"
+
+
+INTEL = """processor\t: 0
+vendor_id\t: GenuineIntel
+cpu family\t: 6
+model\t\t: 143
+model name\t: Intel(R) Xeon(R) Platinum 8481C CPU @ 2.70GHz
+flags\t\t: fpu sse4_2 fma avx avx2 avx512f avx512_vnni avx512_bf16 amx_bf16 amx_tile amx_int8
+
+processor\t: 1
+vendor_id\t: SomethingElse
+"""
+
+
+def test_cpu_identity_reads_the_first_cpu_and_the_flags_that_pick_kernels():
+    cpu = kernels.cpu_identity(INTEL)
+    assert cpu == {"vendor": "GenuineIntel", "model_name": "Intel(R) Xeon(R) Platinum 8481C CPU @ 2.70GHz",
+                   "family_model": "6/143",
+                   "flags": ("fma", "avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8")}
+    assert kernels.cpu_identity("")["flags"] == ()  # no /proc/cpuinfo (macOS): nothing invented
+
+
+def test_kernel_env_names_only_what_is_set(monkeypatch):
+    for key in kernels.KERNEL_ENV:
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("MKL_CBWR", "COMPATIBLE")
+    assert kernels.kernel_env() == {"MKL_CBWR": "COMPATIBLE"}

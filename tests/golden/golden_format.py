@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from dataclasses import dataclass
 from pathlib import Path
 
 
@@ -85,10 +86,30 @@ def _digest(obj) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()
 
 
+#: Trajectory-file columns that must repeat exactly: token ids, masks, texts, rewards, which tasks.
+DISCRETE_COLUMNS = ("trajectory_id", "task_id", "turn_index", "token_ids", "loss_mask", "versions",
+                    "action_text", "reward", "success")
+#: Trajectory-file columns that are float32 results of the model (compared within ``TOLERANCES``).
+FLOAT_COLUMNS = ("logprobs", "advantage")
+
+
+def _weight_fingerprint(name: str, t) -> list[float]:
+    """Four numbers of a weight tensor that any real change moves: its sum, its L2 norm, and two
+    dot products with fixed pseudo-random +-1 vectors seeded by the tensor's name (a change that
+    keeps the sum and the norm, a permutation say, still moves these)."""
+    import numpy as np
+
+    x = t.detach().double().flatten().numpy()
+    rng = np.random.default_rng(int(hashlib.sha256(name.encode()).hexdigest()[:8], 16))
+    signs = rng.choice([-1.0, 1.0], size=(2, x.size))
+    return [float(x.sum()), float(np.sqrt((x * x).sum())), *(float(v) for v in signs @ x)]
+
+
 def record_run(run: Path) -> dict:
-    """A training run's outcome: evaluations, per-iteration RL figures, a digest of every
-    trajectory file's token columns, and a digest of the final weights (read with the run's
-    typed readers; the keys are those the old runner's flat metrics had)."""
+    """A training run's outcome: evaluations, per-iteration RL figures, every trajectory file's
+    discrete columns (as a digest) and float columns (as values), and a fingerprint of each
+    final weight tensor (read with the run's typed readers; the keys are those the old runner's
+    flat metrics had)."""
     import pyarrow.parquet as pq
     from safetensors.torch import load_file
 
@@ -103,16 +124,110 @@ def record_run(run: Path) -> dict:
     files = {}
     for path in sorted((run / "trajectories").glob("*.parquet")):
         rows = pq.read_table(path).to_pylist()
-        cols = ("trajectory_id", "task_id", "turn_index", "token_ids", "loss_mask", "logprobs", "versions",
-                "action_text", "reward", "advantage", "success")
-        files[path.name] = {"rows": len(rows), "digest": _digest([[r[c] for c in cols] for r in rows])}
+        files[path.name] = {"rows": len(rows), "digest": _digest([[r[c] for c in DISCRETE_COLUMNS] for r in rows]),
+                            **{c: [r[c] for r in rows] for c in FLOAT_COLUMNS}}
     weights = load_file(str(run / "checkpoints" / "final" / "model.safetensors"))
-    h = hashlib.sha256()
-    for name in sorted(weights):
-        h.update(name.encode())
-        h.update(weights[name].contiguous().numpy().tobytes())
     return {
         "eval_before_rl": summary.eval_before_rl.success_rate, "eval_after_rl": summary.eval_after_rl.success_rate,
         "env_steps": summary.env_steps, "train_tokens": summary.train_tokens,
-        "rl": rl, "evals": evals, "files": files, "weights": h.hexdigest(),
+        "rl": rl, "evals": evals, "files": files,
+        "weights": {name: _weight_fingerprint(name, weights[name]) for name in sorted(weights)},
     }
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """``|got - want| <= atol + rtol * |want|`` (``torch.testing.assert_close``'s rule)."""
+
+    rtol: float
+    atol: float
+
+    def holds(self, got: float, want: float) -> bool:
+        return abs(got - want) <= self.atol + self.rtol * abs(want)
+
+
+#: Sampling logprobs of the untrained scenarios: torch.testing's float32 defaults. The worst
+#: difference from the stored files over ATen's default, AVX2 and AVX-512 kernel paths and 1 or
+#: 2 threads was 9.5e-7 (two float32 ulps of a logprob near -6); a real change to sampling (a
+#: temperature applied twice, another logit processor) moves a logprob by 1e-3 or more.
+SAMPLED = Tolerance(rtol=1.3e-6, atol=1e-5)
+#: Floats after ~60 BC steps and 3 GRPO updates (logprobs, losses, entropies): rounding amplified
+#: by the optimizer. Worst over the same kernel paths: 7.6e-6 absolute in a logprob, 2.1e-7 in a
+#: loss of 1.2e-3 (relative 1.3e-4); the bounds are 8x and more above both.
+TRAINED = Tolerance(rtol=1e-3, atol=1e-5)
+#: A weight fingerprint (sum, norm, two signed sums) may move by this share of the tensor's L2
+#: norm. Worst over the same kernel paths: 1.2e-4, in a key bias whose gradient is zero up to
+#: rounding (softmax ignores a constant added to every score) and which Adam scales up to lr.
+WEIGHTS_SHARE_OF_NORM = 1e-3
+
+
+class Mismatch(AssertionError):
+    pass
+
+
+def _compare(got, want, tol: Tolerance | None, path: str) -> None:
+    """Exact equality everywhere, but floats under a tolerance where ``tol`` is given."""
+    if isinstance(want, dict):
+        if not isinstance(got, dict) or set(got) != set(want):
+            raise Mismatch(f"{path}: keys {sorted(got) if isinstance(got, dict) else got!r} != {sorted(want)}")
+        for k in want:
+            _compare(got[k], want[k], tol, f"{path}.{k}")
+    elif isinstance(want, list):
+        if not isinstance(got, list) or len(got) != len(want):
+            raise Mismatch(f"{path}: length {len(got) if isinstance(got, list) else got!r} != {len(want)}")
+        for i, (g, w) in enumerate(zip(got, want)):
+            _compare(g, w, tol, f"{path}[{i}]")
+    elif tol is not None and isinstance(want, float) and isinstance(got, float):
+        if not tol.holds(got, want):
+            raise Mismatch(f"{path}: {got!r} != {want!r} (beyond rtol={tol.rtol}, atol={tol.atol})")
+    elif got != want or type(got) is not type(want):
+        raise Mismatch(f"{path}: {got!r} != {want!r}")
+
+
+def assert_trajectories_match(got: list[dict], want: list[dict]) -> None:
+    """Every field exact (ids, masks, texts, rewards, versions, which tasks), but sampling
+    logprobs within ``SAMPLED``."""
+    if len(got) != len(want):
+        raise Mismatch(f"{len(got)} trajectories != {len(want)}")
+    for g, w in zip(got, want):
+        where = f"trajectory {w['trajectory_id']}"
+        _compare({**g, "samples": [{k: v for k, v in s.items() if k != "logprobs"} for s in g["samples"]]},
+                 {**w, "samples": [{k: v for k, v in s.items() if k != "logprobs"} for s in w["samples"]]}, None, where)
+        for i, (gs, ws) in enumerate(zip(g["samples"], w["samples"])):
+            _compare(gs["logprobs"], ws["logprobs"], SAMPLED, f"{where}.samples[{i}].logprobs")
+
+
+#: Float fields of a run's per-iteration records (the rest of the record is exact).
+RL_FLOATS = ("loss", "clip_fraction", "entropy")
+
+
+def assert_run_matches(got: dict, want: dict) -> None:
+    """Evaluations, counts, rewards and the digest of every trajectory file's discrete columns
+    exact; the RL records' losses and entropies, the files' logprobs and advantages within
+    ``TRAINED``; each weight fingerprint within ``WEIGHTS_SHARE_OF_NORM`` of its tensor's norm."""
+    exact = ("eval_before_rl", "eval_after_rl", "env_steps", "train_tokens", "evals")
+    _compare({k: got[k] for k in exact}, {k: want[k] for k in exact}, None, "run")
+    _compare([{k: v for k, v in r.items() if k not in RL_FLOATS} for r in got["rl"]],
+             [{k: v for k, v in r.items() if k not in RL_FLOATS} for r in want["rl"]], None, "rl")
+    _compare([{k: r[k] for k in RL_FLOATS} for r in got["rl"]], [{k: r[k] for k in RL_FLOATS} for r in want["rl"]],
+             TRAINED, "rl")
+    _compare({n: {"rows": f["rows"], "digest": f["digest"]} for n, f in got["files"].items()},
+             {n: {"rows": f["rows"], "digest": f["digest"]} for n, f in want["files"].items()}, None, "files")
+    for name, f in want["files"].items():
+        for col in FLOAT_COLUMNS:
+            _compare(got["files"][name][col], f[col], TRAINED, f"files.{name}.{col}")
+    _compare(sorted(got["weights"]), sorted(want["weights"]), None, "weights")
+    for name, w in want["weights"].items():
+        _compare(got["weights"][name], w, Tolerance(rtol=0.0, atol=WEIGHTS_SHARE_OF_NORM * w[1]), f"weights.{name}")
+
+
+def largest_float_difference(got, want) -> float:
+    """The largest ``|got - want|`` over the floats of two records of the same shape (0.0 when
+    they are bit for bit equal): what the kernel-path matrix reports."""
+    if isinstance(want, dict):
+        return max((largest_float_difference(got[k], want[k]) for k in want), default=0.0)
+    if isinstance(want, list):
+        return max((largest_float_difference(g, w) for g, w in zip(got, want)), default=0.0)
+    if isinstance(want, float) and isinstance(got, float):
+        return abs(got - want)
+    return 0.0

@@ -2,22 +2,31 @@
 
 ``golden_format.SCENARIOS`` were played by ``turnforge.rollout.runner.rollout`` (commit
 d0f023c, ``tests/golden/freeze_runner.py`` there) and recorded; here the same scenarios are
-played by ``RolloutEngine.play`` and every trajectory, turn, token, mask, sampling logprob and
-version must be identical (logprobs bitwise). ``test_training_run`` does the same for a short
-BC -> GRPO run of the default recipe: evaluations, per-iteration figures, every trajectory
-file's token columns and the final weights.
+played by ``RolloutEngine.play``. ``test_training_run`` does the same for a short BC -> GRPO run
+of the default recipe: evaluations, per-iteration figures, every trajectory file's columns and
+the final weights.
 
-``train.json.gz`` was re-recorded once, on 2026-11-25, when the trainer began scoring only
-action positions (``token_logprobs(positions=...)``, the LM head on those rows alone). Against
-the runner's record the new run had the same evaluations, the same sampled tokens in every
-trajectory file and the same per-iteration counts; sampling logprobs differed by at most
-7.6e-6 and losses by 2e-7 (float rounding of the LM-head gradient's sum over rows).
+What must be equal and what may differ (``golden_format``): every discrete output (token ids,
+loss masks, texts, actions, rewards, turn counts, versions, which tasks, evaluations) is
+exact on any CPU; float outputs (sampling logprobs, losses, advantages, weights) are compared
+within float32 tolerances measured across ATen's kernel paths and thread counts, because the
+last bits of a float32 sum depend on the CPU's vector width and the order the kernel adds in
+(one ulp of a logprob is the usual difference between an AMD and an Intel CPU). Bit-for-bit
+determinism is still checked where it is promised, on one machine: the same run twice here,
+and a resumed run against an uninterrupted one (tests/e2e/test_train_tiny.py).
+
+The trajectory files are the runner's record, unchanged. ``train.json.gz`` was re-recorded on
+2026-11-25, when the trainer began scoring only action positions (sampling logprobs moved by at
+most 7.6e-6, the sampled tokens not at all), and on 2026-11-28 in today's format (float columns
+as values instead of one digest with the token columns), from the same run on the same machine,
+with the same discrete content.
 """
 
 from __future__ import annotations
 
 import gzip
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -27,7 +36,10 @@ import torch
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from golden_format import SCENARIOS, TRAIN_OVERRIDES, record_run, record_trajectories  # noqa: E402
+from golden_format import (  # noqa: E402
+    SCENARIOS, TRAIN_OVERRIDES, assert_run_matches, assert_trajectories_match, largest_float_difference, record_run,
+    record_trajectories,
+)
 
 from turnforge.config import RolloutConfig, load_config  # noqa: E402
 from turnforge.envpool import InlineEnvs, make_backend  # noqa: E402
@@ -36,6 +48,21 @@ from turnforge.rollout.actors import ExpertActor, PolicyActor  # noqa: E402
 from turnforge.rollout.engine import EpisodeRequest, RolloutEngine  # noqa: E402
 from turnforge.seeding import stable_hash  # noqa: E402
 from turnforge.train.evaluate import evaluate  # noqa: E402
+
+
+#: Threads of the sampling and training below: 1, as the files were recorded; the kernel-path
+#: matrix (benchmarks/kernel_matrix.py) also runs them with 2.
+THREADS = int(os.environ.get("TURNFORGE_GOLDEN_THREADS", "1"))
+
+
+def _report(name: str, got, want) -> None:
+    """With ``TURNFORGE_GOLDEN_REPORT=FILE`` (the kernel-path matrix), append whether ``got``
+    equals the stored record bit for bit, and the largest float difference."""
+    path = os.environ.get("TURNFORGE_GOLDEN_REPORT")
+    if path:
+        with open(path, "a") as f:
+            f.write(json.dumps({"name": name, "bitwise": got == want,
+                                "largest_float_difference": largest_float_difference(got, want)}) + "\n")
 
 
 def _golden(name: str):
@@ -66,18 +93,12 @@ def play_new(policy, name: str, backend=None):
     return first + second
 
 
-def _assert_same(got: list[dict], want: list[dict]) -> None:
-    assert len(got) == len(want)
-    for g, w in zip(got, want):
-        assert g == w, f"trajectory {w['trajectory_id']} differs"
-
-
 @pytest.fixture(scope="module")
 def golden_policy(tiny_model_dir):
     from turnforge.policy.model import load_policy
 
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # as when the files were frozen
+    torch.set_num_threads(THREADS)
     yield load_policy(tiny_model_dir)
     torch.set_num_threads(threads)
 
@@ -100,7 +121,8 @@ def test_engine_reproduces_runner(golden_policy, name):
         assert all(x["potential"] == x["next_potential"] == 0.0 for t in want for x in t["turns"])
         assert all(0 < x["potential"] <= 1 for t in got for x in t["turns"])  # 1 - (safe moves to the goal) / 16
         got, want = _without_potentials(got), _without_potentials(want)
-    _assert_same(got, want)
+    _report(name, got, want)
+    assert_trajectories_match(got, want)
 
 
 def test_engine_on_worker_processes_reproduces_runner(golden_policy):
@@ -112,22 +134,31 @@ def test_engine_on_worker_processes_reproduces_runner(golden_policy):
     sc = SCENARIOS[name]
     backend = make_backend(sc["env"], {}, sc["num_envs"], EngineConfig(env_workers=2))
     try:
-        _assert_same(record_trajectories(play_new(golden_policy, name, backend)), _golden(name))
+        got, want = record_trajectories(play_new(golden_policy, name, backend)), _golden(name)
+        _report(f"{name} on worker processes", got, want)
+        assert_trajectories_match(got, want)
     finally:
         backend.close()
 
 
-@pytest.mark.slow
-def test_training_run(tmp_path):
+def _train(path: Path) -> dict:
     threads = torch.get_num_threads()
     try:
         from turnforge.train.run import train
 
-        train(load_config("sokoban-tiny", TRAIN_OVERRIDES), tmp_path / "run", live=False)
+        train(load_config("sokoban-tiny", [*TRAIN_OVERRIDES, f"threads={THREADS}"]), path, live=False)
     finally:
         torch.set_num_threads(threads)
-    got, want = record_run(tmp_path / "run"), _golden("train")
-    assert got == want
+    return record_run(path)
+
+
+@pytest.mark.slow
+def test_training_run(tmp_path):
+    got, want = _train(tmp_path / "run"), _golden("train")
+    _report("train", got, want)
+    assert_run_matches(got, want)
+    # on one machine the same run repeats bit for bit: every float, every weight
+    assert _train(tmp_path / "again") == got
     # pass@k ran at the start and the end (TRAIN_OVERRIDES) and moved none of the figures above
     from turnforge.train.metrics import read_summary
 
