@@ -240,6 +240,8 @@ CASES = [
     ("mix-weights", ["train", "mix-tiny", "env.kwargs.weights=[1]", "--out", "run"],
      "env mix: weights [1] must be 2 non-negative numbers, not all 0 (one per env)"),
     ("vllm-backend-unknown", ["train", "rollout.backend=sglang", "--out", "run"], "bad value for 'rollout.backend'"),
+    ("agent-sampling-unknown", ["train", "agent.sampling=agent", "--out", "run"],
+     "bad value for 'agent.sampling': Input should be 'trainer' or 'strict'"),
     # MCP tool servers and judge rewards
     ("mcp-server-does-not-start", ["train", "mcp-tiny", f"env.tasks={MCP_TASKS}", "env.kwargs.server=/usr/bin/false",
                                    "env.kwargs.server_files=[]", "--out", "run"],

@@ -17,6 +17,8 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 from pydantic_core import PydanticCustomError
 
 from turnforge.errors import UserError, choices
+from turnforge.train.estimators import ESTIMATORS, names_where, spoken_list
+from turnforge.train.estimators import description as estimators_description
 
 
 def _is_number(annotation: Any) -> bool:
@@ -327,15 +329,7 @@ class RLConfig(Section):
         None, gt=0, description="rehearsal: sampling temperature of those episodes and of the term's logprobs "
         "(None = rollout.temperature); the starting policy's competent one, e.g. its best of eval.bc_temperatures"
     )
-    advantage: Literal["grpo", "rloo", "reinforce_pp", "gigpo", "gae", "mc_grpo", "pass_at_k", "w_reinforce"] = Field(
-        "grpo",
-        description="Credit assignment: grpo (group-normalised episode return), rloo (leave-one-out baseline), "
-        "reinforce_pp (group baseline, batch std), gigpo (grpo plus step-level anchor-state groups), "
-        "gae (PPO: GAE over turns with state values from the critic section), "
-        "mc_grpo (G sampled actions at one state scored by Monte-Carlo Q values, normalised within the state), "
-        "pass_at_k (the closed-form pass@k advantage of the group's successes, k = rl.pass_k), "
-        "w_reinforce (+rl.w_reinforce_lambda for a success, -1 for a failure, no baseline)",
-    )
+    advantage: Literal[tuple(ESTIMATORS)] = Field("grpo", description=estimators_description())  # type: ignore[valid-type]
     malformed: Literal["penalty", "void"] = Field(
         "penalty", description="Episodes with a malformed turn (an invalid action): 'penalty' trains on them with the "
         "env's invalid_action_penalty in their return; 'void' leaves them out of the advantages and the update, "
@@ -698,6 +692,13 @@ class AgentConfig(Section):
     concurrency: int = Field(8, ge=1, description="Agent rollouts running at once")
     timeout_s: float = Field(120.0, gt=0, description="A rollout running longer is an infrastructure failure")
     port: int = Field(0, ge=0, le=65535, description="Gateway port on 127.0.0.1 (0 = a free one)")
+    sampling: Literal["trainer", "strict"] = Field(
+        "trainer", description="A temperature or top_p an agent sends other than the trainer's (it samples at "
+        "rollout.temperature, or the evaluation's, with top_p=1): 'trainer': the trainer's value wins, the "
+        "request's is counted (n_overridden_* in env_events, sampling_overrides in summary.json) and warned about "
+        "once; 'strict': refused with a 400 naming it, the rollout an infrastructure failure. A max_tokens beyond "
+        "the context left is capped (and counted) either way"
+    )
 
     @field_validator("tasks")
     @classmethod
@@ -797,12 +798,15 @@ class TrainConfig(Section):
 def incompatible_options(cfg: TrainConfig) -> str | None:
     """One line naming two options that do not work together, or None."""
     rl, critic = cfg.rl, cfg.critic
-    if rl.advantage == "gae" and not critic.enabled and critic.mc_weight == 0:
-        return "rl.advantage=gae needs state values: set critic.enabled=true (learned critic) or critic.mc_weight=1 (MC-critic)"
-    if rl.advantage != "gae" and critic.enabled:
-        return f"critic.enabled=true is only used by rl.advantage=gae (got rl.advantage={rl.advantage})"
-    if rl.advantage != "gae" and critic.mc_weight > 0:
-        return f"critic.mc_weight={critic.mc_weight} is only used by rl.advantage=gae (mc_grpo always uses Monte-Carlo values)"
+    estimator = ESTIMATORS[rl.advantage]
+    conflict = estimator.conflict(cfg)  # the estimator's own rules (turnforge.train.estimators)
+    if conflict:
+        return conflict
+    readers = " or ".join(f"rl.advantage={n}" for n in names_where("reads_values"))
+    if not estimator.reads_values and critic.enabled:
+        return f"critic.enabled=true is only used by {readers} (got rl.advantage={rl.advantage})"
+    if not estimator.reads_values and critic.mc_weight > 0:
+        return f"critic.mc_weight={critic.mc_weight} is only used by {readers} (mc_grpo always uses Monte-Carlo values)"
     if not critic.enabled and 0 < critic.mc_weight < 1:
         return f"critic.mc_weight={critic.mc_weight} blends with a learned critic but critic.enabled=false; set one of them"
     if cfg.flywheel.pass_at_k and cfg.eval.pass_at_k_samples == 0:
@@ -820,8 +824,6 @@ def incompatible_options(cfg: TrainConfig) -> str | None:
             return "flywheel.weighting=group_awr compares the turns of a task's group taken in one state: set flywheel.group_size >= 2"
     if critic.pretrain_episodes > 0 and not critic.enabled:
         return "critic.pretrain_episodes > 0 pretrains the learned critic, but critic.enabled=false"
-    if rl.advantage == "mc_grpo" and cfg.rollout.context != "window":
-        return f"rl.advantage=mc_grpo samples actions at single states and needs rollout.context=window (got {cfg.rollout.context})"
     r = cfg.rollout
     if r.context == "summarize" and r.summary_at + r.summary_max_tokens > r.max_context_tokens:
         return (f"rollout.summary_threshold={r.summary_at} plus rollout.summary_max_tokens={r.summary_max_tokens} is above "
@@ -833,23 +835,6 @@ def incompatible_options(cfg: TrainConfig) -> str | None:
     if cfg.rollout.context in ("summarize", "fold") and critic.enabled:
         return ("critic.enabled=true reads values per turn of whole episodes or single turns, not of summarize segments; "
                 "use critic.mc_weight=1 (Monte-Carlo values) or another rollout.context")
-    if rl.advantage == "mc_grpo" and rl.kl_mode == "reward":
-        return "rl.kl_mode=reward penalises episode turns; rl.advantage=mc_grpo scores single actions: use rl.kl_mode=loss"
-    if rl.advantage == "mc_grpo" and rl.shaping != "none":
-        return "rl.shaping=potential does not apply to rl.advantage=mc_grpo (its Q values come from env rollouts)"
-    if rl.advantage in ("pass_at_k", "w_reinforce"):
-        if rl.advantage == "pass_at_k" and rl.pass_k > rl.group_size:
-            return (f"rl.pass_k={rl.pass_k} is larger than rl.group_size={rl.group_size}: pass@k is estimated from the "
-                    f"group's samples; set rl.pass_k <= {rl.group_size} or raise rl.group_size")
-        fw = cfg.flywheel
-        if rl.advantage == "pass_at_k" and fw.rounds > 0 and "rl" in fw.stages and rl.pass_k > fw.group_size:
-            return (f"rl.pass_k={rl.pass_k} is larger than flywheel.group_size={fw.group_size}, the groups of the "
-                    f"flywheel's 'rl' stage; set rl.pass_k <= {fw.group_size} or raise flywheel.group_size")
-        if rl.shaping != "none" or rl.kl_mode == "reward":
-            what = "rl.shaping=potential" if rl.shaping != "none" else "rl.kl_mode=reward"
-            return f"{what} changes rewards; rl.advantage={rl.advantage} scores the env's success flag only (use grpo or rl.kl_mode=loss)"
-        if cfg.reward.judge.enabled:
-            return f"rl.advantage={rl.advantage} scores the env's success flag, not the judge's reward (use grpo)"
     if cfg.model.lora.r > 0 and cfg.cluster == "ray":
         return "model.lora.r > 0 with cluster=ray: Ray rollout workers sync full weights, not adapters; use cluster=local"
     if cfg.model.lora.r > 0 and critic.enabled:
@@ -863,8 +848,9 @@ def incompatible_options(cfg: TrainConfig) -> str | None:
         if cfg.bc.enabled or cfg.flywheel.rounds > 0:
             what = "bc.enabled=true" if cfg.bc.enabled else f"flywheel.rounds={cfg.flywheel.rounds}"
             return f"{what} needs an env's expert; an agent run starts from the model as it is (set bc.enabled=false flywheel.rounds=0)"
-        if rl.advantage not in ("grpo", "rloo", "reinforce_pp", "gigpo"):
-            return f"rl.advantage={rl.advantage} needs env states; an agent run takes grpo, rloo, reinforce_pp or gigpo"
+        if not estimator.returns_baseline:
+            return (f"rl.advantage={rl.advantage} needs env states; an agent run takes "
+                    f"{spoken_list(names_where('returns_baseline'))}")
         if eng.mode != "sync" or cfg.cluster != "local" or eng.env_workers > 0:
             return "an agent run uses engine.mode=sync, cluster=local and engine.env_workers=0 (the gateway runs in the trainer's process)"
     if cfg.reward.judge.enabled and cfg.agent.entrypoint is not None:
@@ -872,8 +858,6 @@ def incompatible_options(cfg: TrainConfig) -> str | None:
     if cfg.reward.judge.enabled or (cfg.agent.entrypoint is not None and cfg.agent.reward == "judge"):
         if cfg.flywheel.rounds > 0:
             return "a judge reward scores the RL stage; the flywheel selects by the env's success (set flywheel.rounds=0)"
-        if rl.advantage == "mc_grpo":
-            return "rl.advantage=mc_grpo scores single actions by env rollouts; a judge scores whole episodes (use grpo)"
     if cfg.rollout.backend == "vllm":
         if cfg.cluster == "ray":
             return "rollout.backend=vllm runs vLLM in the trainer's process; use cluster=local"

@@ -109,7 +109,7 @@ def test_example_agents_train_and_the_parquet_holds_what_was_sampled(tmp_path, r
         assert logprobs == pytest.approx([x for c in calls for x in c.logprobs], abs=1e-6)
     assert mismatches == 0
     metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    events = [m["env_events"] for m in metrics if "env_events" in m]
+    events = [m["env_events"] for m in metrics if m["event"] == "rl_iter"]
     assert len(events) == 2 and all(e["n_calls"] >= 4 for e in events)
     splits = sum(e["n_splits_rerendered"] + e["n_splits_branch"] + e["n_splits_new_context"] for e in events)
     if entrypoint != SMOLAGENTS:
@@ -239,3 +239,45 @@ def test_an_agent_that_compacts_its_history_trains_every_context_as_a_segment(tm
         nonempty += bool(text)
         assert mine[0]["advantage"] == mine[1]["advantage"]  # the rollout's advantage on both
     assert nonempty > 0
+
+
+def test_an_agent_that_pins_its_temperature_trains_through_the_bc_temperature_sweep(tmp_path, monkeypatch, capsys):
+    """The openai example agent sending temperature=1.0 on every call, through agent-tiny as
+    shipped (its eval.bc_temperatures sweep at 1.0, 0.5 and 0.1 included; one RL iteration, no
+    pass@k): the trainer's temperature wins (agent.sampling=trainer), the run ends with exit 0,
+    warns once, and counts the overridden calls per evaluation and in summary.json."""
+    from turnforge.gateway.sampling import Override
+    from turnforge.train.metrics import SamplingOverrides, read_summary
+
+    calls = []
+    close = gateway_server.Gateway.close_rollout
+
+    def keep(self, rollout_id):
+        record = close(self, rollout_id)
+        calls.extend(record.calls)
+        return record
+
+    monkeypatch.setattr(gateway_server.Gateway, "close_rollout", keep)
+    args = ["train", "agent-tiny", "agent.entrypoint=examples.agents.openai_agent:pinned_agent", "rl.iterations=1",
+            "eval.pass_at_k_samples=0", "--out", tmp_path / "run"]
+    code, out, err = run_main(args, REPO, monkeypatch, capsys)
+    assert code == 0 and "Traceback" not in err, err
+    assert load_config("agent-tiny").eval.bc_temperatures == [1.0, 0.5, 0.1]  # the sweep ran as shipped
+    told = [line for line in (out + err).splitlines() if "the agent sent" in line]
+    assert told == ["warning: the agent sent temperature=1.0; the trainer samples at temperature 0.5 and its value "
+                    "wins (agent.sampling=trainer; agent.sampling=strict refuses such requests)"]
+    metrics = read_metrics(tmp_path / "run")
+    assert [w.message for w in metrics.warnings if "the agent sent" in w.message] == [told[0].removeprefix("warning: ")]
+    by_tag = [(e.tag, e.env_events["n_overridden_calls"], e.env_events["n_calls"], e.result) for e in metrics.evals]
+    assert [t for t, *_ in by_tag] == ["before-rl", "bc", "bc", "after-rl"]
+    for tag, overridden, n_calls, result in by_tag:  # at T=1.0 nothing to override; at 0.5 and 0.1 every call
+        assert result.episodes == 8 and result.infra_failures == 0
+        assert overridden == (n_calls if tag == "bc" else 0) and n_calls >= 8
+    (it,) = metrics.iterations
+    assert it.env_events["n_overridden_calls"] == 0 and it.rollout.infra_failures == 0
+    total = sum(n for tag, n, _, _ in by_tag)
+    assert total >= 16 and read_summary(tmp_path / "run").sampling_overrides == SamplingOverrides(total, total, 0, 0)
+    # each overridden call was sampled, and recorded, at the trainer's temperature
+    overridden = [c for c in calls if c.overrides]
+    assert len(overridden) == total and {c.temperature for c in overridden} == {0.5, 0.1}
+    assert all(c.overrides == (Override("temperature", 1.0, c.temperature),) for c in overridden)

@@ -122,8 +122,8 @@ def test_stop_strings_cut_the_content_and_the_record(gateway, tiny_policy, monke
 
 @pytest.mark.parametrize("kwargs, param", [
     (dict(n=2), "n"),
-    (dict(temperature=0.5), "temperature"),
-    (dict(top_p=0.9), "top_p"),
+    (dict(temperature=3), "temperature"),
+    (dict(top_p=1.5), "top_p"),
     (dict(seed=3), "seed"),
     (dict(presence_penalty=0.5), "presence_penalty"),
     (dict(tool_choice="required"), "tool_choice"),

@@ -152,6 +152,24 @@ def test_the_runs_boundary_reports_are_shown(page, page_file, view_run):
         assert f"{tag}.time" not in shown and f"{tag}.action_mi" not in shown  # a stamp; an open-text env (None)
 
 
+def test_the_runs_cpu_and_kernel_path_are_shown(page, page_file, view_run):
+    """summary.json records where the run's figures repeat (CPU model and flags, torch's kernel
+    path, threads, MKL); the overview shows them under the run's name."""
+    import json
+
+    from turnforge.kernels import cpu_identity
+
+    software = json.loads((view_run / "summary.json").read_text())["software"]
+    cpu = cpu_identity()
+    assert (software["cpu_vendor"], software["cpu_family_model"], tuple(software["cpu_flags"])) == \
+        (cpu["vendor"], cpu["family_model"], cpu["flags"])
+    assert software["threads"] >= 1 and software["cpu_capability"]
+    goto(page, page_file.as_uri(), "overview")
+    line = page.locator(".panel[data-run='0'] [data-testid=machine]").inner_text()
+    assert software["cpu_model"] in line and f"kernels {software['cpu_capability']}" in line
+    assert f"torch {software['torch']}" in line and all(f in line for f in software["cpu_flags"])
+
+
 def test_filters_agree_with_duckdb(page, page_file, view_run):
     cases = [
         ("stage=flywheel", "stage = 'flywheel'"),

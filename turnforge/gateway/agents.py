@@ -10,14 +10,18 @@ use the env engine; each rollout runs the agent in a thread of a pool of
 A rollout becomes a one-turn ``Trajectory``: the reward is the agent's, the samples are
 its compiled calls (``compile_trace``; all on turn 0, so GRPO-family credit puts the
 episode's advantage on every sampled token), and the turn's ``info`` counts the calls,
-the spliced calls and each kind of split (``n_*`` counters, summed per iteration in the
-metrics). Every split is also written to ``RUN/gateway_splits.jsonl`` with the tokens on
-both sides, decoded.
+the spliced calls, each kind of split and the calls whose sampling settings the trainer
+overrode, in all and per setting (``n_overridden_calls``, ``n_overridden_<param>``; see
+``turnforge.gateway.sampling``): ``n_*`` counters, summed per iteration and per evaluation in
+the metrics (``env_events``). Every split is also written to ``RUN/gateway_splits.jsonl``
+with the tokens on both sides, decoded. The first call with overridden settings is told in
+one warning line per run (``on_warning``).
 
 Failures: an agent that raises, runs past ``agent.timeout_s`` (its rollout is closed, so
-its later calls get 404) or makes no model call is an infrastructure failure, excluded and
-counted, never reward 0. An agent that returns something other than a finite number or a
-dict with a numeric ``reward`` is a bug in the agent: the run stops with one line.
+its later calls get 404), makes no model call or had a request refused for its sampling
+settings (``agent.sampling=strict``; even if it went on) is an infrastructure failure,
+excluded and counted, never reward 0. An agent that returns something other than a finite
+number or a dict with a numeric ``reward`` is a bug in the agent: the run stops with one line.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from typing import Any, Callable, Sequence
 from turnforge.envs.tasks import TaskDataset
 from turnforge.errors import UserError
 from turnforge.gateway.render import decode
+from turnforge.gateway.sampling import SAMPLING_PARAMS, SAMPLING_POLICIES, warning
 from turnforge.gateway.server import Gateway, RolloutRecord
 from turnforge.gateway.trace import SPLIT_REASONS, compile_trace
 from turnforge.rollout.actors import PolicyActor
@@ -121,8 +126,12 @@ class AgentEngine:
         self.splits_file = Path(run_dir) / "gateway_splits.jsonl"
         self.gateway = Gateway(policy, max_new_tokens=cfg.rollout.max_new_tokens,
                                max_context_tokens=cfg.rollout.max_context_tokens, seed=cfg.seed,
-                               temperature=cfg.rollout.temperature, port=cfg.agent.port).start()
+                               temperature=cfg.rollout.temperature, sampling=SAMPLING_POLICIES[cfg.agent.sampling],
+                               port=cfg.agent.port).start()
         self.tokenizer = policy.tokenizer
+        # told the first overridden sampling settings once; the trainer makes it a run warning (printed and logged)
+        self.on_warning: Callable[[str], None] = lambda message: print(f"warning: {message}", file=sys.stderr)
+        self.warned = False  # the overridden sampling settings are told once per run
 
     def play(self, requests: Sequence[EpisodeRequest], actor: PolicyActor, *, keep_snapshots: bool = False,
              on_wave: Callable[[int], None] | None = None,
@@ -144,6 +153,10 @@ class AgentEngine:
                 if on_progress is not None:
                     on_progress(n)
             outcomes = [f.result() for f in futures]
+        first = next((c.overrides for o in outcomes for c in o.record.calls if c.overrides), None)
+        if first is not None and not self.warned:
+            self.warned = True
+            self.on_warning(warning(first, gw.sampling))
         trajs, bad = [], None
         for req, out in zip(requests, outcomes):
             if isinstance(out.error, UserError):
@@ -190,6 +203,8 @@ class AgentEngine:
             failure = f"agent {type(err).__name__}: {(str(err).strip().splitlines() or [''])[0][:300]}"
         elif not record.calls:
             failure = "the agent made no model call (is it using base_url?)"
+        elif record.sampling_refusal is not None:  # the agent went on without the refused call's answer
+            failure = f"the gateway refused a request: {record.sampling_refusal[:300]}"
         if failure is not None:
             return Trajectory(req.trajectory_id, req.task, req.group_id, req.env_seed, (), (), 0.0, False, False, False,
                               None, version, infra_failure=failure)
@@ -201,10 +216,13 @@ class AgentEngine:
                     f.write(json.dumps({"rollout": req.trajectory_id, "call": sp.call_index, "reason": sp.reason,
                                         "position": sp.position, "expected": decode(self.tokenizer, sp.expected),
                                         "got": decode(self.tokenizer, sp.got)}) + "\n")
+        overridden = [o.param for c in record.calls for o in c.overrides]
         info: dict[str, Any] = {
             "n_calls": len(record.calls), "n_spliced_calls": record.spliced_calls, "n_refused_calls": record.refused_calls,
             "n_length_stops": sum(c.finish_reason == "length" for c in record.calls),
             **{f"n_splits_{r}": compiled.count(r) for r in SPLIT_REASONS},
+            "n_overridden_calls": sum(bool(c.overrides) for c in record.calls),
+            **{f"n_overridden_{p}": overridden.count(p) for p in SAMPLING_PARAMS},
             **{f"agent_{k}": v for k, v in metrics.items()},
         }
         last = record.calls[-1]

@@ -16,11 +16,14 @@ records the exact prompt ids, sampled ids, their logprobs and the policy version
 rollout's id (``CallRecord``); ``close_rollout`` hands them to the trace compiler.
 
 What it refuses, with an OpenAI-style error body and status 400 (``param`` named): n > 1,
-streaming, top_p < 1 or penalties (they change the sampling distribution, so the recorded
-logprobs would not be the ones the trainer re-scores), a per-request seed (sampling is
-seeded by the run), ``tool_choice`` other than auto/none, non-text content, a prompt over
-the context budget, and, when training, a temperature other than the run's
-(``rollout.temperature``). Unknown rollout ids are 404.
+streaming, penalties (they change the sampling distribution, so the recorded logprobs would
+not be the ones the trainer re-scores), a per-request seed (sampling is seeded by the run),
+``tool_choice`` other than auto/none, non-text content, a prompt over the context budget.
+Unknown rollout ids are 404. While training, the trainer owns the temperature and top_p
+(``turnforge.gateway.sampling``, ``agent.sampling``): by default a request's other value is
+replaced by the trainer's and recorded on the call (``CallRecord.overrides``); under
+``agent.sampling=strict`` it is refused. A max_tokens beyond the context left is capped
+(recorded too). Serving, any temperature is used as sent and top_p < 1 is refused.
 """
 
 
@@ -38,6 +41,8 @@ import torch
 
 from turnforge.errors import UserError
 from turnforge.gateway.render import Prior, Renderer, RequestError, assistant_message, decode
+from turnforge.gateway.sampling import (Override, SamplingPolicy, SamplingRefused, TrainerWins, cap_tokens,
+                                        settle_sampling)
 from turnforge.gateway.trace import CallRecord
 from turnforge.policy.generate import Generation
 from turnforge.policy.model import Policy
@@ -53,6 +58,7 @@ class RolloutRecord:
     priors: list[Prior] = field(default_factory=list)
     spliced_calls: int = 0  # calls whose prompt began with an earlier call's exact ids (see render.py)
     refused_calls: int = 0  # requests answered with an error
+    sampling_refusal: str | None = None  # the first request refused for its sampling settings (agent.sampling=strict)
 
 
 class RolloutClosed(Exception):
@@ -70,15 +76,17 @@ class _Job:
 
 
 class Gateway:
-    """See the module docstring. ``temperature``: the one temperature requests may use (the
-    run's, when training), or None to allow any (serving)."""
+    """See the module docstring. ``temperature``: the trainer's temperature, that every request
+    is sampled at (when training), or None to use each request's (serving); ``sampling``: what
+    happens to a request's other temperature or top_p while training (``agent.sampling``)."""
 
     def __init__(self, policy: Policy, *, max_new_tokens: int, max_context_tokens: int, seed: int = 0,
-                 temperature: float | None = None, host: str = "127.0.0.1", port: int = 0,
-                 batch_window_s: float = 0.005, max_wait_s: float = 0.05, max_batch: int = 64,
+                 temperature: float | None = None, sampling: SamplingPolicy = TrainerWins(), host: str = "127.0.0.1",
+                 port: int = 0, batch_window_s: float = 0.005, max_wait_s: float = 0.05, max_batch: int = 64,
                  model_name: str | None = None) -> None:
         self.policy, self.renderer = policy, Renderer(policy.tokenizer, policy.vision)
         self.max_new_tokens, self.max_context_tokens, self.temperature = max_new_tokens, max_context_tokens, temperature
+        self.sampling = sampling
         self.batch_window_s, self.max_wait_s, self.max_batch = batch_window_s, max_wait_s, max_batch
         self.model_name = model_name or "turnforge-policy"
         self.actor = PolicyActor(policy, max_new_tokens, 1.0 if temperature is None else temperature,
@@ -221,6 +229,8 @@ class Gateway:
                 except RequestError as err:
                     if rollout is not None:
                         rollout.refused_calls += 1
+                        if isinstance(err, SamplingRefused) and rollout.sampling_refusal is None:
+                            rollout.sampling_refusal = str(err)
                     return error(400, str(err), err.param, err.code)
             finally:
                 if not queued[0]:
@@ -249,14 +259,12 @@ class Gateway:
 
         return app
 
-    def _params(self, body: dict) -> tuple[float, int | None, list[str], bool, list | None]:
+    def _params(self, body: dict) -> tuple[float, tuple[Override, ...], int | None, list[str], bool, list | None]:
         n = body.get("n", 1)
         if n not in (1, None):
             raise RequestError(f"n={n!r}: the gateway samples one choice per request (n=1)", "n")
         if body.get("stream"):
             raise RequestError("stream=true is not supported; send stream=false", "stream")
-        if body.get("top_p") not in (None, 1, 1.0):
-            raise RequestError(f"top_p={body['top_p']!r}: only top_p=1 (the trainer scores the full distribution)", "top_p")
         for key in ("presence_penalty", "frequency_penalty"):
             if body.get(key) not in (None, 0, 0.0):
                 raise RequestError(f"{key}={body[key]!r}: penalties are not supported (they change the sampling "
@@ -268,15 +276,7 @@ class Gateway:
         fmt = body.get("response_format")
         if fmt is not None and (not isinstance(fmt, dict) or fmt.get("type") != "text"):
             raise RequestError("response_format: only {'type': 'text'} is supported", "response_format")
-        t = body.get("temperature")
-        if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 <= t <= 2):
-            raise RequestError(f"temperature={t!r} must be a number in [0, 2]", "temperature")
-        if self.temperature is not None:
-            if t is not None and float(t) != self.temperature:
-                raise RequestError(f"temperature={t!r}: this gateway is training at temperature {self.temperature} "
-                                   "(rollout.temperature); leave it out or send that value", "temperature")
-            t = self.temperature
-        temperature = 1.0 if t is None else float(t)
+        temperature, overrides = settle_sampling(body, self.temperature, self.sampling)
         cap = body.get("max_completion_tokens", body.get("max_tokens"))
         if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
             raise RequestError(f"max_tokens={cap!r} must be a positive integer", "max_tokens")
@@ -290,17 +290,19 @@ class Gateway:
             raise RequestError(f"tool_choice={choice!r}: only 'auto' and 'none' are supported", "tool_choice")
         if choice == "none":
             tools = None
-        return temperature, cap, stops, bool(body.get("logprobs")), tools
+        return temperature, overrides, cap, stops, bool(body.get("logprobs")), tools
 
     async def _complete(self, body: dict, rollout: RolloutRecord | None, queued: list[bool]) -> dict:
-        temperature, cap, stops, want_logprobs, tools = self._params(body)
+        temperature, overrides, cap, stops, want_logprobs, tools = self._params(body)
         tok = self.policy.tokenizer
         prompt, spliced, images = self.renderer.prompt(body.get("messages"), tools, rollout.priors if rollout else [])
         room = self.max_context_tokens - len(prompt)
         if room < 1:
             raise RequestError(f"the prompt is {len(prompt)} tokens; the context budget is {self.max_context_tokens} "
                                "(rollout.max_context_tokens)", "messages", "context_length_exceeded")
-        max_tokens = min(cap or self.max_new_tokens, room)
+        max_tokens, capped = cap_tokens(cap, self.max_new_tokens, room)
+        if capped is not None:
+            overrides += (capped,)
         fut: concurrent.futures.Future = concurrent.futures.Future()
         queued[0] = True
         self._arriving -= 1
@@ -320,7 +322,7 @@ class Gateway:
         message, finish = assistant_message(text, finish)
         if rollout is not None:
             rollout.calls.append(CallRecord(len(rollout.calls), prompt, tuple(ids), tuple(logprobs), version,
-                                            temperature, finish, images))
+                                            temperature, finish, images, overrides))
             rollout.priors.append(Prior(prompt + tuple(ids), decode(tok, prompt + tuple(ids))))
             rollout.spliced_calls += spliced
         choice = {"index": 0, "message": message, "finish_reason": finish, "logprobs": None}

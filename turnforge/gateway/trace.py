@@ -28,10 +28,14 @@ rollout's advantage to all of them.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from turnforge.types import Sample
+
+if TYPE_CHECKING:
+    from turnforge.gateway.sampling import Override
 
 SPLIT_REASONS = ("rerendered", "branch", "new_context")
 
@@ -48,6 +52,7 @@ class CallRecord:
     temperature: float
     finish_reason: str  # "stop" | "length" | "tool_calls"
     images: tuple[bytes, ...] = field(default=(), repr=False)  # the images of the prompt's blocks, in order
+    overrides: tuple[Override, ...] = ()  # the request's sampling settings it was not sampled with (gateway.sampling)
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ from typing import Sequence
 import torch
 
 from turnforge.errors import UserError
+from turnforge.train.estimators import ESTIMATORS
 
 SUPPORTED = ("idefics3", "smolvlm")  # model types whose text model takes 1-D positions and <image> blocks
 IMAGE_TOKEN = "<image>"
@@ -208,7 +209,7 @@ def check_vision_options(cfg, env) -> None:
         "rollout.context=fold": cfg.rollout.context == "fold",
         "rl.kl_mode=reward": cfg.rl.kl_mode == "reward" and cfg.rl.kl_coef > 0,
         "rl.rehearsal_coef>0": cfg.rl.rehearsal_coef > 0,
-        "rl.advantage=mc_grpo": cfg.rl.advantage == "mc_grpo",
+        **{f"rl.advantage={name}": cfg.rl.advantage == name for name, e in ESTIMATORS.items() if not e.with_images},
         "critic.enabled=true": cfg.critic.enabled,
     }
     bad = [k for k, on in refused.items() if on]

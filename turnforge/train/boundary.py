@@ -32,7 +32,7 @@ from turnforge.policy.model import Policy
 from turnforge.rollout.actors import PolicyActor
 from turnforge.rollout.engine import Engine, EpisodeRequest
 from turnforge.seeding import generator, stable_hash
-from turnforge.train.common import action_entropy
+from turnforge.train.common import action_entropy, event_counts
 from turnforge.train.metrics import BoundaryReport, PassAtK
 from turnforge.train.run_dir.failures import check_trajectories
 from turnforge.types import EvalResult, Sample, Trajectory
@@ -102,7 +102,7 @@ def measure_boundary(engine: Engine, policy: Policy, p: PassAtKPlan, *, tag: str
         malformed_rate=sum(t.num_invalid for t in ok) / turns if turns else 0.0,
         eval_temperature=eval_temperature, eval_malformed_rate=evaluation.invalid_action_rate,
         episodes=len(ok), infra_failures=failed, turns=sum(t.num_turns for t in trajectories),
-        seconds=round(time.time() - t0, 2), policy_version=policy.version,
+        seconds=round(time.time() - t0, 2), policy_version=policy.version, env_events=event_counts(ok),
     )
 
 

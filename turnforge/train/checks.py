@@ -14,11 +14,12 @@ from turnforge.config import TrainConfig
 from turnforge.envs.base import Env, capabilities
 from turnforge.envs.checker import EnvCheckError, check_env
 from turnforge.errors import UserError
+from turnforge.train.estimators import ESTIMATORS, names_where, spoken_list
 
 
 def check_options(cfg: TrainConfig, env: Env) -> None:
     """Raise ``UserError`` when ``cfg`` asks ``env`` for something it cannot do."""
-    caps, env_id, rl, critic = capabilities(env), cfg.env.id, cfg.rl, cfg.critic
+    caps, env_id, rl = capabilities(env), cfg.env.id, cfg.rl
     if env.observation_role != "user" and cfg.rollout.context == "window" and cfg.rollout.history_window == 0:
         raise UserError(
             f"env {env_id!r} answers with {env.observation_role} messages, so with rollout.context=window and "
@@ -37,15 +38,10 @@ def check_options(cfg: TrainConfig, env: Env) -> None:
             caps.require("random_action", env_id, f"a noisy demonstrator (bc.expert_noise={cfg.bc.expert_noise})",
                          "set bc.expert_noise=0")
     if rl.iterations > 0:
-        if rl.advantage == "gigpo":
-            caps.require("anchor_key", env_id, "GiGPO's step-level groups (rl.advantage=gigpo)")
+        for req in ESTIMATORS[rl.advantage].requirements(cfg):
+            caps.require(req.capability, env_id, req.what, req.fix)
         if rl.shaping == "potential":
             caps.require("potential", env_id, "potential-based shaping (rl.shaping=potential)", "set rl.shaping=none")
-        if rl.advantage == "mc_grpo" or critic.mc_weight > 0:
-            what = "MC-GRPO (rl.advantage=mc_grpo)" if rl.advantage == "mc_grpo" else f"Monte-Carlo values (critic.mc_weight={critic.mc_weight})"
-            caps.require("snapshot", env_id, what)
-            if critic.mc_policy == "random":
-                caps.require("random_action", env_id, f"{what} with random rollouts", "set critic.mc_policy=bc")
     fw = cfg.flywheel
     if fw.rounds > 0:
         mech = set(fw.mechanisms)
@@ -78,9 +74,9 @@ def check_options(cfg: TrainConfig, env: Env) -> None:
                          "set flywheel.weighting=success")
         if "loops" in fw.filters:
             caps.require("anchor_key", env_id, "the flywheel filter 'loops'", "drop loops from flywheel.filters")
-        if "rl" in fw.stages and rl.advantage not in ("grpo", "rloo", "reinforce_pp", "gigpo"):
+        if "rl" in fw.stages and not ESTIMATORS[rl.advantage].returns_baseline:
             raise UserError(f"flywheel stage 'rl' runs a critic-free update; rl.advantage={rl.advantage} is not one "
-                            "(use grpo, rloo, reinforce_pp or gigpo, or drop rl from flywheel.stages)")
+                            f"(use {spoken_list(names_where('returns_baseline'))}, or drop rl from flywheel.stages)")
     source = env.task_source()  # an env without tasks fails here
     for split in ("train", cfg.eval.split):
         if source.size(split) == 0:

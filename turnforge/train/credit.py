@@ -37,21 +37,16 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from turnforge.algos import (
-    decoupled_gae, discounted_returns, gigpo, grpo, kl_estimate, length_adaptive_lam, pass_at_k_advantage, reinforce_pp, rloo,
-    w_reinforce,
-)
+from turnforge.algos import decoupled_gae, discounted_returns, kl_estimate, length_adaptive_lam
 from turnforge.config import CriticConfig, RLConfig, TrainConfig
 from turnforge.critic.mc import blend
-from turnforge.critic.value import ValueModel, turn_values
+from turnforge.critic.value import ValueModel
 from turnforge.policy.generate import token_logprobs
 from turnforge.train.common import collate
+from turnforge.train.estimators import ESTIMATORS, Penalties
 from turnforge.train.mc import MonteCarlo
 from turnforge.train.metrics import MCStats
 from turnforge.types import Sample, Trajectory
-
-
-Penalties = dict[str, np.ndarray]  # trajectory_id -> [num_turns], subtracted from turn rewards
 
 
 def turn_rewards(traj: Trajectory, rl: RLConfig, gamma: float, penalties: Penalties | None = None) -> np.ndarray:
@@ -68,43 +63,12 @@ def turn_rewards(traj: Trajectory, rl: RLConfig, gamma: float, penalties: Penalt
 
 
 def turn_advantages(trajs: Sequence[Trajectory], rl: RLConfig, penalties: Penalties | None = None) -> dict[str, np.ndarray]:
-    """Advantage of every turn of every trajectory (``trajectory_id -> [num_turns]``).
+    """Advantage of every turn of every trajectory (``trajectory_id -> [num_turns]``) by a
+    critic-free estimator (``turnforge.train.estimators``: grpo, rloo, reinforce_pp, gigpo,
+    pass_at_k, w_reinforce).
 
     ``trajs`` must hold no infrastructure failures (they are excluded before this)."""
-    if not trajs:
-        return {}
-    groups = {g: i for i, g in enumerate(dict.fromkeys(t.group_id for t in trajs))}
-    group_of = torch.tensor([groups[t.group_id] for t in trajs])
-    if rl.advantage == "gigpo":
-        anchors: dict[str, int] = {}
-        steps = [(e, t, turn) for e, t in enumerate(trajs) for turn in t.turns]
-        adv = gigpo(
-            torch.from_numpy(np.concatenate([turn_rewards(t, rl, rl.gamma, penalties) for t in trajs])),
-            torch.tensor([e for e, _, _ in steps]),
-            torch.tensor([groups[t.group_id] for _, t, _ in steps]),
-            torch.tensor([anchors.setdefault(turn.anchor_key, len(anchors)) for _, _, turn in steps]),
-            gamma=rl.gamma,
-            omega=rl.gigpo_omega,
-            std_normalize=rl.std_normalize,
-        ).numpy()
-        out, k = {}, 0
-        for t in trajs:
-            out[t.trajectory_id] = adv[k:k + t.num_turns]
-            k += t.num_turns
-        return out
-    if rl.advantage in ("pass_at_k", "w_reinforce"):  # binary: the env's success flag, not the return
-        success = torch.tensor([t.success for t in trajs])
-        per_episode = pass_at_k_advantage(success, group_of, rl.pass_k) if rl.advantage == "pass_at_k" else \
-            w_reinforce(success, rl.w_reinforce_lambda)
-        return {t.trajectory_id: np.full(t.num_turns, float(a), np.float32) for t, a in zip(trajs, per_episode)}
-    returns = torch.tensor([turn_rewards(t, rl, 1.0, penalties).sum() for t in trajs], dtype=torch.float64)
-    if rl.advantage == "grpo":
-        per_episode = grpo(returns, group_of, std_normalize=rl.std_normalize)
-    elif rl.advantage == "rloo":
-        per_episode = rloo(returns, group_of)
-    else:  # reinforce_pp: the group mean as baseline, the batch std as scale
-        per_episode = reinforce_pp(returns, group_of)
-    return {t.trajectory_id: np.full(t.num_turns, float(a), np.float32) for t, a in zip(trajs, per_episode)}
+    return ESTIMATORS[rl.advantage].turn_advantages(trajs, rl, penalties)
 
 
 def gae_turn_advantages(
@@ -236,30 +200,23 @@ def assign_credit(
     ``mc_grpo``)."""
     rl = cfg.rl
     trajs, void = drop_void(trajs, rl)
-    penalties = critic_values = values = targets = mc_stats = None
+    penalties = None
     if reference is not None and rl.kl_mode == "reward":
         penalties = kl_penalties(reference, trajs, pad_id, cfg.rollout.temperature, rl.kl_estimator, rl.kl_coef)
-    if rl.advantage == "gae":
-        critic_values = turn_values(critic, trajs, pad_id) if critic is not None else None
-        values, mc_stats = state_values(trajs, it, critic_values, cfg.critic.mc_weight, mc)
-        per_turn, targets = gae_turn_advantages(trajs, values, rl, cfg.critic, penalties)
-    elif rl.advantage == "mc_grpo":
-        assert mc is not None  # the config and the start checks guarantee snapshots
-        per_turn = {}
-        pairs, group_of, mc_stats = mc.grpo_batch(trajs, it)
-    else:
-        per_turn = turn_advantages(trajs, rl, penalties)
+    got = ESTIMATORS[rl.advantage].credit(trajs, cfg, it, penalties=penalties, critic=critic, mc=mc, pad_id=pad_id)
     kl_penalty = float(np.mean(np.concatenate([penalties[t.trajectory_id] for t in trajs]))) if penalties and trajs else None
-    if rl.advantage != "mc_grpo":
-        pairs = [(x, sample_advantage(x, per_turn[t.trajectory_id])) for t in trajs for x in t.samples]
+    pairs, group_of = got.pairs, got.group_of
+    if pairs is None:
+        pairs = [(x, sample_advantage(x, got.per_turn[t.trajectory_id])) for t in trajs for x in t.samples]
         group_of = {x.trajectory_id: t.group_id for t in trajs for x in t.samples}
+    assert group_of is not None
     groups = set(group_of.values())
     flat = {g for g in groups if all(np.all(np.abs(a) < 1e-8) for x, a in pairs if group_of[x.trajectory_id] == g)}
     kept = [(x, a) for x, a in pairs if not (rl.skip_zero_variance_groups and group_of[x.trajectory_id] in flat)]
     overlong = overlong_episodes(trajs, cfg)
     kept = [(x, a) for x, a in kept if x.trajectory_id not in overlong]
-    return Credit(kept, per_turn, len(groups), len(flat), values, targets, critic_values, mc_stats, kl_penalty, void,
-                  len(overlong))
+    return Credit(kept, got.per_turn, len(groups), len(flat), got.values, got.targets, got.critic_values, got.mc, kl_penalty,
+                  void, len(overlong))
 
 
 def overlong_episodes(trajs: Sequence[Trajectory], cfg: TrainConfig) -> set[str]:

@@ -78,6 +78,7 @@ class EvalRecord:
     tag: str  # "before-rl", "rl-N", "after-rl"
     iteration: int  # RL iterations done when it ran
     result: EvalResult
+    env_events: dict[str, int] = field(default_factory=dict)  # event counters (``n_*`` info keys) of its scored episodes
     env_steps: int = 0
     time: float = 0.0
 
@@ -122,6 +123,7 @@ class BoundaryReport:
     turns: int  # env steps the samples played (not counted in the run's env steps)
     seconds: float  # wall time of the measurement (sampling and scoring)
     policy_version: int
+    env_events: dict[str, int] = field(default_factory=dict)  # event counters (``n_*`` info keys) of its scored samples
     env_steps: int = 0
     time: float = 0.0
 
@@ -331,7 +333,10 @@ class RunWarning:
 
 @dataclass(frozen=True)
 class Software:
-    """What decides a run's floating-point results besides the config and seed."""
+    """What decides a run's floating-point results besides the config and seed: versions, the
+    CPU and the kernel path. A fixed seed repeats bit for bit where all of these are the same;
+    another CPU model or kernel path moves the last bits, and training can grow them into other
+    figures (README, "Reproducibility")."""
 
     python: str
     torch: str
@@ -340,24 +345,47 @@ class Software:
     numpy: str
     cpu_capability: str  # torch's CPU kernel path (e.g. AVX2, AVX512): another path gives other weights
     cpu_model: str
+    cpu_vendor: str = ""  # e.g. AuthenticAMD, GenuineIntel
+    cpu_family_model: str = ""  # /proc/cpuinfo's 'cpu family/model' (e.g. 25/17: AMD Zen 4)
+    cpu_flags: tuple[str, ...] = ()  # those of turnforge.kernels.KERNEL_FLAGS the CPU has (AVX-512, AMX, ...)
+    mkl: str = ""  # the MKL torch was built with (its BLAS on x86)
+    onednn: str = ""
+    threads: int = 0  # torch's intra-op threads when the summary was written
+    kernel_env: dict[str, str] = field(default_factory=dict)  # ATEN_CPU_CAPABILITY, MKL_CBWR, ... where set
 
     @classmethod
     def current(cls) -> "Software":
         import platform
+        import re
 
         import numpy
         import tokenizers
         import torch
         import transformers
 
-        model = ""
-        try:
-            with open("/proc/cpuinfo") as f:
-                model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
-        except OSError:
-            pass
+        from turnforge.kernels import cpu_identity, kernel_env
+
+        cpu = cpu_identity()
+        config = torch.__config__.show()
+        mkl = re.search(r"Math Kernel Library Version (\S+)", config)
+        onednn = re.search(r"MKL-DNN (v\S+)", config)
         return cls(platform.python_version(), torch.__version__, transformers.__version__, tokenizers.__version__,
-                   numpy.__version__, torch.backends.cpu.get_cpu_capability(), model or platform.processor())
+                   numpy.__version__, torch.backends.cpu.get_cpu_capability(), str(cpu["model_name"]),
+                   cpu_vendor=str(cpu["vendor"]), cpu_family_model=str(cpu["family_model"]),
+                   cpu_flags=tuple(cpu["flags"]), mkl=mkl.group(1) if mkl else "",
+                   onednn=onednn.group(1) if onednn else "", threads=torch.get_num_threads(), kernel_env=kernel_env())
+
+
+@dataclass(frozen=True)
+class SamplingOverrides:
+    """An agent run's gateway calls sampled with the trainer's settings instead of the ones the
+    agent sent (``agent.sampling``, ``turnforge.gateway.sampling``): the ``n_overridden_*``
+    counters of its RL iterations, evaluations and pass@k measurements summed (scored episodes)."""
+
+    calls: int  # calls with at least one setting overridden
+    temperature: int  # of them, sent another temperature than the trainer's
+    top_p: int  # sent top_p < 1
+    max_tokens: int  # sent a max_tokens beyond the context left (capped)
 
 
 @dataclass(frozen=True)
@@ -399,6 +427,7 @@ class RunSummary:
     peak_memory: PeakMemory | None = None  # peak RSS of the run's process (the last one, if resumed) and its children
     boundary_start: BoundaryReport | None = None  # pass@k and friends of the start (eval.pass_at_k_samples > 0)
     boundary_after: BoundaryReport | None = None  # the same after training
+    sampling_overrides: SamplingOverrides | None = None  # agent runs: calls the trainer's sampling settings won
 
 
 def read_summary(run_dir: str | Path) -> RunSummary:

@@ -26,7 +26,8 @@ from rich.table import Table
 from turnforge.config import TrainConfig
 from turnforge.memory import peak_memory
 from turnforge.policy.lora import trainable_parameters
-from turnforge.train.metrics import KINDS, BoundaryReport, ExpertQueries, RunSummary, Software, read_metrics, to_json
+from turnforge.train.metrics import (KINDS, BoundaryReport, ExpertQueries, RunMetrics, RunSummary, SamplingOverrides,
+                                     Software, read_metrics, to_json)
 from turnforge.types import EvalResult
 
 if TYPE_CHECKING:
@@ -280,7 +281,17 @@ def run_summary(s: Session, after: EvalResult, rl_seconds: float | None,
         gain_over_bc_best_points=None if best is None else round(100 * (after.success_rate - best.eval.success_rate), 2),
         expert_queries=ExpertQueries(demos, state.hints, demos + state.hints + state.anchor_moves, state.anchor_moves),
         boundary_start=state.boundary_start, boundary_after=boundary_after,
+        sampling_overrides=sampling_overrides(read_metrics(s.run_dir)) if agent else None,
     )
+
+
+def sampling_overrides(metrics: RunMetrics) -> SamplingOverrides:
+    """An agent run's calls sampled with the trainer's settings instead of the agent's: the
+    ``n_overridden_*`` counters of its RL iterations, evaluations and pass@k measurements summed."""
+    events = ([m.env_events for m in metrics.iterations] + [e.env_events for e in metrics.evals]
+              + [b.env_events for b in metrics.boundaries])
+    keys = ("calls", "temperature", "top_p", "max_tokens")
+    return SamplingOverrides(**{key: sum(e.get(f"n_overridden_{key}", 0) for e in events) for key in keys})
 
 
 def final_line(summary: RunSummary, cfg: TrainConfig, run_dir: Path) -> str:

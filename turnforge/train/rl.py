@@ -42,6 +42,7 @@ from turnforge.rollout.episodic import EpisodicMemory
 from turnforge.seeding import generator, rng, stable_hash
 from turnforge.train.common import GuardedStep, event_counts, lr_factor
 from turnforge.train.credit import assign_credit, monte_carlo_returns
+from turnforge.train.estimators import ESTIMATORS
 from turnforge.train.mc import MonteCarlo
 from turnforge.train.metrics import CriticStats, IterationMetrics, RunWarning, ValuePretrainStats
 from turnforge.train.rehearsal import load_or_play
@@ -77,7 +78,8 @@ def run_rl(
     step.skipped = s.state.skipped_steps
     s.progress.stage("rl", rl.iterations)
     s.rl_started = time.time()
-    uses_mc = rl.advantage == "mc_grpo" or (rl.advantage == "gae" and cfg.critic.mc_weight > 0)
+    estimator = ESTIMATORS[rl.advantage]
+    uses_mc = estimator.monte_carlo(cfg)
     mc = MonteCarlo(s.rollout_engine, cfg, policy, bc_policy) if uses_mc else None
 
     # rehearsal toward the starting policy: its well-formed episodes, played once before the first update
@@ -129,7 +131,7 @@ def run_rl(
 
             # 4. critic update on the GAE targets (clipped value loss around its own rollout-time values)
             critic_stats = None
-            if rl.advantage == "gae":
+            if estimator.reads_values:
                 upd = None
                 if critic is not None and credit.critic_values is not None and credit.targets is not None:
                     data = [(x, tgt, old) for (x, tgt), (_, old) in

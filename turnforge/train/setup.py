@@ -40,6 +40,7 @@ from turnforge.rollout.context import PromptSpec, check_summary_budget
 from turnforge.rollout.engine import Engine, RolloutEngine, make_engine
 from turnforge.rollout.episodic import EpisodicMemory, read_store
 from turnforge.train.checks import check_env_at_start, check_options
+from turnforge.train.estimators import ESTIMATORS
 from turnforge.train.metrics import RunSummary, RunWarning, read_summary
 from turnforge.train.reporting import MetricsLog, Progress
 from turnforge.train.rl import Critic, make_reference, pretrain_values
@@ -197,6 +198,12 @@ def open_run(cfg: TrainConfig, run_dir: Path, checked: Checked, stack: ExitStack
     for warning in too_long:
         progress.message(f"warning: {warning}")
         metrics.log(RunWarning(warning), state.env_steps)
+    if checked.env is None:  # the agent engine's one warning (sampling settings the trainer overrode) is the run's
+        def warn(message: str) -> None:
+            progress.message(f"warning: {message}")
+            metrics.log(RunWarning(message), s.state.env_steps)
+
+        engine.on_warning = warn
     return OpenRun(s, found)
 
 
@@ -319,7 +326,7 @@ def rl_references(cfg: TrainConfig, run_dir: Path, policy: Policy) -> tuple[Poli
     the KL reference (``rl.kl_coef > 0``): under LoRA the adapter's frozen base (no copy),
     else the frozen BC model."""
     bc_policy = None
-    mc_by_bc = cfg.critic.mc_policy == "bc" and (cfg.critic.mc_weight > 0 or cfg.rl.advantage == "mc_grpo")
+    mc_by_bc = cfg.critic.mc_policy == "bc" and ESTIMATORS[cfg.rl.advantage].monte_carlo(cfg)
     if mc_by_bc or (cfg.rl.kl_coef > 0 and cfg.model.lora.r == 0):
         bc_policy = load_policy(run_dir / "checkpoints" / "bc", cfg.model.dtype, resolve_device(cfg.model.device))
         bc_policy.model = make_reference(bc_policy.model)

@@ -13,6 +13,7 @@ from turnforge.policy.model import Policy
 from turnforge.rollout.engine import Engine, EngineEnv, RolloutEngine
 from turnforge.rollout.episodic import EpisodicMemory
 from turnforge.train.boundary import format_boundary, measure_boundary, plan
+from turnforge.train.common import event_counts
 from turnforge.train.evaluate import evaluate, prefill_cache
 from turnforge.train.metrics import BoundaryReport, EvalRecord
 from turnforge.train.reporting import MetricsLog, Progress
@@ -81,10 +82,12 @@ class Session:
         episodes = e.episodes if episodes is None else episodes
         temperature = e.temperature if temperature is None else temperature
         with self.progress.activity(f"eval {tag}", episodes) as advance:
-            result, _ = evaluate(self.engine, self.policy, episodes=episodes, split=e.split, temperature=temperature,
-                                 seed=self.cfg.seed, max_failure_share=self.cfg.max_failure_share, stage=f"eval {tag}",
-                                 prefills=prefills if prefills is not None else self.prefills(), on_progress=advance)
-        self.metrics.log(EvalRecord(tag, self.state.iteration, result), self.state.env_steps)
+            result, trajectories = evaluate(
+                self.engine, self.policy, episodes=episodes, split=e.split, temperature=temperature, seed=self.cfg.seed,
+                max_failure_share=self.cfg.max_failure_share, stage=f"eval {tag}",
+                prefills=prefills if prefills is not None else self.prefills(), on_progress=advance)
+        events = event_counts([t for t in trajectories if t.infra_failure is None])
+        self.metrics.log(EvalRecord(tag, self.state.iteration, result, events), self.state.env_steps)
         failures = f", {result.infra_failures} infrastructure failures left out" if result.infra_failures else ""
         self.progress.message(
             f"eval {tag}: success {result.success_rate:.3f}  return {result.mean_return:.2f}  "

@@ -340,6 +340,18 @@ function findDiagnostics(obj, prefix = "", out = [], within = false) {
   return out;
 }
 
+// where the run's figures repeat bit for bit: the CPU, torch's kernel path, threads, versions (summary.json's software)
+function machineLine(s) {
+  const w = s && s.software;
+  if (!w) return null;
+  const cpu = [w.cpu_model, w.cpu_vendor && `${w.cpu_vendor}${w.cpu_family_model ? ` family/model ${w.cpu_family_model}` : ""}`].filter(Boolean).join(", ");
+  const pins = Object.entries(w.kernel_env || {}).map(([k, v]) => `${k}=${v}`).join(" ");
+  return el("div", { class: "muted small", "data-testid": "machine" },
+    `CPU ${cpu || "?"}${(w.cpu_flags || []).length ? ` (${w.cpu_flags.join(" ")})` : ""} · kernels ${w.cpu_capability}` +
+    `${w.threads ? ` · ${w.threads} thread${w.threads > 1 ? "s" : ""}` : ""} · torch ${w.torch}${w.mkl ? ` · MKL ${w.mkl}` : ""}` +
+    `${pins ? ` · ${pins}` : ""}`);
+}
+
 function runPanel(o) {
   const s = o.summary, T = o.totals, cfg = o.config || {};
   const head = el("div", { class: "runhead" }, el("span", { class: "name", style: `color:${RUN_COLORS[o.index]}` }, o.name),
@@ -353,7 +365,7 @@ function runPanel(o) {
     card("infra failures", num(T.infra_failures), "total-failures", T.episodes ? pct(T.infra_failures / T.episodes) : ""),
     card("truncated", num(T.truncated), "total-truncated"),
     card("success (scored)", T.scored ? pct(T.successes / T.scored) : "–", "total-success", `${num(T.successes)} / ${num(T.scored)}`));
-  const panel = el("div", { class: "panel", "data-run": o.index }, head, facts, el("div", { style: "height:8px" }), cards);
+  const panel = el("div", { class: "panel", "data-run": o.index }, head, facts, machineLine(s), el("div", { style: "height:8px" }), cards);
   if (s) {
     const b = s.eval_before_rl, a = s.eval_after_rl, best = s.eval_bc_best_temperature;
     const line = el("div", { class: "cards", style: "margin-top:10px" },

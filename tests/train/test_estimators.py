@@ -1,0 +1,71 @@
+"""The estimator registry: every ``rl.advantage`` is one object that declares what it needs;
+the config, the start checks and the RL loop ask it (turnforge.train.estimators)."""
+
+from __future__ import annotations
+
+import typing
+import numpy as np
+import pytest
+
+from turnforge.config import RLConfig, load_config
+from turnforge.errors import UserError
+from turnforge.train.credit import turn_advantages
+from turnforge.train.estimators import ESTIMATORS, Requirement
+from turnforge.types import Task, Trajectory, Turn
+
+
+def _episode(tid: str, reward: float, success: bool) -> Trajectory:
+    return Trajectory(tid, Task("test-echo", "train", 0), "g0", 0, (Turn("obs", "a", reward, False, "s"),), (),
+                      reward, success, True, False, None, 0)
+
+
+def test_the_config_takes_exactly_the_registered_names():
+    assert typing.get_args(RLConfig.model_fields["advantage"].annotation) == tuple(ESTIMATORS)
+    assert all(f"{name} (" in RLConfig.model_fields["advantage"].description for name in ESTIMATORS)
+    with pytest.raises(UserError, match="bad value for 'rl.advantage'.*'psr'"):
+        load_config("sokoban-tiny", ["rl.advantage=reinforce_plus"])
+
+
+def test_psr_reinforces_successes_only():
+    # one group, one success with the lowest return: the flag decides; failures weigh 0
+    trajs = [_episode(t, r, t == "A") for t, r in zip("ABC", [0.0, 5.0, 5.0])]
+    adv = turn_advantages(trajs, RLConfig(advantage="psr"))
+    np.testing.assert_array_equal([adv[t][0] for t in "ABC"], [1.0, 0.0, 0.0])
+
+
+def test_psr_trains_end_to_end_config():
+    cfg = load_config("sokoban-tiny", ["rl.advantage=psr", "flywheel.rounds=0"])
+    assert cfg.rl.advantage == "psr"
+    # what reads the env's success flag refuses a reward that shaping changes, naming the estimator
+    with pytest.raises(UserError, match="rl.shaping=potential changes rewards; rl.advantage=psr"):
+        load_config("sokoban-tiny", ["rl.advantage=psr", "rl.shaping=potential"])
+
+
+@pytest.mark.parametrize("overrides, want", [
+    (["rl.advantage=grpo"], []),
+    (["rl.advantage=gigpo"], [Requirement("anchor_key", "GiGPO's step-level groups (rl.advantage=gigpo)")]),
+    (["rl.advantage=gae", "critic.enabled=true"], []),
+    (["rl.advantage=gae", "critic.mc_weight=1", "critic.mc_policy=bc"],
+     [Requirement("snapshot", "Monte-Carlo values (critic.mc_weight=1.0)")]),
+    (["rl.advantage=mc_grpo", "critic.mc_policy=random"], [
+        Requirement("snapshot", "MC-GRPO (rl.advantage=mc_grpo)"),
+        Requirement("random_action", "MC-GRPO (rl.advantage=mc_grpo) with random rollouts", "set critic.mc_policy=bc")]),
+])
+def test_each_estimator_declares_the_env_capabilities_it_needs(overrides, want):
+    cfg = load_config("sokoban-tiny", [*overrides, "flywheel.rounds=0"])
+    assert ESTIMATORS[cfg.rl.advantage].requirements(cfg) == want
+
+
+def test_what_each_estimator_declares():
+    baseline = [n for n, e in ESTIMATORS.items() if e.returns_baseline]
+    assert baseline == ["grpo", "rloo", "reinforce_pp", "gigpo"]  # agent runs and the flywheel's rl stage take these
+    assert [n for n, e in ESTIMATORS.items() if e.reads_values] == ["gae"]
+    assert [n for n, e in ESTIMATORS.items() if not e.with_images] == ["mc_grpo"]
+    gae = load_config("sokoban-tiny", ["rl.advantage=gae", "critic.mc_weight=1", "flywheel.rounds=0"])
+    assert ESTIMATORS["gae"].monte_carlo(gae) and ESTIMATORS["mc_grpo"].monte_carlo(gae)
+    assert not ESTIMATORS["grpo"].monte_carlo(gae)
+
+
+def test_an_estimator_that_needs_more_than_rewards_says_so():
+    with pytest.raises(NotImplementedError, match="rl.advantage=gae"):
+        ESTIMATORS["gae"].turn_advantages([], RLConfig())
