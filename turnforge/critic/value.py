@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from turnforge.algos import explained_variance, value_loss
+from turnforge.batching import SCORING_BATCH, batches
 from turnforge.policy.generate import pad_right
 from turnforge.seeding import stable_hash
 from turnforge.types import Sample, Trajectory
@@ -106,12 +107,11 @@ def collate_values(
 
 
 @torch.no_grad()
-def predict(critic: ValueModel, samples: Sequence[Sample], pad_id: int, batch_size: int = 128) -> list[np.ndarray]:
+def predict(critic: ValueModel, samples: Sequence[Sample], pad_id: int, batch_size: int = SCORING_BATCH) -> list[np.ndarray]:
     """Values at each sample's value positions (one array per sample)."""
     critic.eval()
     out: list[np.ndarray] = []
-    for b in range(0, len(samples), batch_size):
-        chunk = samples[b:b + batch_size]
+    for chunk in batches(samples, batch_size):
         batch = collate_values(chunk, pad_id)
         values = critic(batch.ids, batch.attention)
         for i, s in enumerate(chunk):
@@ -119,10 +119,10 @@ def predict(critic: ValueModel, samples: Sequence[Sample], pad_id: int, batch_si
     return out
 
 
-def turn_values(critic: ValueModel, trajs: Sequence[Trajectory], pad_id: int, batch_size: int = 128) -> dict[str, np.ndarray]:
+def turn_values(critic: ValueModel, trajs: Sequence[Trajectory], pad_id: int) -> dict[str, np.ndarray]:
     """``V(s_k)`` for every turn of every trajectory: ``trajectory_id -> [num_turns]``."""
     samples = [x for t in trajs for x in t.samples]
-    per_sample = predict(critic, samples, pad_id, batch_size)
+    per_sample = predict(critic, samples, pad_id)
     out: dict[str, np.ndarray] = {t.trajectory_id: np.zeros(t.num_turns, np.float32) for t in trajs}
     for x, v in zip(samples, per_sample):
         if x.turn_index >= 0:

@@ -28,6 +28,7 @@ import torch
 from turnforge.algos.boundary import distinct_successes, mean_pass_at_k, mutual_information, never_solved_share, softmax_rows
 from turnforge.config import TrainConfig
 from turnforge.policy.generate import PrefillCache, pad_right, token_logprobs
+from turnforge.batching import SCORING_BATCH, batches
 from turnforge.policy.model import Policy
 from turnforge.rollout.actors import PolicyActor
 from turnforge.rollout.engine import Engine, EpisodeRequest
@@ -129,7 +130,7 @@ def _first_prompt(sample: Sample) -> tuple[int, ...]:
 
 @torch.no_grad()
 def first_action_probs(policy: Policy, prompts: Sequence[Sequence[int]], names: Sequence[str],
-                       batch_size: int = 128) -> np.ndarray:
+                       batch_size: int = SCORING_BATCH) -> np.ndarray:
     """p(a | o) ``[O, A]``: the policy's probability (temperature 1) of each action name's tokens
     (the ids the engine writes for that action text, stop token included) after each prompt,
     normalised over the action set.
@@ -142,8 +143,7 @@ def first_action_probs(policy: Policy, prompts: Sequence[Sequence[int]], names: 
     cands = [tuple(policy.chat.encode(n)) + (policy.stop_ids[0],) for n in names]
     rows = [(tuple(p) + c, len(p)) for p in prompts for c in cands]
     scores = np.zeros(len(rows), dtype=np.float64)
-    for b in range(0, len(rows), batch_size):
-        chunk = rows[b:b + batch_size]
+    for b, chunk in zip(range(0, len(rows), batch_size), batches(rows, batch_size)):
         ids, attention = pad_right([r for r, _ in chunk], policy.pad_id)
         positions = torch.zeros(ids.shape, dtype=torch.float32)  # [B, T], 1 on the action name's tokens
         for i, (r, start) in enumerate(chunk):

@@ -1,19 +1,26 @@
 """Pieces the training stages share: learning-rate schedules, collation, a guarded optimizer step, event counts,
-the policy's entropy on action tokens."""
+scoring samples in batches without gradients, the policy's entropy on action tokens."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import numpy as np
 import torch
 
+from turnforge.batching import SCORING_BATCH, batches
 from turnforge.errors import RunStopped
 from turnforge.policy.generate import pad_right, token_logprobs
 from turnforge.policy.model import Policy
 from turnforge.types import Sample, Trajectory
+
+
+def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    """Every parameter group of ``optimizer`` at learning rate ``lr``."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr
 
 
 def lr_factor(schedule: str, step: int, total: int) -> float:
@@ -111,20 +118,39 @@ def event_counts(trajectories: Sequence[Trajectory]) -> dict[str, int]:
     return dict(sorted(out.items()))
 
 
+@dataclass(frozen=True)
+class Scored:
+    """One chunk of ``score_samples``: the samples, their collated batch, and the model's
+    logprobs ``[B, T]`` (and entropies ``[B, T]`` when asked) at the batch's action positions."""
+
+    samples: Sequence[Sample]
+    batch: Batch
+    logprobs: torch.Tensor
+    entropy: torch.Tensor | None
+
+
 @torch.no_grad()
-def action_entropy(policy: Policy, samples: Sequence[Sample], limit: int = 512, batch_size: int = 128) -> float | None:
+def score_samples(model: torch.nn.Module, samples: Sequence[Sample], pad_id: int, temperature: float, *, vision=None,
+                  with_entropy: bool = False, batch_size: int = SCORING_BATCH) -> Iterator[Scored]:
+    """``model``'s logprobs of the samples' tokens at ``temperature``, a chunk of ``batch_size``
+    samples per forward pass, computed on the action positions only (the LM head on those
+    rows). ``vision``: the policy's, for samples with images."""
+    for chunk in batches(samples, batch_size):
+        batch = collate(chunk, pad_id, vision=vision)
+        lp, ent = token_logprobs(model, batch.ids, batch.attention, temperature, with_entropy=with_entropy,
+                                 positions=batch.mask, vision=batch.vision)
+        yield Scored(chunk, batch, lp, ent)
+
+
+def action_entropy(policy: Policy, samples: Sequence[Sample], limit: int = 512) -> float | None:
     """Mean entropy (nats) of the policy's next-token distribution at temperature 1 on the action
     tokens of the first ``limit`` samples (None for no sample): the flywheel's entropy per round
     (on its plain samples, before the round's update) and the boundary's (on the pass@k samples)."""
     if not samples:
         return None
-    chunk = samples[:limit]
     out, n = 0.0, 0
-    for b in range(0, len(chunk), batch_size):
-        batch = collate(chunk[b:b + batch_size], policy.pad_id, vision=policy.vision)
-        _, ent = token_logprobs(policy.model, batch.ids, batch.attention, 1.0, with_entropy=True, positions=batch.mask,
-                                vision=batch.vision)
-        m = batch.mask
-        out += float((ent * m).sum())
+    for scored in score_samples(policy.model, samples[:limit], policy.pad_id, 1.0, vision=policy.vision, with_entropy=True):
+        m = scored.batch.mask
+        out += float((scored.entropy * m).sum())
         n += int(m.sum())
     return out / max(n, 1)

@@ -41,8 +41,7 @@ from turnforge.algos import decoupled_gae, discounted_returns, kl_estimate, leng
 from turnforge.config import CriticConfig, RLConfig, TrainConfig
 from turnforge.critic.mc import blend
 from turnforge.critic.value import ValueModel
-from turnforge.policy.generate import token_logprobs
-from turnforge.train.common import collate
+from turnforge.train.common import score_samples
 from turnforge.train.estimators import ESTIMATORS, Penalties
 from turnforge.train.mc import MonteCarlo
 from turnforge.train.metrics import MCStats
@@ -244,21 +243,16 @@ def state_values(
     return {k: np.asarray(blend(critic_values[k], v_mc[k], mc_weight), np.float32) for k in critic_values}, stats
 
 
-@torch.no_grad()
 def kl_penalties(
     reference: torch.nn.Module, trajs: list[Trajectory], pad_id: int, temperature: float, estimator: str, coef: float,
-    batch_size: int = 128,
 ) -> Penalties:
     """``rl.kl_mode=reward``: per turn, ``coef`` times the KL estimate to the reference
     summed over the turn's action tokens (sampling logprobs against the reference's)."""
     out = {t.trajectory_id: np.zeros(t.num_turns) for t in trajs}
-    samples = [x for t in trajs for x in t.samples]
-    for b in range(0, len(samples), batch_size):
-        chunk = samples[b:b + batch_size]
-        batch = collate(chunk, pad_id)
-        ref, _ = token_logprobs(reference, batch.ids, batch.attention, temperature, positions=batch.mask)
-        kl = (kl_estimate(batch.old_logprobs, ref, estimator) * batch.mask).numpy()
-        for i, x in enumerate(chunk):
+    for scored in score_samples(reference, [x for t in trajs for x in t.samples], pad_id, temperature):
+        batch = scored.batch
+        kl = (kl_estimate(batch.old_logprobs, scored.logprobs, estimator) * batch.mask).numpy()
+        for i, x in enumerate(scored.samples):
             turn = np.minimum(action_turns(x), len(out[x.trajectory_id]) - 1)  # a summary whose turn never came: the last
             np.add.at(out[x.trajectory_id], turn[turn >= 0], coef * kl[i, : len(x)][turn >= 0])
     return out

@@ -40,7 +40,7 @@ from turnforge.rollout.actors import PolicyActor
 from turnforge.rollout.engine import EpisodeRequest
 from turnforge.rollout.episodic import EpisodicMemory
 from turnforge.seeding import generator, rng, stable_hash
-from turnforge.train.common import GuardedStep, event_counts, lr_factor
+from turnforge.train.common import GuardedStep, event_counts, lr_factor, set_lr
 from turnforge.train.credit import assign_credit, monte_carlo_returns
 from turnforge.train.estimators import ESTIMATORS
 from turnforge.train.mc import MonteCarlo
@@ -93,8 +93,7 @@ def run_rl(
         while s.state.iteration < end and not budget_spent(s) and not s.stop_requested:
             it = s.state.iteration
             t0 = time.time()
-            for group in optimizer.param_groups:  # from the iteration alone, so a resumed run matches
-                group["lr"] = rl.lr * lr_factor(rl.lr_schedule, it, rl.iterations)
+            set_lr(optimizer, rl.lr * lr_factor(rl.lr_schedule, it, rl.iterations))  # from the iteration alone: a resumed run matches
 
             # 1. rollout: G episodes of each of tasks_per_iteration tasks (lock-step, or the
             #    oldest groups the asynchronous engine finished, each at most engine.eta versions old)

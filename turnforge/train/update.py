@@ -15,7 +15,7 @@ from turnforge.algos import aggregation_weights, decoupled_ppo_loss, importance_
 from turnforge.config import RLConfig
 from turnforge.policy.generate import token_logprobs
 from turnforge.policy.model import Policy
-from turnforge.train.common import GuardedStep, collate
+from turnforge.train.common import GuardedStep, collate, score_samples
 from turnforge.train.merge import MergedSample, merge_samples, minibatches
 from turnforge.train.metrics import OffPolicyStats, UpdateStats
 from turnforge.train.rehearsal import Rehearsal, rehearsal_loss
@@ -121,9 +121,8 @@ def ppo_update(
 
 
 
-@torch.no_grad()
-def proximal_logprobs(policy: Policy, samples: list[Sample], temperature: float, cap: float | None,
-                      batch_size: int = 128) -> tuple[list[torch.Tensor], OffPolicyStats]:
+def proximal_logprobs(policy: Policy, samples: list[Sample], temperature: float,
+                      cap: float | None) -> tuple[list[torch.Tensor], OffPolicyStats]:
     """Logprobs of every sample under the current weights (the proximal policy of the
     decoupled loss), one ``[T]`` row per sample, plus off-policy diagnostics over all action
     tokens: the share sampled by an older version, the truncated importance weights
@@ -134,10 +133,8 @@ def proximal_logprobs(policy: Policy, samples: list[Sample], temperature: float,
     policy.model.eval()
     rows: list[torch.Tensor] = []
     stale, weights, raw_max, truncated, diffs, log_diffs = 0, [], 1.0, 0, [], []
-    for b in range(0, len(samples), batch_size):
-        chunk = samples[b:b + batch_size]
-        batch = collate(chunk, policy.pad_id, vision=policy.vision)
-        lp, _ = token_logprobs(policy.model, batch.ids, batch.attention, temperature, positions=batch.mask, vision=batch.vision)
+    for scored in score_samples(policy.model, samples, policy.pad_id, temperature, vision=policy.vision):
+        chunk, batch, lp = scored.samples, scored.batch, scored.logprobs
         w, st = importance_weights(lp, batch.old_logprobs, batch.mask, cap)
         on = batch.mask.bool()
         weights.append(w[on])
