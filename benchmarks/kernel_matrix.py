@@ -70,13 +70,18 @@ def run_one(capability: str, threads: int, cbwr: str) -> dict:
 def table(rows: list[dict], cpu: dict) -> str:
     out = [f"CPU: {cpu['model_name']} ({cpu['vendor']}, family/model {cpu['family_model']}; "
            f"{' '.join(cpu['flags'])}); {os.cpu_count()} cores", "",
-           "| ATEN_CPU_CAPABILITY | threads | MKL_CBWR | passed | failed | s | bit for bit as stored "
-           "| largest float difference |", "|---|---|---|---|---|---|---|---|"]
+           "| ATEN_CPU_CAPABILITY | threads | MKL_CBWR | passed | failed | s | scenarios bit for bit as stored "
+           "| largest logprob difference | training run bit for bit | its largest float difference "
+           "| its weights' largest difference / norm |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        same = [g["name"] for g in r["golden"] if g["bitwise"]]
-        largest = max((g["largest_float_difference"] for g in r["golden"]), default=0.0)
+        scenarios = [g for g in r["golden"] if g["name"] != "train"]
+        train = next((g for g in r["golden"] if g["name"] == "train"), None)
+        largest = max((g["largest_float_difference"] for g in scenarios), default=0.0)
+        run = ("yes" if train["bitwise"] else "no", f"{train['largest_float_difference']:.2g}",
+               f"{train['weights_share_of_norm']:.2g}") if train else ("-", "-", "-")
         out.append(f"| {r['capability']} | {r['threads']} | {r['mkl_cbwr']} | {r['passed']} | {r['failed']} | "
-                   f"{r['seconds']:.0f} | {len(same)} of {len(r['golden'])} | {largest:.3g} |")
+                   f"{r['seconds']:.0f} | {sum(g['bitwise'] for g in scenarios)} of {len(scenarios)} | {largest:.2g} | "
+                   + " | ".join(run) + " |")
     return "\n".join(out)
 
 

@@ -57,12 +57,19 @@ THREADS = int(os.environ.get("TURNFORGE_GOLDEN_THREADS", "1"))
 
 def _report(name: str, got, want) -> None:
     """With ``TURNFORGE_GOLDEN_REPORT=FILE`` (the kernel-path matrix), append whether ``got``
-    equals the stored record bit for bit, and the largest float difference."""
+    equals the stored record bit for bit and its largest float difference (weights apart: for a
+    run, the largest weight-fingerprint difference as a share of its tensor's norm)."""
     path = os.environ.get("TURNFORGE_GOLDEN_REPORT")
-    if path:
-        with open(path, "a") as f:
-            f.write(json.dumps({"name": name, "bitwise": got == want,
-                                "largest_float_difference": largest_float_difference(got, want)}) + "\n")
+    if not path:
+        return
+    line = {"name": name, "bitwise": got == want}
+    if isinstance(want, dict) and "weights" in want:
+        line["weights_share_of_norm"] = max(abs(g - w) / ws[1] for n, ws in want["weights"].items()
+                                            for g, w in zip(got["weights"][n], ws))
+        got, want = {k: v for k, v in got.items() if k != "weights"}, {k: v for k, v in want.items() if k != "weights"}
+    line["largest_float_difference"] = largest_float_difference(got, want)
+    with open(path, "a") as f:
+        f.write(json.dumps(line) + "\n")
 
 
 def _golden(name: str):
