@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from turnforge.algos import explained_variance
+from turnforge.config import TrainConfig
 from turnforge.critic.value import ValueModel, pretrain_critic, sample_targets, update_critic
 from turnforge.data.store import write_trajectories
 from turnforge.errors import RunStopped
@@ -41,16 +42,17 @@ from turnforge.rollout.engine import EpisodeRequest
 from turnforge.rollout.episodic import EpisodicMemory
 from turnforge.seeding import generator, rng, stable_hash
 from turnforge.train.common import GuardedStep, event_counts, lr_factor, set_lr
-from turnforge.train.credit import assign_credit, monte_carlo_returns
+from turnforge.train.credit import Credit, assign_credit, monte_carlo_returns
 from turnforge.train.estimators import ESTIMATORS
 from turnforge.train.mc import MonteCarlo
-from turnforge.train.metrics import CriticStats, IterationMetrics, RunWarning, ValuePretrainStats
-from turnforge.train.rehearsal import load_or_play
-from turnforge.train.rollouts import make_rollouts
+from turnforge.train.metrics import CriticStats, IterationMetrics, RunWarning, UpdateStats, ValuePretrainStats
+from turnforge.train.rehearsal import Rehearsal, load_or_play
+from turnforge.train.rollouts import RolloutBatch, make_rollouts
 from turnforge.train.run_dir.checkpoint import TrainingState, keep_weights, save_resumable
 from turnforge.train.run_dir.failures import check_trajectories
 from turnforge.train.run_dir.session import Session
 from turnforge.train.update import ppo_update
+from turnforge.types import Trajectory
 
 
 @dataclass
@@ -117,73 +119,20 @@ def run_rl(
             s.remember(((t, "plain") for t in ok), "rl", it)  # episodic memory: the next iteration's episodes recall them
             t_credit = time.time() - t1
 
-            # 3. policy update: PPO-clip with rl.loss_agg aggregation, minibatches in a seeded order;
-            #    asynchronous rollouts and vLLM's (other numerics) use the decoupled objective with
-            #    truncated importance weights
-            t2 = time.time()
-            update = ppo_update(policy, credit.samples, step, rl, temperature=cfg.rollout.temperature,
-                                shuffle=rng(cfg.seed, "rl-shuffle", it), reference=reference if rl.kl_mode == "loss" else None,
-                                decoupled=cfg.engine.mode == "async" or cfg.rollout.backend == "vllm", is_cap=cfg.engine.is_cap,
-                                rehearsal=rehearsal)
+            # 3-4. policy update, then the critic's (``learn``)
+            learned = learn(ok, credit, cfg, it, policy, step, reference=reference, critic=critic, rehearsal=rehearsal)
             policy.version += 1
             rollouts.after_update()  # weight sync to the rollout worker (nothing to do when it shares the model)
-
-            # 4. critic update on the GAE targets (clipped value loss around its own rollout-time values)
-            critic_stats = None
-            if estimator.reads_values:
-                upd = None
-                if critic is not None and credit.critic_values is not None and credit.targets is not None:
-                    data = [(x, tgt, old) for (x, tgt), (_, old) in
-                            zip(sample_targets(ok, credit.targets), sample_targets(ok, credit.critic_values))]
-                    upd = update_critic(
-                        critic.model, critic.optimizer, data, policy.pad_id, epochs=cfg.critic.epochs,
-                        minibatch_size=cfg.critic.minibatch_size, clip=cfg.critic.value_clip, max_grad_norm=rl.max_grad_norm,
-                        order_rng=rng(cfg.seed, "critic-shuffle", it),
-                    )
-                used = None
-                if credit.values is not None and credit.targets is not None and ok:  # of the values GAE used (blended or MC-only)
-                    v = np.concatenate([credit.values[t.trajectory_id] for t in ok])
-                    g = np.concatenate([credit.targets[t.trajectory_id] for t in ok])
-                    used = explained_variance(torch.as_tensor(v), torch.as_tensor(g))
-                critic_stats = CriticStats(upd.loss if upd else None, upd.explained_variance if upd else None, used)
-            t_update = time.time() - t2
 
             # 5. log, evaluate, checkpoint
             s.state.iteration = it + 1
             s.state.env_steps += got.env_steps
             s.state.mc_env_steps += credit.mc.env_steps if credit.mc is not None else 0
-            s.state.train_tokens += update.tokens
+            s.state.train_tokens += learned.update.tokens
             s.state.skipped_steps = step.skipped
-            n_ok, n_turns = max(len(ok), 1), max(sum(t.num_turns for t in ok), 1)
-            returns_by_group = {g: [t.episode_return for t in ok if t.group_id == g] for g in sorted({t.group_id for t in ok})}
-            record = IterationMetrics(
-                iteration=it + 1,
-                reward=sum(t.episode_return for t in ok) / n_ok,
-                success=sum(t.success for t in ok) / n_ok,
-                invalid_action_rate=sum(t.num_invalid for t in ok) / n_turns,
-                mean_turns=sum(t.num_turns for t in ok) / n_ok,
-                samples=len(credit.samples),
-                lr=optimizer.param_groups[0]["lr"],
-                zero_variance_groups=credit.flat_groups / max(credit.groups, 1),
-                group_return_std=float(np.mean([np.std(r, ddof=1) for r in returns_by_group.values() if len(r) > 1] or [0.0])),
-                action_tokens_per_turn=sum(x.num_action_tokens for t in ok for x in t.samples) / n_turns,
-                update=update,
-                rollout=rstats,
-                stream=got.stream,
-                rollout_seconds=round(t_rollout, 3),
-                credit_seconds=round(t_credit, 3),
-                update_seconds=round(t_update, 3),
-                gen_tokens_per_s=rstats.generated_tokens / max(t_rollout, 1e-9),
-                train_tokens_per_s=update.tokens / max(t_update, 1e-9),
-                skipped_steps=step.skipped,
-                policy_version=policy.version,
-                env_events=event_counts(ok),
-                critic=critic_stats,
-                mc=credit.mc,
-                kl_penalty_per_turn=credit.kl_penalty,
-                void_episodes=credit.void_episodes,
-                overlong_episodes=credit.overlong_episodes,
-            )
+            record = iteration_record(it, ok, got, credit, learned, rollout_seconds=t_rollout, credit_seconds=t_credit,
+                                      lr=optimizer.param_groups[0]["lr"], skipped_steps=step.skipped,
+                                      policy_version=policy.version)
             s.metrics.log(record, s.state.env_steps)
             if rstats.turns and rstats.generation_truncations > rstats.turns / 2 and not warned:
                 warned = True
@@ -194,8 +143,8 @@ def run_rl(
                 s.progress.message(f"warning: {warning.message}")
                 s.metrics.log(warning, s.state.env_steps)
             s.progress.update(
-                it + 1, reward=record.reward, success=record.success, loss=update.loss,
-                tokens_per_s=(update.tokens + rstats.generated_tokens) / max(time.time() - t0, 1e-9),
+                it + 1, reward=record.reward, success=record.success, loss=record.update.loss,
+                tokens_per_s=(record.update.tokens + rstats.generated_tokens) / max(time.time() - t0, 1e-9),
             )
             last = it + 1 == end or budget_spent(s) or s.stop_requested
             if cfg.eval.every and (it + 1) % cfg.eval.every == 0 and not last and it + 1 < rl.iterations:
@@ -205,6 +154,93 @@ def run_rl(
                 s.state.wall_seconds = s.wall_seconds()
                 save_resumable(s.run_dir, policy, s.state, training_state(policy, optimizer, critic, s.memory))
                 keep_weights(s.run_dir, policy, f"rl-{it + 1}", cfg.keep_checkpoints)
+
+
+@dataclass(frozen=True)
+class Learned:
+    """Steps 3-4 of one RL iteration (``learn``)."""
+
+    update: UpdateStats
+    critic: CriticStats | None  # rl.advantage=gae: the critic update and the explained variance of the values used
+    update_seconds: float
+
+
+def learn(ok: list[Trajectory], credit: Credit, cfg: TrainConfig, it: int, policy: Policy, step: GuardedStep, *,
+          reference: torch.nn.Module | None = None, critic: Critic | None = None,
+          rehearsal: Rehearsal | None = None) -> Learned:
+    """The policy update and the critic update of iteration ``it`` from its trajectories
+    (infrastructure failures left out) and their ``credit``: PPO-clip with ``rl.loss_agg``
+    aggregation, minibatches in a seeded order (asynchronous rollouts and vLLM's, with other
+    numerics, use the decoupled objective with truncated importance weights); then the critic
+    (``gae``) on the GAE targets."""
+    rl = cfg.rl
+    t0 = time.time()
+    update = ppo_update(policy, credit.samples, step, rl, temperature=cfg.rollout.temperature,
+                        shuffle=rng(cfg.seed, "rl-shuffle", it), reference=reference if rl.kl_mode == "loss" else None,
+                        decoupled=cfg.engine.mode == "async" or cfg.rollout.backend == "vllm", is_cap=cfg.engine.is_cap,
+                        rehearsal=rehearsal)
+    critic_stats = critic_update(ok, credit, cfg, it, critic, policy.pad_id) if ESTIMATORS[rl.advantage].reads_values else None
+    return Learned(update, critic_stats, time.time() - t0)
+
+
+def critic_update(ok: list[Trajectory], credit: Credit, cfg: TrainConfig, it: int, critic: Critic | None,
+                  pad_id: int) -> CriticStats:
+    """The learned critic (if any) regressed on the GAE targets (clipped value loss around its
+    own rollout-time values), and the explained variance of the values GAE used (learned,
+    Monte-Carlo or blended) on those targets."""
+    upd = None
+    if critic is not None and credit.critic_values is not None and credit.targets is not None:
+        data = [(x, tgt, old) for (x, tgt), (_, old) in
+                zip(sample_targets(ok, credit.targets), sample_targets(ok, credit.critic_values))]
+        upd = update_critic(
+            critic.model, critic.optimizer, data, pad_id, epochs=cfg.critic.epochs,
+            minibatch_size=cfg.critic.minibatch_size, clip=cfg.critic.value_clip, max_grad_norm=cfg.rl.max_grad_norm,
+            order_rng=rng(cfg.seed, "critic-shuffle", it),
+        )
+    used = None
+    if credit.values is not None and credit.targets is not None and ok:
+        v = np.concatenate([credit.values[t.trajectory_id] for t in ok])
+        g = np.concatenate([credit.targets[t.trajectory_id] for t in ok])
+        used = explained_variance(torch.as_tensor(v), torch.as_tensor(g))
+    return CriticStats(upd.loss if upd else None, upd.explained_variance if upd else None, used)
+
+
+def iteration_record(it: int, ok: list[Trajectory], got: RolloutBatch, credit: Credit, learned: Learned, *,
+                     rollout_seconds: float, credit_seconds: float, lr: float, skipped_steps: int,
+                     policy_version: int) -> IterationMetrics:
+    """The metrics record of iteration ``it`` (``rl_iter``): its episodes' figures (scored
+    ones only), the update's, the timings."""
+    update, rstats = learned.update, got.stats
+    n_ok, n_turns = max(len(ok), 1), max(sum(t.num_turns for t in ok), 1)
+    returns_by_group = {g: [t.episode_return for t in ok if t.group_id == g] for g in sorted({t.group_id for t in ok})}
+    return IterationMetrics(
+        iteration=it + 1,
+        reward=sum(t.episode_return for t in ok) / n_ok,
+        success=sum(t.success for t in ok) / n_ok,
+        invalid_action_rate=sum(t.num_invalid for t in ok) / n_turns,
+        mean_turns=sum(t.num_turns for t in ok) / n_ok,
+        samples=len(credit.samples),
+        lr=lr,
+        zero_variance_groups=credit.flat_groups / max(credit.groups, 1),
+        group_return_std=float(np.mean([np.std(r, ddof=1) for r in returns_by_group.values() if len(r) > 1] or [0.0])),
+        action_tokens_per_turn=sum(x.num_action_tokens for t in ok for x in t.samples) / n_turns,
+        update=update,
+        rollout=rstats,
+        stream=got.stream,
+        rollout_seconds=round(rollout_seconds, 3),
+        credit_seconds=round(credit_seconds, 3),
+        update_seconds=round(learned.update_seconds, 3),
+        gen_tokens_per_s=rstats.generated_tokens / max(rollout_seconds, 1e-9),
+        train_tokens_per_s=update.tokens / max(learned.update_seconds, 1e-9),
+        skipped_steps=skipped_steps,
+        policy_version=policy_version,
+        env_events=event_counts(ok),
+        critic=learned.critic,
+        mc=credit.mc,
+        kl_penalty_per_turn=credit.kl_penalty,
+        void_episodes=credit.void_episodes,
+        overlong_episodes=credit.overlong_episodes,
+    )
 
 
 def budget_spent(s: Session) -> bool:
