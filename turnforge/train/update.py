@@ -11,11 +11,13 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from turnforge.algos import aggregation_weights, decoupled_ppo_loss, importance_weights, masked_mean, ppo_clip_loss
+from turnforge.algos import (
+    PolicyLossOutput, aggregation_weights, decoupled_ppo_loss, importance_weights, masked_mean, ppo_clip_loss,
+)
 from turnforge.config import RLConfig
 from turnforge.policy.generate import token_logprobs
 from turnforge.policy.model import Policy
-from turnforge.train.common import GuardedStep, collate, score_samples
+from turnforge.train.common import Batch, GuardedStep, collate, score_samples
 from turnforge.train.merge import MergedSample, merge_samples, minibatches
 from turnforge.train.metrics import OffPolicyStats, UpdateStats
 from turnforge.train.rehearsal import Rehearsal, rehearsal_loss
@@ -50,18 +52,7 @@ def ppo_update(
 
     With ``rl.merge_duplicates`` repeated samples are scored once (``turnforge.train.merge``);
     minibatches still hold ``rl.minibatch_size`` sampled copies each."""
-    episode_tokens: dict[str, int] = {}
-    for x, _ in samples:
-        episode_tokens[x.trajectory_id] = episode_tokens.get(x.trajectory_id, 0) + x.num_action_tokens
-    weights = aggregation_weights(
-        rl.loss_agg,
-        torch.tensor([x.num_action_tokens for x, _ in samples]),
-        torch.tensor([episode_tokens[x.trajectory_id] for x, _ in samples]),
-    ).tolist()
-    if rl.merge_duplicates:  # repeated (prompt, action) samples are scored once (turnforge.train.merge)
-        rows = merge_samples(samples, weights)
-    else:
-        rows = [MergedSample(x, a, w, 1) for (x, a), w in zip(samples, weights)]
+    rows = weighted_rows(samples, rl)
     prox, offpolicy = (proximal_logprobs(policy, [r.sample for r in rows], temperature, is_cap) if decoupled else (None, None))
     policy.model.train()
     order = shuffle.permutation(len(rows)).tolist()
@@ -72,26 +63,8 @@ def ppo_update(
             chunk = [rows[i] for i in idx]
             batch = collate([r.sample for r in chunk], policy.pad_id, [r.advantage for r in chunk], vision=policy.vision)
             counts = torch.tensor([r.count for r in chunk], dtype=torch.float32)
-            logprobs, entropy = token_logprobs(policy.model, batch.ids, batch.attention, temperature,
-                                               with_entropy=True, positions=batch.mask, vision=batch.vision)
-            ref = None
-            if reference is not None:
-                with torch.no_grad():
-                    ref, _ = token_logprobs(reference, batch.ids, batch.attention, temperature, positions=batch.mask,
-                                            vision=batch.vision)
-            ppo_kwargs = dict(
-                clip_low=rl.clip_low, clip_high=rl.clip_high, ref_logprobs=ref, kl_coef=rl.kl_coef,
-                weights=torch.tensor([r.weight for r in chunk], dtype=torch.float32), dual_clip=rl.dual_clip,
-                kl_estimator=rl.kl_estimator, entropy=entropy, entropy_coef=rl.entropy_coef, counts=counts,
-            )
-            if prox is None:
-                out = ppo_clip_loss(logprobs, batch.old_logprobs, batch.advantages, batch.mask, **ppo_kwargs)
-            else:
-                prox_b = torch.zeros_like(batch.old_logprobs)
-                for r, i in enumerate(idx):
-                    prox_b[r, : len(prox[i])] = prox[i]
-                out, _ = decoupled_ppo_loss(logprobs, prox_b, batch.old_logprobs, batch.advantages, batch.mask,
-                                            is_cap=is_cap, **ppo_kwargs)
+            out, entropy = minibatch_loss(policy, batch, chunk, counts, rl, temperature, reference=reference,
+                                          prox=None if prox is None else [prox[i] for i in idx], is_cap=is_cap)
             loss = out.loss
             if rehearsal is not None:
                 nll = rehearsal_loss(policy.model, rehearsal.batch(len(losses), rl.minibatch_size, rehearsal_order),
@@ -119,6 +92,50 @@ def ppo_update(
         rehearsal_nll=mean(nlls) if rehearsal is not None else None,
     )
 
+
+
+def weighted_rows(samples: list[tuple[Sample, float | np.ndarray]], rl: RLConfig) -> list[MergedSample]:
+    """The update's rows: each sample with its advantage and its ``rl.loss_agg`` weight (by its
+    action tokens and its episode's); with ``rl.merge_duplicates`` repeated (prompt, action)
+    samples are one row with a count (``turnforge.train.merge``)."""
+    episode_tokens: dict[str, int] = {}
+    for x, _ in samples:
+        episode_tokens[x.trajectory_id] = episode_tokens.get(x.trajectory_id, 0) + x.num_action_tokens
+    weights = aggregation_weights(
+        rl.loss_agg,
+        torch.tensor([x.num_action_tokens for x, _ in samples]),
+        torch.tensor([episode_tokens[x.trajectory_id] for x, _ in samples]),
+    ).tolist()
+    if rl.merge_duplicates:
+        return merge_samples(samples, weights)
+    return [MergedSample(x, a, w, 1) for (x, a), w in zip(samples, weights)]
+
+
+def minibatch_loss(policy: Policy, batch: Batch, chunk: list[MergedSample], counts: torch.Tensor, rl: RLConfig,
+                   temperature: float, *, reference: torch.nn.Module | None, prox: list[torch.Tensor] | None,
+                   is_cap: float | None) -> tuple[PolicyLossOutput, torch.Tensor]:
+    """PPO-clip's loss on one minibatch (the decoupled objective around ``prox``, the proximal
+    logprobs of its rows, when given) and the policy's entropies ``[B, T]``."""
+    logprobs, entropy = token_logprobs(policy.model, batch.ids, batch.attention, temperature,
+                                       with_entropy=True, positions=batch.mask, vision=batch.vision)
+    ref = None
+    if reference is not None:
+        with torch.no_grad():
+            ref, _ = token_logprobs(reference, batch.ids, batch.attention, temperature, positions=batch.mask,
+                                    vision=batch.vision)
+    ppo_kwargs = dict(
+        clip_low=rl.clip_low, clip_high=rl.clip_high, ref_logprobs=ref, kl_coef=rl.kl_coef,
+        weights=torch.tensor([r.weight for r in chunk], dtype=torch.float32), dual_clip=rl.dual_clip,
+        kl_estimator=rl.kl_estimator, entropy=entropy, entropy_coef=rl.entropy_coef, counts=counts,
+    )
+    if prox is None:
+        return ppo_clip_loss(logprobs, batch.old_logprobs, batch.advantages, batch.mask, **ppo_kwargs), entropy
+    prox_b = torch.zeros_like(batch.old_logprobs)
+    for r, row in enumerate(prox):
+        prox_b[r, : len(row)] = row
+    out, _ = decoupled_ppo_loss(logprobs, prox_b, batch.old_logprobs, batch.advantages, batch.mask, is_cap=is_cap,
+                                **ppo_kwargs)
+    return out, entropy
 
 
 def proximal_logprobs(policy: Policy, samples: list[Sample], temperature: float,
