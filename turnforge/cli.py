@@ -26,7 +26,7 @@ import time
 import traceback
 from contextlib import closing
 from pathlib import Path
-from typing import List, NoReturn, Optional
+from typing import TYPE_CHECKING, Any, List, NoReturn, Optional
 
 # OpenMP threads sleep when idle instead of spinning: on a machine loaded by other jobs a
 # spinning thread pool made a short run 10x slower (same weights either way).
@@ -42,6 +42,19 @@ from rich.table import Column, Table
 from turnforge import errors
 from turnforge.errors import Interrupted, RunStopped, UserError, choices
 from turnforge.paths import check_out_dir, check_out_file, run_config_of, write_json
+
+if TYPE_CHECKING:  # annotations only: the commands import these after their quick checks
+    from turnforge.config import TrainConfig
+    from turnforge.envs.base import Env
+    from turnforge.merge.methods import MergeSpec
+    from turnforge.policy.model import Policy
+    from turnforge.rewards.judge import Judge
+    from turnforge.rollout.episodic import EpisodicMemory
+    from turnforge.scaling.best_of import BestOfReport
+    from turnforge.scaling.lookahead import LookaheadStats
+    from turnforge.train.boundary import PassAtKPlan
+    from turnforge.train.metrics import BoundaryReport
+    from turnforge.types import EvalResult
 
 app = typer.Typer(
     add_completion=False,
@@ -248,6 +261,59 @@ def eval_cmd(
     defaults), then key=value overrides, then the flags."""
     # 1. quick checks of the flags, the checkpoint and --out (no torch import yet)
     overrides = list(overrides or [])
+    in_run, base, ns = _check_eval_flags(checkpoint, overrides, env, split, config, out, force, best_of, pass_at_k)
+    pass_at_k = ns[-1] if ns is not None else pass_at_k  # --best-of plays the pass@k episodes
+    own_run = in_run if base == in_run else None  # the run whose config is used, when the checkpoint is in it
+
+    # 2. the settings: the config (the run's, --config's or the defaults), key=value overrides, then the flags
+    cfg, notes = _eval_config(base, overrides, env=env, episodes=episodes, split=split, temperature=temperature,
+                              seed=seed, pass_at_k=pass_at_k)
+    e = cfg.eval
+    path = out or checkpoint / f"eval_{cfg.env.id}_{e.split}.json"
+    if out is None:  # replaced if there: it is this command's own file
+        check_out_file(path, "output file", refuse_existing=False)
+
+    # 3. env (a bad id or option fails before the model loads), model, engine sized as train() sizes it
+    from turnforge.rollout.engine import make_engine
+    from turnforge.train.boundary import format_boundary, measure_boundary, plan
+    from turnforge.train.evaluate import evaluate, prefill_cache
+
+    the_env, memory, selectors = _eval_env(cfg, own_run, ns, select, lookahead)
+    policy, critic, judge = _eval_models(cfg, checkpoint, own_run, the_env, select, selectors)
+    settings = _eval_settings(cfg, memory, base)
+    _print_eval_settings(notes, in_run, base, settings)
+    measure = plan(cfg) if pass_at_k is not None else None  # only when asked: a run's config turns it on for runs
+    if measure is not None:
+        settings.update(pass_at_k_samples=measure.samples, pass_at_k_tasks=measure.tasks, pass_at_k=list(measure.ks),
+                        pass_at_k_temperature=measure.temperature)
+
+    # 4. play: the evaluation, then best-of-N or pass@k, then lookahead
+    with closing(make_engine(cfg, policy)) as engine:  # the run's env slots: the same waves give the same numbers
+        engine.memory = memory
+        prefills = prefill_cache(policy, e.prefill_cache_mb)
+        result, _ = evaluate(engine, policy, episodes=e.episodes, split=e.split, temperature=e.temperature, seed=cfg.seed,
+                             prefills=prefills)
+        boundary = best = look = None
+        if measure is not None and ns is not None:
+            best = _eval_best_of(engine, cfg, policy, measure, prefills, ns, selectors, the_env, critic, judge,
+                                 mc_rollouts, mc_horizon)
+        elif measure is not None:
+            boundary = measure_boundary(engine, policy, measure, tag="eval", evaluation=result,
+                                        eval_temperature=e.temperature, prefills=prefills)
+            print(format_boundary(boundary), file=sys.stderr)
+        if lookahead is not None:
+            look = _eval_lookahead(engine, cfg, policy, result, lookahead, mc_rollouts, mc_horizon)
+
+    # 5. write (whole or not at all) and print
+    _write_eval(path, checkpoint, settings, result, look, boundary, best, selectors)
+
+
+def _check_eval_flags(checkpoint: Path, overrides: list[str], env: str | None, split: str | None, config: str | None,
+                      out: Path | None, force: bool, best_of: str | None, pass_at_k: int | None
+                      ) -> tuple[Path | None, str | Path | None, tuple[int, ...] | None]:
+    """``turnforge eval``'s checks before any work, each bad input one ``UserError`` line. Returns
+    the run config the checkpoint is in (or None), the config the settings start from (--config's,
+    else that one, else None: the defaults) and --best-of's attempt counts (or None)."""
     if split is not None and split not in ("heldout", "train"):
         raise UserError(f"unknown split {split!r}; valid splits: 'heldout', 'train'")
     if not checkpoint.exists():
@@ -273,9 +339,14 @@ def eval_cmd(
         ns = parse_ns(best_of)
         if pass_at_k is not None:
             raise UserError("--best-of plays the pass@k episodes itself (its oracle row is pass@N): leave out --pass-at-k")
-        pass_at_k = ns[-1]
+    return in_run, base, ns
 
-    # 2. the settings: the config (the run's, --config's or the defaults), key=value overrides, then the flags
+
+def _eval_config(base: str | Path | None, overrides: list[str], *, env: str | None, episodes: int | None,
+                 split: str | None, temperature: float | None, seed: int | None, pass_at_k: int | None
+                 ) -> tuple[TrainConfig, list[str]]:
+    """The settings of ``turnforge eval``: the config ``base`` (None: turnforge's defaults), then the
+    key=value ``overrides``, then the flags given; with the notes to print (another env than the run's)."""
     from turnforge.config import config_from_dict, load_config, parse_overrides
 
     flags = [f"env.id={json.dumps(env)}"] if env is not None else []
@@ -293,24 +364,21 @@ def eval_cmd(
                          f"{json.dumps(base_env.kwargs)} and tasks are not used")
     else:
         cfg = config_from_dict(parse_overrides(overrides + flags))
-    e = cfg.eval
-    path = out or checkpoint / f"eval_{cfg.env.id}_{e.split}.json"
-    if out is None:  # replaced if there: it is this command's own file
-        check_out_file(path, "output file", refuse_existing=False)
+    return cfg, notes
 
-    # 3. env (a bad id or option fails before the model loads), model, engine sized as train() sizes it
+
+def _eval_env(cfg: TrainConfig, own_run: Path | None, ns: tuple[int, ...] | None, select: str, lookahead: int | None
+              ) -> tuple[Env, EpisodicMemory | None, tuple[str, ...]]:
+    """The env to evaluate on, the run's episodic memory (memory.enabled) and the --select
+    selectors, each checked against the env before the model loads."""
     from turnforge.envs.registry import build_env
-    from turnforge.policy.model import quiet_hf
-    from turnforge.rollout.engine import make_engine
-    from turnforge.train.boundary import format_boundary, measure_boundary, plan
-    from turnforge.train.evaluate import evaluate, load_for_eval, prefill_cache
 
     env = build_env(cfg.env.id, cfg.env.kwargs, cfg.env.tasks, cfg.env.heldout_fraction)
     memory = None
     if cfg.memory.enabled:  # the run's episodic memory as it ended (or memory.store's), read-only
         from turnforge.rollout.episodic import read_store
 
-        store = cfg.memory.store or (str(in_run.parent) if in_run is not None and base == in_run else None)
+        store = cfg.memory.store or (str(own_run.parent) if own_run is not None else None)
         if store is None:
             raise UserError("memory.enabled=true recalls a run's memory: evaluate a checkpoint inside its run directory, "
                             "or set memory.store=RUN (or memory.enabled=false)")
@@ -324,21 +392,36 @@ def eval_cmd(
         from turnforge.envs.base import capabilities
 
         capabilities(env).require("snapshot", env.env_id, "--lookahead (Monte-Carlo Q-values from env snapshots)")
+    return env, memory, selectors
+
+
+def _eval_models(cfg: TrainConfig, checkpoint: Path, own_run: Path | None, env: Env, select: str,
+                 selectors: tuple[str, ...]) -> tuple[Policy, Any, Judge | None]:
+    """The checkpoint as the run samples it, the run's critic (--select critic) and the judge
+    (--select judge: model=policy is the evaluated checkpoint judging itself), or None each."""
+    from turnforge.policy.model import quiet_hf
+    from turnforge.train.evaluate import load_for_eval
+
     quiet_hf()
     policy = load_for_eval(cfg, checkpoint)  # as the run samples
     critic = None
     if "critic" in selectors:
-        from turnforge.scaling.best_of import load_run_critic
+        from turnforge.scaling.best_of import load_run_critic, parse_selectors
 
-        critic, why = load_run_critic(checkpoint, in_run if base == in_run else None, cfg, policy)
+        critic, why = load_run_critic(checkpoint, own_run, cfg, policy)
         parse_selectors(select, env, has_critic=critic is not None, critic_problem=why)
     judge = None
     if "judge" in selectors:  # before any episode: a judge that does not load stops here
         from turnforge.rewards.judge import Judge
 
         judge = Judge.load(cfg.reward.judge, checkpoint)  # model=policy: the evaluated checkpoint judges itself
-    r = cfg.rollout
-    settings = {
+    return policy, critic, judge
+
+
+def _eval_settings(cfg: TrainConfig, memory: EpisodicMemory | None, base: str | Path | None) -> dict[str, Any]:
+    """The settings an evaluation ran with, written with its results."""
+    e, r = cfg.eval, cfg.rollout
+    return {
         "env": cfg.env.id, "env_kwargs": dict(cfg.env.kwargs), "env_tasks": cfg.env.tasks, "split": e.split,
         "episodes": e.episodes, "temperature": e.temperature, "seed": cfg.seed, "context": r.context,
         "history_window": r.history_window, "max_turns": r.max_turns, "max_new_tokens": r.max_new_tokens,
@@ -347,62 +430,69 @@ def eval_cmd(
         "memory": None if memory is None else {"store": memory.cfg.store, "tasks": len(memory), "k": cfg.memory.k},
         "dtype": cfg.model.dtype, "config": str(base) if base is not None else None,
     }
+
+
+def _print_eval_settings(notes: list[str], in_run: Path | None, base: str | Path | None, settings: dict[str, Any]) -> None:
+    """The notes, then (outside a run directory) the settings used, on stdout."""
     for note in notes:
         print(note)
     if in_run is None:
         source = f"from {base}" if base is not None else "no run directory: turnforge defaults"
         print(f"eval settings ({source}, with the flags given): "
               + " ".join(f"{k}={json.dumps(v)}" for k, v in settings.items() if k != "config"))
-    measure = plan(cfg) if pass_at_k is not None else None  # only when asked: a run's config turns it on for runs
-    if measure is not None:
-        settings.update(pass_at_k_samples=measure.samples, pass_at_k_tasks=measure.tasks, pass_at_k=list(measure.ks),
-                        pass_at_k_temperature=measure.temperature)
-    with closing(make_engine(cfg, policy)) as engine:  # the run's env slots: the same waves give the same numbers
-        engine.memory = memory
-        prefills = prefill_cache(policy, e.prefill_cache_mb)
-        result, _ = evaluate(engine, policy, episodes=e.episodes, split=e.split, temperature=e.temperature, seed=cfg.seed,
-                             prefills=prefills)
-        boundary = best = None
-        if measure is not None and ns is not None:
-            from turnforge.scaling.best_of import format_best_of, run_best_of
-            from turnforge.train.boundary import play_samples
 
-            t0 = time.perf_counter()
-            attempts = play_samples(engine, policy, measure, prefills, keep_snapshots="mc" in selectors)
-            play_seconds = time.perf_counter() - t0
-            mc = None
-            if "mc" in selectors:
-                from turnforge.rollout.actors import PolicyActor
-                from turnforge.scaling.best_of import MCScorer
-                from turnforge.seeding import generator
 
-                mc = MCScorer(engine, PolicyActor(policy, r.max_new_tokens, measure.temperature,
-                                                  generator(measure.seed, "best-of", "mc")),
-                              mc_rollouts, mc_horizon, r.max_turns, measure.seed)
-            best = run_best_of(attempts, measure.samples, ns, selectors, env, split=measure.split,
-                               temperature=measure.temperature, seed=measure.seed, play_seconds=play_seconds,
-                               critic=critic, pad_id=policy.pad_id, mc=mc, judge=judge)
-            print(format_best_of(best), file=sys.stderr)
-        elif measure is not None:
-            boundary = measure_boundary(engine, policy, measure, tag="eval", evaluation=result,
-                                        eval_temperature=e.temperature, prefills=prefills)
-            print(format_boundary(boundary), file=sys.stderr)
+def _eval_best_of(engine: Any, cfg: TrainConfig, policy: Policy, measure: PassAtKPlan, prefills: Any,
+                  ns: tuple[int, ...], selectors: tuple[str, ...], env: Env, critic: Any, judge: Judge | None,
+                  mc_rollouts: int, mc_horizon: int) -> BestOfReport:
+    """--best-of: the pass@k episodes, then the attempt each selector picks at every N (printed on stderr)."""
+    from turnforge.scaling.best_of import format_best_of, run_best_of
+    from turnforge.train.boundary import play_samples
 
-        look = None
-        if lookahead is not None:
-            from turnforge.scaling.lookahead import evaluate_lookahead
+    t0 = time.perf_counter()
+    attempts = play_samples(engine, policy, measure, prefills, keep_snapshots="mc" in selectors)
+    play_seconds = time.perf_counter() - t0
+    mc = None
+    if "mc" in selectors:
+        from turnforge.rollout.actors import PolicyActor
+        from turnforge.scaling.best_of import MCScorer
+        from turnforge.seeding import generator
 
-            t = e.pass_at_k_temperature if e.pass_at_k_temperature is not None else r.temperature
-            with closing(make_engine(cfg, policy)) as mc_engine:
-                look = evaluate_lookahead(engine, mc_engine, policy, k=lookahead, rollouts=mc_rollouts,
-                                          horizon=mc_horizon, episodes=e.episodes, split=e.split, temperature=t,
-                                          seed=cfg.seed)
-            print(f"lookahead K={lookahead} M={mc_rollouts} H={mc_horizon} at T={t:g}: success "
-                  f"{look[0].success_rate:.3f} (plain {result.success_rate:.3f} at T={e.temperature:g}); "
-                  f"{look[1].mc_env_steps / max(1, look[0].episodes):.0f} Monte-Carlo env steps per episode, "
-                  f"{look[1].changed:.0%} of turns changed, {look[1].seconds:.0f} s", file=sys.stderr)
+        r = cfg.rollout
+        mc = MCScorer(engine, PolicyActor(policy, r.max_new_tokens, measure.temperature,
+                                          generator(measure.seed, "best-of", "mc")),
+                      mc_rollouts, mc_horizon, r.max_turns, measure.seed)
+    best = run_best_of(attempts, measure.samples, ns, selectors, env, split=measure.split,
+                       temperature=measure.temperature, seed=measure.seed, play_seconds=play_seconds,
+                       critic=critic, pad_id=policy.pad_id, mc=mc, judge=judge)
+    print(format_best_of(best), file=sys.stderr)
+    return best
 
-    # 4. write (whole or not at all) and print
+
+def _eval_lookahead(engine: Any, cfg: TrainConfig, policy: Policy, result: EvalResult, lookahead: int,
+                    mc_rollouts: int, mc_horizon: int) -> tuple[EvalResult, LookaheadStats]:
+    """--lookahead: the evaluation's episodes again, each action the best of ``lookahead`` sampled
+    candidates by Monte-Carlo Q (from a second engine's env snapshots); a line on stderr."""
+    from turnforge.rollout.engine import make_engine
+    from turnforge.scaling.lookahead import evaluate_lookahead
+
+    e, r = cfg.eval, cfg.rollout
+    t = e.pass_at_k_temperature if e.pass_at_k_temperature is not None else r.temperature
+    with closing(make_engine(cfg, policy)) as mc_engine:
+        look = evaluate_lookahead(engine, mc_engine, policy, k=lookahead, rollouts=mc_rollouts,
+                                  horizon=mc_horizon, episodes=e.episodes, split=e.split, temperature=t,
+                                  seed=cfg.seed)
+    print(f"lookahead K={lookahead} M={mc_rollouts} H={mc_horizon} at T={t:g}: success "
+          f"{look[0].success_rate:.3f} (plain {result.success_rate:.3f} at T={e.temperature:g}); "
+          f"{look[1].mc_env_steps / max(1, look[0].episodes):.0f} Monte-Carlo env steps per episode, "
+          f"{look[1].changed:.0%} of turns changed, {look[1].seconds:.0f} s", file=sys.stderr)
+    return look
+
+
+def _write_eval(path: Path, checkpoint: Path, settings: dict[str, Any], result: EvalResult,
+                look: tuple[EvalResult, LookaheadStats] | None, boundary: BoundaryReport | None,
+                best: BestOfReport | None, selectors: tuple[str, ...]) -> None:
+    """Write the eval JSON (whole or not at all; best-of's report beside it) and print it."""
     data = {**result.as_dict(), "checkpoint": str(checkpoint), "settings": settings}
     if result.by_label:
         data["by_label"] = {x.label: {"episodes": x.episodes, "success_rate": x.success_rate} for x in result.by_label}
@@ -527,10 +617,33 @@ def merge_cmd(
     soup: Optional[Path] = typer.Option(None, "--soup", help="A run directory: average the last --last weights it kept (keep_checkpoints)"),
     last: int = typer.Option(0, "--last", min=0, help="--soup: how many of the run's kept weights, newest (0: all it kept)"),
 ) -> None:
-    from turnforge.merge.methods import METHODS, MergeSpec, check_spec, default_weights
+    from turnforge.merge.methods import METHODS, MergeSpec, check_spec
 
+    # 1. the options, each bad one a line before anything is read or written
     if method not in METHODS:
         raise UserError(f"unknown merge method {method!r}; valid methods: {', '.join(METHODS)}")
+    checkpoints = _merge_members(checkpoints, method, weights, sweep, toward, soup, last)
+    labels = [f"checkpoint {i + 1} ({str(p)!r})" for i, p in enumerate(checkpoints)]
+    if toward is not None:
+        checkpoints, labels, base = _merge_toward(toward, checkpoints, labels, base, method)
+    ws = _merge_weights(method, weights, sweep, len(checkpoints))
+    spec = MergeSpec(method=method, weights=ws, density=density, eps=eps, seed=seed)
+    if (problem := check_spec(spec, len(checkpoints), base is not None)) is not None:
+        raise UserError(problem)
+    check_out_dir(out, "--out")
+    if out.exists() and any(out.iterdir()):
+        raise UserError(f"--out {str(out)!r} is not empty; give a new directory")
+
+    # 2. one merge, or a sweep of merges each evaluated
+    if sweep is not None:
+        _merge_sweep(checkpoints, out, spec, base, sweep, episodes, labels, toward is not None)
+    else:
+        _merge_once(checkpoints, out, spec, base, labels)
+
+
+def _merge_members(checkpoints: list[Path] | None, method: str, weights: str | None, sweep: int | None,
+                   toward: str | None, soup: Path | None, last: int) -> list[Path]:
+    """The checkpoints to merge: CKPT..., or the weights a --soup run kept."""
     if soup is not None:
         from turnforge.merge.checkpoints import soup_members
 
@@ -539,53 +652,63 @@ def merge_cmd(
         if method != "linear" or weights is not None or sweep is not None or toward is not None:
             raise UserError("--soup averages the kept weights with equal weights: leave out --method (other than linear), "
                             "--weights, --sweep and --toward")
-        checkpoints = soup_members(soup, last)
-    elif not checkpoints:
+        return soup_members(soup, last)
+    if not checkpoints:
         raise UserError("give the checkpoints to merge (CKPT...), or --soup RUN")
-    elif last:
+    if last:
         raise UserError("--last counts a run's kept weights: it goes with --soup RUN")
-    labels = [f"checkpoint {i + 1} ({str(p)!r})" for i, p in enumerate(checkpoints)]
-    if toward is not None:
-        if toward != "init":
-            raise UserError(f"--toward {toward!r}: the only valid value is 'init' (interpolate toward --base)")
-        if base is None:
-            raise UserError("--toward init interpolates a checkpoint toward its start weights: give --base INIT (e.g. RUN/base_model)")
-        if len(checkpoints) != 1:
-            raise UserError(f"--toward init takes one checkpoint, got {len(checkpoints)}")
-        if method not in ("linear", "slerp"):
-            raise UserError(f"--toward init interpolates with linear or slerp, not --method {method}")
-        checkpoints, labels, base = [checkpoints[0], base], [labels[0], f"--base ({str(base)!r})"], None
+    return checkpoints
+
+
+def _merge_toward(toward: str, checkpoints: list[Path], labels: list[str], base: Path | None, method: str
+                  ) -> tuple[list[Path], list[str], None]:
+    """--toward init: the one checkpoint and --base become the two models interpolated (no base left)."""
+    if toward != "init":
+        raise UserError(f"--toward {toward!r}: the only valid value is 'init' (interpolate toward --base)")
+    if base is None:
+        raise UserError("--toward init interpolates a checkpoint toward its start weights: give --base INIT (e.g. RUN/base_model)")
+    if len(checkpoints) != 1:
+        raise UserError(f"--toward init takes one checkpoint, got {len(checkpoints)}")
+    if method not in ("linear", "slerp"):
+        raise UserError(f"--toward init interpolates with linear or slerp, not --method {method}")
+    return [checkpoints[0], base], [labels[0], f"--base ({str(base)!r})"], None
+
+
+def _merge_weights(method: str, weights: str | None, sweep: int | None, n: int) -> tuple[float, ...]:
+    """The merge weights of ``n`` checkpoints: --weights', or the method's default (--sweep's checks first)."""
+    from turnforge.merge.methods import default_weights
+
     if sweep is not None:
         if sweep < 2:
             raise UserError(f"--sweep {sweep}: give at least 2 points (t = 0 and 1)")
-        if len(checkpoints) != 2:
-            raise UserError(f"--sweep mixes 2 checkpoints (or one with --toward init), got {len(checkpoints)}")
+        if n != 2:
+            raise UserError(f"--sweep mixes 2 checkpoints (or one with --toward init), got {n}")
         if weights is not None:
             raise UserError("--sweep sets the weights (1 - t, t) itself; leave out --weights")
     if weights is None:
-        ws = default_weights(method, len(checkpoints))
-    else:
-        try:
-            ws = tuple(float(x) for x in weights.split(","))
-        except ValueError:
-            raise UserError(f"--weights {weights!r}: give comma-separated numbers, one per checkpoint (e.g. 0.5,0.5)") from None
-    spec = MergeSpec(method=method, weights=ws, density=density, eps=eps, seed=seed)
-    if (problem := check_spec(spec, len(checkpoints), base is not None)) is not None:
-        raise UserError(problem)
-    check_out_dir(out, "--out")
-    if out.exists() and any(out.iterdir()):
-        raise UserError(f"--out {str(out)!r} is not empty; give a new directory")
+        return default_weights(method, n)
+    try:
+        return tuple(float(x) for x in weights.split(","))
+    except ValueError:
+        raise UserError(f"--weights {weights!r}: give comma-separated numbers, one per checkpoint (e.g. 0.5,0.5)") from None
+
+
+def _merge_sweep(checkpoints: list[Path], out: Path, spec: MergeSpec, base: Path | None, sweep: int, episodes: int,
+                 labels: list[str], toward: bool) -> None:
+    """--sweep: merge at ``sweep`` weights (1 - t, t) and evaluate each; prints OUT/sweep.md."""
+    from turnforge.merge.sweep import run_sweep, sweep_targets
+    from turnforge.policy.model import quiet_hf
+
+    targets = sweep_targets(checkpoints[:1] if toward else checkpoints, labels)  # before any merge
+    quiet_hf()
+    run_sweep(checkpoints, out, spec, base, sweep, episodes, targets, labels, log=lambda line: console.print(line, soft_wrap=True))
+    console.print((out / "sweep.md").read_text(), soft_wrap=True)
+
+
+def _merge_once(checkpoints: list[Path], out: Path, spec: MergeSpec, base: Path | None, labels: list[str]) -> None:
+    """One merge into ``out``; prints the task vectors' sparsity (with --base) and a summary line."""
     from turnforge.merge.checkpoints import merge_checkpoints
 
-    if sweep is not None:
-        from turnforge.merge.sweep import run_sweep, sweep_targets
-        from turnforge.policy.model import quiet_hf
-
-        targets = sweep_targets(checkpoints[:1] if toward else checkpoints, labels)  # before any merge
-        quiet_hf()
-        run_sweep(checkpoints, out, spec, base, sweep, episodes, targets, labels, log=lambda line: console.print(line, soft_wrap=True))
-        console.print((out / "sweep.md").read_text(), soft_wrap=True)
-        return
     result = merge_checkpoints(checkpoints, out, spec, base, labels)
     if result.sparsity:
         table = Table("checkpoint", Column("changed", justify="right"), Column("|d| > 1e-6", justify="right"),
@@ -596,7 +719,7 @@ def merge_cmd(
             table.add_row(f"{i + 1}: {Path(*Path(sp.parent).parts[-3:])}", f"{c[0]:.3f}", f"{c[1]:.3f}", f"{c[2]:.3f}",
                           f"{sp.shared:.3f}", f"{sp.norm:.3g}")
         console.print(table)
-    console.print(f"merged {len(checkpoints)} checkpoints ({method}, weights {list(ws)}, {result.params:,} parameters) "
+    console.print(f"merged {len(checkpoints)} checkpoints ({spec.method}, weights {list(spec.weights)}, {result.params:,} parameters) "
                   f"in {result.seconds:.1f} s: {out}", soft_wrap=True)
 
 

@@ -167,7 +167,7 @@ def test_level_for_caches_carried_levels_by_content():
     env = make("sokoban", num_boxes=2, dim=7)
     a, b = carried(env, TWO_BOXES), Task("sokoban", "train", 99, {"level": TWO_BOXES})
     assert env.level_for(a) is env.level_for(b)
-    assert ("level", TWO_BOXES) in env._levels
+    assert ("level", TWO_BOXES) in env.level_cache
 
 
 def test_derive_capability():

@@ -7,7 +7,7 @@ from collections import deque
 from typing import Sequence
 
 from turnforge.envpool.host import NO_PROBE, EnvHost, EnvResult, Probe
-from turnforge.envpool.pool import PoolStats, _each
+from turnforge.envpool.pool import PoolStats, per_env
 from turnforge.envs.base import Env
 from turnforge.envs.registry import make_batch
 from turnforge.types import EnvSnapshot, Task
@@ -42,17 +42,17 @@ class InlineEnvs:
     def send_reset(self, env_ids: Sequence[int], seeds: Sequence[int | None] | None = None,
                    tasks: Sequence[Task | None] | None = None, probes: Sequence[Probe] | None = None) -> None:
         n = len(env_ids)
-        for i, seed, task, probe in zip(env_ids, _each(seeds, n), _each(tasks, n), _each(probes, n, NO_PROBE)):
+        for i, seed, task, probe in zip(env_ids, per_env(seeds, n), per_env(tasks, n), per_env(probes, n, NO_PROBE)):
             self._run(i, "reset", (seed, task, probe))
 
     def send_restore(self, env_ids: Sequence[int], snapshots: Sequence[EnvSnapshot],
                      reseeds: Sequence[int | None] | None = None, probes: Sequence[Probe] | None = None) -> None:
         n = len(env_ids)
-        for i, snap, reseed, probe in zip(env_ids, snapshots, _each(reseeds, n), _each(probes, n, NO_PROBE)):
+        for i, snap, reseed, probe in zip(env_ids, snapshots, per_env(reseeds, n), per_env(probes, n, NO_PROBE)):
             self._run(i, "restore", (snap, reseed, probe))
 
     def send_step(self, env_ids: Sequence[int], action_texts: Sequence[str], probes: Sequence[Probe] | None = None) -> None:
-        for i, text, probe in zip(env_ids, action_texts, _each(probes, len(env_ids), NO_PROBE)):
+        for i, text, probe in zip(env_ids, action_texts, per_env(probes, len(env_ids), NO_PROBE)):
             self._run(i, "step", (text, probe))
 
     def _run(self, i: int, kind, payload) -> None:

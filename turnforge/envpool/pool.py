@@ -125,7 +125,7 @@ class WorkerStartError(RunStopped, RuntimeError):
     ``start_timeout``): the run stops with one line (exit 1), not a traceback."""
 
 
-def _check_started(worker: Worker, started: tuple[str, Any] | None, timeout: float) -> int:
+def check_started(worker: Worker, started: tuple[str, Any] | None, timeout: float) -> int:
     """Turn a worker's start-up reply (``None`` = none within ``timeout``) into its pid, or kill
     it and raise ``WorkerStartError``."""
     if started is not None and started[0] == "ready":
@@ -168,7 +168,7 @@ class _ProcessWorker:
                 self.proc.join(timeout=5)
                 started = ("exited", f"exit code {self.proc.exitcode}; a script that starts workers must guard its "
                                      "entry point with `if __name__ == '__main__':`")
-        self.pid = _check_started(self, started, timeout)
+        self.pid = check_started(self, started, timeout)
 
     def send(self, msg: Message) -> None:
         assert self.conn is not None
@@ -354,7 +354,7 @@ class BasePool:
                    tasks: Sequence[Task | None] | None = None, probes: Sequence[Probe] | None = None) -> None:
         """Queue a reset per env (``seeds``/``tasks`` default to None each). Non-blocking."""
         n = len(env_ids)
-        seeds, tasks, probes = _each(seeds, n), _each(tasks, n), _each(probes, n, NO_PROBE)
+        seeds, tasks, probes = per_env(seeds, n), per_env(tasks, n), per_env(probes, n, NO_PROBE)
         self._check_ids(env_ids, len(seeds), "seeds")
         self._check_ids(env_ids, len(tasks), "tasks")
         for i, seed, task, probe in zip(env_ids, seeds, tasks, probes):
@@ -364,7 +364,7 @@ class BasePool:
                      reseeds: Sequence[int | None] | None = None, probes: Sequence[Probe] | None = None) -> None:
         """Queue a restore per env: the env goes to ``snapshots[k]`` (then ``reseed`` unless None). Non-blocking."""
         n = len(env_ids)
-        reseeds, probes = _each(reseeds, n), _each(probes, n, NO_PROBE)
+        reseeds, probes = per_env(reseeds, n), per_env(probes, n, NO_PROBE)
         self._check_ids(env_ids, len(snapshots), "snapshots")
         for i, snap, reseed, probe in zip(env_ids, snapshots, reseeds, probes):
             self._send(_Request(int(i), "restore", (snap, reseed, probe)))
@@ -372,7 +372,7 @@ class BasePool:
     def send_step(self, env_ids: Sequence[int], action_texts: Sequence[str], probes: Sequence[Probe] | None = None) -> None:
         """Queue one step per env. Non-blocking."""
         self._check_ids(env_ids, len(action_texts), "action texts")
-        for i, text, probe in zip(env_ids, action_texts, _each(probes, len(env_ids), NO_PROBE)):
+        for i, text, probe in zip(env_ids, action_texts, per_env(probes, len(env_ids), NO_PROBE)):
             self._send(_Request(int(i), "step", (text, probe)))
 
     # ------------------------------------------------------------------ results
@@ -531,6 +531,6 @@ class EnvPool(BasePool):
                          wait=_wait_processes)
 
 
-def _each(values: Sequence[Any] | None, n: int, default: Any = None) -> list[Any]:
+def per_env(values: Sequence[Any] | None, n: int, default: Any = None) -> list[Any]:
     """``values`` as a list, or ``n`` copies of ``default``."""
     return list(values) if values is not None else [default] * n

@@ -52,7 +52,7 @@ from collections import deque
 from typing import Any, Sequence
 
 from turnforge.envpool.host import Assignments, Message, Reply, WorkerLimits, last_line, open_host
-from turnforge.envpool.pool import BasePool, _check_started
+from turnforge.envpool.pool import BasePool, check_started
 from turnforge.envs.registry import EnvSpec
 from turnforge.errors import UserError
 
@@ -152,7 +152,7 @@ class _ActorWorker:
                 started = ray.get(self.started_ref)
             except ray.exceptions.RayError as err:
                 started = ("exited", type(err).__name__)
-        self.pid = _check_started(self, started, timeout)
+        self.pid = check_started(self, started, timeout)
 
     def send(self, msg: Message) -> None:
         if self.running is None:

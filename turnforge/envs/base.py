@@ -138,6 +138,9 @@ class Env(ABC):
 
     #: Registry id; ``make`` sets it on the instance.
     env_id: str = "unregistered"
+    #: The options ``make`` built this env with (None = not built by ``make``); ``check_env``
+    #: builds a second env of the same options from them.
+    made_with: dict[str, Any] | None = None
     #: Rules and action format, shown to the policy as the system prompt ("" = none).
     instructions: str = ""
     #: Chat role of the observations after the first (the first is always the user's

@@ -105,19 +105,12 @@ def check_env(
     failure for an env without playable actions into a warning. ``distinct_sample`` tasks per
     split (default 6, 2 when ``quick``) are played for the "tasks differ" check.
     """
-    if isinstance(env, str):  # the envs built here are closed here (a browser env's browsers with them)
-        from turnforge.envs.registry import build_env, share_levels
-
-        env, second = share_levels([build_env(env, dict(env_kwargs or {}), tasks, heldout_fraction) for _ in range(2)])
-        try:
-            return check_env(env, make_another=make_another or (lambda: second), episodes=episodes, max_steps=max_steps,
-                             split_sample=split_sample, min_heldout=min_heldout, deterministic=deterministic,
-                             invalid_action=invalid_action, expert_solves=expert_solves, tokenizer=tokenizer,
-                             max_new_tokens=max_new_tokens, quick=quick, allow_no_actions=allow_no_actions,
-                             distinct_sample=distinct_sample)
-        finally:
-            for built in (env, second):
-                close_env(built)
+    if isinstance(env, str):
+        return _check_by_id(env, env_kwargs, tasks, heldout_fraction, make_another, episodes=episodes,
+                            max_steps=max_steps, split_sample=split_sample, min_heldout=min_heldout,
+                            deterministic=deterministic, invalid_action=invalid_action, expert_solves=expert_solves,
+                            tokenizer=tokenizer, max_new_tokens=max_new_tokens, quick=quick,
+                            allow_no_actions=allow_no_actions, distinct_sample=distinct_sample)
     if not isinstance(env, Env):
         _fail(f"{type(env).__name__} is not a turnforge Env; subclass turnforge.Env (or turnforge.envs.LevelEnv)")
     report = CheckReport(env.env_id)
@@ -127,26 +120,12 @@ def check_env(
     _check_text(env)
     tasks = _check_tasks(env, split_sample, min_heldout, report)
     played = [t for split in ("train", "heldout") for t in tasks[split][:episodes]]
-    _reset(env, played[0], 0)  # parse_action may look at the state
-    actions = _Actions(env)
-    if actions.empty:
-        what = (f"{_name(env)}: check_env found no actions to play, so it could not check determinism, invalid "
-                "actions, snapshots or batch independence; give the env action_names, random_action(rng) or "
-                "expert_action()")
-        if not allow_no_actions:
-            _fail(what + " (or accept a check without them: allow_no_actions=True, `turnforge check-env "
-                  "--allow-no-actions`)")
-        report.warnings.append(what)
+    actions = _playable_actions(env, played[0], allow_no_actions, report)
     caps = capabilities(env)
     if not actions.empty:
         report.warnings += _check_tasks_differ(env, tasks, actions, distinct_sample or (2 if quick else 6))
         report.checks.append("tasks differ")
-    for seed, task in enumerate(played):
-        _check_reset(env, task, seed, actions, max_steps)
-        if invalid_action is not None:
-            _check_invalid_action(env, task, seed, actions, invalid_action, max_steps)
-        if caps.snapshot:
-            _check_snapshot(env, task, seed, actions, make_another)
+    _check_episodes(env, played, actions, max_steps, invalid_action, make_another, caps.snapshot)
     report.checks += ["types", "tasks", "reset determinism", "invalid actions" if invalid_action else "", "snapshots" if caps.snapshot else ""]
     other = make_another() if make_another is not None else None
     if other is not None and not actions.empty:
@@ -162,6 +141,49 @@ def check_env(
         report.checks.append("action lengths")
     report.checks = [c for c in report.checks if c]
     return report
+
+
+def _check_by_id(env_id: str, env_kwargs: Mapping[str, Any] | None, tasks: str | None, heldout_fraction: float | None,
+                 make_another: Callable[[], Env] | None, **options: Any) -> CheckReport:
+    """``check_env`` of a registered id: two envs of one batch are built (the second for the
+    batch-independence check, unless ``make_another``), checked, and closed here (a browser
+    env's browsers with them)."""
+    from turnforge.envs.registry import build_env, share_levels
+
+    env, second = share_levels([build_env(env_id, dict(env_kwargs or {}), tasks, heldout_fraction) for _ in range(2)])
+    try:
+        return check_env(env, make_another=make_another or (lambda: second), **options)
+    finally:
+        for built in (env, second):
+            close_env(built)
+
+
+def _playable_actions(env: Env, first: Task, allow_no_actions: bool, report: CheckReport) -> _Actions:
+    """The actions the checker plays (after a reset to ``first``: ``parse_action`` may look at the
+    state); none is a failure, or a warning with ``allow_no_actions``."""
+    _reset(env, first, 0)
+    actions = _Actions(env)
+    if actions.empty:
+        what = (f"{_name(env)}: check_env found no actions to play, so it could not check determinism, invalid "
+                "actions, snapshots or batch independence; give the env action_names, random_action(rng) or "
+                "expert_action()")
+        if not allow_no_actions:
+            _fail(what + " (or accept a check without them: allow_no_actions=True, `turnforge check-env "
+                  "--allow-no-actions`)")
+        report.warnings.append(what)
+    return actions
+
+
+def _check_episodes(env: Env, played: list[Task], actions: _Actions, max_steps: int, invalid_action: str | None,
+                    make_another: Callable[[], Env] | None, snapshots: bool) -> None:
+    """Per played task (seed = its position): reset determinism, then invalid actions (unless
+    ``invalid_action`` is None), then snapshots (when the env has them)."""
+    for seed, task in enumerate(played):
+        _check_reset(env, task, seed, actions, max_steps)
+        if invalid_action is not None:
+            _check_invalid_action(env, task, seed, actions, invalid_action, max_steps)
+        if snapshots:
+            _check_snapshot(env, task, seed, actions, make_another)
 
 
 def _fail(message: str) -> NoReturn:
@@ -555,7 +577,7 @@ def _copier(env: Env, report: CheckReport) -> Callable[[], Env] | None:
     from turnforge.envs.registry import make, share_levels
 
     try:
-        made_with = getattr(env, "_made_with", None)
+        made_with = env.made_with
         if made_with is not None:
             other = make(env.env_id, **made_with)
             other.tasks = env.tasks

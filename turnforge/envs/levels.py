@@ -114,7 +114,9 @@ class LevelEnv(Env, Generic[LevelT]):
         self.expert_queries = 0
         #: Solver-backed hints in the observation the last ``reset`` returned.
         self.reset_expert_queries = 0
-        self._levels: OrderedDict[tuple[str, Any], LevelT] = OrderedDict()
+        #: Levels generated or read from task data, least recently used first (the envs of one
+        #: ``make_batch`` share one cache; ``level_cache_size`` bounds it).
+        self.level_cache: OrderedDict[tuple[str, Any], LevelT] = OrderedDict()
         self.tasks = LevelTasks(self)
 
     # ------------------------------------------------------------------ hooks
@@ -180,9 +182,9 @@ class LevelEnv(Env, Generic[LevelT]):
         if task.data is not None and "level" in task.data:
             return self._level_in_data(task)
         key = (task.split, task.index)
-        if key in self._levels:
-            self._levels.move_to_end(key)
-            return self._levels[key]
+        if key in self.level_cache:
+            self.level_cache.move_to_end(key)
+            return self.level_cache[key]
         for attempt in range(10_000):
             level = self.generate_level(stable_hash(self.env_id, task.split, task.index, attempt))
             if self.split_of(level) == task.split:
@@ -195,9 +197,9 @@ class LevelEnv(Env, Generic[LevelT]):
     def _level_in_data(self, task: Task) -> LevelT:
         text = task.data["level"]  # type: ignore[index]
         key = ("level", text if isinstance(text, str) else repr(text))
-        if key in self._levels:
-            self._levels.move_to_end(key)
-            level = self._levels[key]
+        if key in self.level_cache:
+            self.level_cache.move_to_end(key)
+            level = self.level_cache[key]
         else:
             try:
                 level = self.level_from_data(task.data)  # type: ignore[arg-type]
@@ -209,9 +211,9 @@ class LevelEnv(Env, Generic[LevelT]):
         return level
 
     def _cache_level(self, key: tuple[str, Any], level: LevelT) -> None:
-        self._levels[key] = level
-        if len(self._levels) > self.level_cache_size:
-            self._levels.popitem(last=False)
+        self.level_cache[key] = level
+        if len(self.level_cache) > self.level_cache_size:
+            self.level_cache.popitem(last=False)
 
     def derived_tasks(
         self,

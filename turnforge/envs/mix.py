@@ -69,13 +69,14 @@ class MixTasks(TaskSource):
     def key(self, task: Task) -> str:
         data = task.data or {}
         j = self.names.index(data["env"])
-        return f"{data['env']}:{self.members[j].task_source().key(self._inner(task, j))}"
+        return f"{data['env']}:{self.members[j].task_source().key(self.member_task(task, j))}"
 
     @property
     def names(self) -> list[str]:
         return [m.env_id for m in self.members]
 
-    def _inner(self, task: Task, j: int) -> Task:
+    def member_task(self, task: Task, j: int) -> Task:
+        """The task of member ``j`` that the mix task ``task`` wraps."""
         return Task(self.members[j].env_id, task.split, task.index, (task.data or {}).get("data"))
 
 
@@ -123,7 +124,7 @@ class MixEnv(Env):
             raise ValueError(f"env mix: task {task} is not a mix task (its data names no member env)")
         j = self.tasks.names.index(data["env"])
         self.active = self.members[j]
-        return self.active.reset(self.tasks._inner(task, j), seed)
+        return self.active.reset(self.tasks.member_task(task, j), seed)
 
     def step(self, action: str) -> StepResult:
         if self.active is None:

@@ -97,7 +97,7 @@ def make(env_id: str, **kwargs: Any) -> Env:
     if not isinstance(env, Env):
         raise TypeError(f"factory of env {env_id!r} returned {type(env).__name__}; it must return a turnforge Env")
     env.env_id = env_id
-    env._made_with = dict(kwargs)  # so check_env can build a second env of the same options
+    env.made_with = dict(kwargs)  # so check_env can build a second env of the same options
     return env
 
 
@@ -112,7 +112,7 @@ def share_levels(envs: list[Env]) -> list[Env]:
     if envs and all(isinstance(e, LevelEnv) for e in envs):
         size = max(envs[0].level_cache_size, 4 * len(envs))
         for env in envs:
-            env._levels, env.level_cache_size = envs[0]._levels, size
+            env.level_cache, env.level_cache_size = envs[0].level_cache, size
             env.tasks = envs[0].tasks
     return envs
 

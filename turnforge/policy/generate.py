@@ -353,6 +353,31 @@ def _sample_rows(model, prompts, max_new_tokens, stop_ids, pad_id, temperature, 
     decoding steps drawn. ``prefills``: a ``PrefillCache`` for the plain path. ``vision``: pixel
     inputs of the prompts' image blocks for the prefill (plain path only)."""
     device = next(model.parameters()).device
+    cache, logits, mask, next_pos = _prefill_rows(model, device, prompts, max_new_tokens, pad_id, shared, reused, consumed,
+                                                  counters, prefills, vision)
+    sampled, logps, lengths, stopped, fed, steps = _decode(model, device, cache, logits, mask, next_pos, max_new_tokens,
+                                                           stop_ids, pad_id, temperature, noise, first_row)
+    result = []
+    sampled_l, logps_l, lengths_l, stopped_l = sampled.tolist(), logps.tolist(), lengths.tolist(), stopped.tolist()
+    for i in range(len(prompts)):
+        n = lengths_l[i]
+        result.append(Generation(tuple(sampled_l[i][:n]), tuple(logps_l[i][:n]), bool(stopped_l[i])))
+    kept: list[RowCache] = []
+    if reused is not None:  # each row's own KV (after the shared prefix): its prompt's positions and the fed-back ids
+        s = 0 if shared is None else len(shared.ids)
+        own_mask = mask[:, s:].cpu()
+        fed_l = [min(n, fed) for n in lengths_l]
+        columns = [torch.cat([own_mask[i].nonzero().squeeze(-1), own_mask.shape[1] + torch.arange(fed_l[i])]).to(device)
+                   for i in range(len(prompts))]
+        for i, layers in enumerate(cache.rows(columns)):
+            kept.append(RowCache(tuple(prompts[i]) + tuple(sampled_l[i][:fed_l[i]]), layers, version, shared))
+    return result, kept, steps
+
+
+def _prefill_rows(model, device, prompts, max_new_tokens, pad_id, shared, reused, consumed, counters, prefills, vision):
+    """The prompts' prefill (see ``_sample_rows``): ``(cache, logits [B, V] of each row's last
+    prompt position, attention mask [B, prompt width], next position [B, 1])``, the cache sized
+    for ``max_new_tokens`` more positions."""
     batch = len(prompts)
     cached = reused is not None
     s = 0 if shared is None else len(shared.ids)
@@ -394,7 +419,15 @@ def _sample_rows(model, prompts, max_new_tokens, stop_ids, pad_id, temperature, 
         expand = torch.as_tensor(inverse, device=device)
         cache.batch_select_indices(expand)
         logits, mask, next_pos = logits[expand], mask[expand], next_pos[expand]
-    prompt_width = mask.shape[1]
+    return cache, logits, mask, next_pos
+
+
+def _decode(model, device, cache, logits, mask, next_pos, max_new_tokens, stop_ids, pad_id, temperature, noise, first_row):
+    """Draw up to ``max_new_tokens`` tokens per row from the prefill's ``logits`` [B, V], feeding
+    each back through ``model`` (its KV into ``cache``), until every row has drawn a stop id.
+    Returns ``(sampled [B, N] (pad after a row's end), logprobs [B, N], lengths [B], stopped [B],
+    the tokens fed back, the steps drawn)``."""
+    batch = logits.shape[0]
     stop = torch.as_tensor(list(stop_ids), dtype=torch.long, device=device)
     sampled = torch.full((batch, max_new_tokens), pad_id, dtype=torch.long, device=device)
     logps = torch.zeros((batch, max_new_tokens), dtype=torch.float32, device=device)
@@ -423,21 +456,7 @@ def _sample_rows(model, prompts, max_new_tokens, stop_ids, pad_id, temperature, 
         del out
         next_pos = next_pos + 1
         fed += 1
-
-    result = []
-    sampled_l, logps_l, lengths_l, stopped_l = sampled.tolist(), logps.tolist(), lengths.tolist(), stopped.tolist()
-    for i in range(batch):
-        n = lengths_l[i]
-        result.append(Generation(tuple(sampled_l[i][:n]), tuple(logps_l[i][:n]), bool(stopped_l[i])))
-    kept: list[RowCache] = []
-    if cached:  # each row's own KV (after the shared prefix): its prompt's positions and the fed-back ids
-        own_mask = mask[:, s:prompt_width].cpu()
-        fed_l = [min(n, fed) for n in lengths_l]
-        columns = [torch.cat([own_mask[i].nonzero().squeeze(-1), own_mask.shape[1] + torch.arange(fed_l[i])]).to(device)
-                   for i in range(batch)]
-        for i, layers in enumerate(cache.rows(columns)):
-            kept.append(RowCache(tuple(prompts[i]) + tuple(sampled_l[i][:fed_l[i]]), layers, version, shared))
-    return result, kept, t + 1
+    return sampled, logps, lengths, stopped, fed, t + 1
 
 
 def pad_right(sequences: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -458,7 +477,9 @@ def _keeps_selected_logits(model: torch.nn.Module) -> bool:
 
     from transformers import modeling_utils
 
-    inner = getattr(model, "_peft", model)  # FrozenBase
+    from turnforge.policy.lora import FrozenBase
+
+    inner = model.peft_model if isinstance(model, FrozenBase) else model
     inner = inner.get_base_model() if hasattr(inner, "get_base_model") else inner  # PeftModel
     return hasattr(modeling_utils, "slice_logits_to_keep") and "logits_to_keep" in inspect.signature(inner.forward).parameters
 

@@ -116,6 +116,11 @@ class FrozenBase(torch.nn.Module):
         with torch.no_grad(), self._peft.disable_adapter():
             return self._peft(*args, **kwargs)
 
+    @property
+    def peft_model(self) -> torch.nn.Module:
+        """The ``PeftModel`` whose base this runs (shared, not a copy)."""
+        return self._peft
+
     def parameters(self, recurse: bool = True):  # device lookups (next(model.parameters())) see the shared weights
         return self._peft.parameters(recurse)
 

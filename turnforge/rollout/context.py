@@ -56,6 +56,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -318,6 +319,12 @@ class EpisodeContext:
 
     def _segment(self, summary_tokens: int = 0) -> Sample:
         k = len(self.samples)
+        return self._buffer_sample(segment_index=k, parent_segment=k - 1, first_turn=self._segment_first_turn,
+                                   summary_tokens=summary_tokens, images=tuple(self._images))
+
+    def _buffer_sample(self, **fields: Any) -> Sample:
+        """The buffers (ids, loss mask, logprobs, versions) as one sample spanning several turns,
+        with the memory block's span; ``fields`` are the rest of the ``Sample``'s fields."""
         return Sample(
             token_ids=np.asarray(self._ids, dtype=np.int64),
             loss_mask=np.asarray(self._mask, dtype=np.int8),
@@ -325,11 +332,7 @@ class EpisodeContext:
             versions=np.asarray(self._versions, dtype=np.int32),
             trajectory_id=self.trajectory_id,
             turn_index=-1,
-            segment_index=k,
-            parent_segment=k - 1,
-            first_turn=self._segment_first_turn,
-            summary_tokens=summary_tokens,
-            images=tuple(self._images),
+            **fields,
             **self._memory_span(),
         )
 
@@ -466,12 +469,8 @@ class EpisodeContext:
         self._main = None
 
     def _fold_sample(self, index: int, parent: int, first_turn: int) -> Sample:
-        return Sample(
-            token_ids=np.asarray(self._ids, dtype=np.int64), loss_mask=np.asarray(self._mask, dtype=np.int8),
-            logprobs=np.asarray(self._logprobs, dtype=np.float32), versions=np.asarray(self._versions, dtype=np.int32),
-            trajectory_id=self.trajectory_id, turn_index=-1, segment_index=index, parent_segment=parent,
-            first_turn=first_turn, run_turns=tuple(self._runs), **self._memory_span(),
-        )
+        return self._buffer_sample(segment_index=index, parent_segment=parent, first_turn=first_turn,
+                                   run_turns=tuple(self._runs))
 
     def finish(self) -> list[Sample]:
         """All samples of the episode (call once, after the last action)."""
@@ -487,18 +486,7 @@ class EpisodeContext:
                 self._segment_first_turn = self._actions
             return self.samples
         if self.cfg.context == "full_history" and any(self._mask):
-            self.samples = [
-                Sample(
-                    token_ids=np.asarray(self._ids, dtype=np.int64),
-                    loss_mask=np.asarray(self._mask, dtype=np.int8),
-                    logprobs=np.asarray(self._logprobs, dtype=np.float32),
-                    versions=np.asarray(self._versions, dtype=np.int32),
-                    trajectory_id=self.trajectory_id,
-                    turn_index=-1,
-                    images=tuple(self._images),
-                    **self._memory_span(),
-                )
-            ]
+            self.samples = [self._buffer_sample(images=tuple(self._images))]
         return self.samples
 
 

@@ -409,19 +409,19 @@ class GuiClickEnv(Env):
         if name not in MINIWOB_TASKS:
             raise ValueError(f"gui-click: {name!r} is not a one-click MiniWoB task ({', '.join(MINIWOB_TASKS)})")
         # the miniwob env's page set-up and expert, reused as they are
-        from turnforge.envs.web.miniwob import _START, AFTER_START, HEIGHT, WIDTH, _dom_js, expert, html_dir
+        from turnforge.envs.web.miniwob import AFTER_START, HEIGHT, START_EPISODE, WIDTH, dom_js, expert, html_dir
 
         url, after = (html_dir() / f"{name}.html").as_uri(), AFTER_START.get(name)
 
         def shoot(page) -> tuple[bytes, dict, str]:
             for k in range(MINIWOB_TRIES):  # a page whose target is hidden moves on to the next seed
                 page.goto(url)
-                if not page.evaluate(_START % repr(str((seed + k) % 2**31))):
+                if not page.evaluate(START_EPISODE % repr(str((seed + k) % 2**31))):
                     raise RuntimeError(f"gui-click: MiniWoB task {name!r} did not become ready")
                 if after:
                     page.evaluate(after)
                 utterance = page.evaluate("core.getUtterance()")
-                ref = int(expert(name, utterance, page.evaluate(_dom_js()), []).split()[1])
+                ref = int(expert(name, utterance, page.evaluate(dom_js()), []).split()[1])
                 handle = page.query_selector(f'[data-tf-ref="{ref}"]')
                 if handle.evaluate(_ON_TOP, MINIWOB_AREA_TOP):
                     clip = {"x": 0, "y": MINIWOB_AREA_TOP, "width": WIDTH, "height": HEIGHT - MINIWOB_AREA_TOP}

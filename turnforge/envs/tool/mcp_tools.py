@@ -101,7 +101,7 @@ class McpConnection:
             )
             result = t.InitializeResult.model_validate(conn.request("initialize", _dump(params), timeout_s))
             conn.server_instructions = result.instructions or ""
-            conn._send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+            conn.notify("notifications/initialized")
         except BaseException:
             conn.close()
             raise
@@ -150,6 +150,10 @@ class McpConnection:
             if not isinstance(message.get("result"), dict):
                 raise self._fail(method, "replied without a result object")
             return message["result"]
+
+    def notify(self, method: str) -> None:
+        """Send a notification (a message without an id: the server sends no reply)."""
+        self._send({"jsonrpc": "2.0", "method": method})
 
     def _send(self, message: dict[str, Any], method: str = "") -> None:
         try:

@@ -57,7 +57,8 @@ KEYS = ("Enter", "Tab", "Escape", "Backspace", "Space", "ArrowUp", "ArrowDown", 
 _ACTION = re.compile(r'^\s*(?:(click|focus)\s+\[?(\d+)\]?|(type|select)\s+\[?(\d+)\]?\s+"(.*)"|press\s+(\w+)'
                      r'|type\s+\[?(\d+)\]?\s+field\s+(\d+))\s*$', re.IGNORECASE | re.DOTALL)
 WIDTH, HEIGHT = 160, 210  # MiniWoB's task area (the page is laid out for it)
-_START = "Math.seedrandom(%s); core.EPISODE_MAX_TIME = 1e9; core.startEpisodeReal(); WOB_TASK_READY"
+#: Starts an episode of the loaded task page on a seed (``% repr(seed)``); evaluates to whether it is ready.
+START_EPISODE = "Math.seedrandom(%s); core.EPISODE_MAX_TIME = 1e9; core.startEpisodeReal(); WOB_TASK_READY"
 _STATE = "[WOB_DONE_GLOBAL, WOB_RAW_REWARD_GLOBAL, WOB_REWARD_REASON]"
 _SETTLE = "() => new Promise((done) => setTimeout(done, 0))"
 
@@ -74,7 +75,8 @@ def html_dir() -> Path:
 
 
 @lru_cache(maxsize=1)
-def _dom_js() -> str:
+def dom_js() -> str:
+    """The script that lists a page's elements (``page.evaluate(dom_js())``: the items ``render`` shows)."""
     return (Path(__file__).parent / "dom.js").read_text()
 
 
@@ -185,7 +187,7 @@ class MiniWoBEnv(Env):
             self._browser = None
 
     def _observe(self) -> str:
-        self._items = self._call(lambda page: page.evaluate(_dom_js()))
+        self._items = self._call(lambda page: page.evaluate(dom_js()))
         return render(self._utterance, self._items, self._fields)
 
     # ------------------------------------------------------------------ the contract
@@ -194,7 +196,7 @@ class MiniWoBEnv(Env):
         name = data.get("task")
         if name not in self.task_names:
             raise ValueError(f"miniwob: task {task} names no task of this env ({', '.join(self.task_names)})")
-        url, start = (html_dir() / f"{name}.html").as_uri(), _START % repr(f"{task.split}-{data['seed']}")
+        url, start = (html_dir() / f"{name}.html").as_uri(), START_EPISODE % repr(f"{task.split}-{data['seed']}")
         after = AFTER_START.get(name)
 
         def load(page) -> tuple[bool, str]:
