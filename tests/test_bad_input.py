@@ -197,7 +197,7 @@ CASES = [
     ("memory-async", ["train", "memory.enabled=true", "engine.mode=async", "--out", "run"],
      "memory.enabled=true with engine.mode=async"),
     ("memory-source-unknown", ["train", "memory.sources=[guided]", "--out", "run"],
-     "unknown memory source 'guided'; valid sources: demo, plain, retry, evolved, curriculum, anchor"),
+     "unknown memory source 'guided'; valid sources: demo, plain, retry, curriculum, anchor, evolved"),
     # turnforge merge
     ("merge-method-unknown", ["merge", "{ckpt}", "{ckpt}", "--method", "soup", "--out", "m"],
      "unknown merge method 'soup'; valid methods: linear, slerp, task_arithmetic, ties, dare, ram"),

@@ -19,6 +19,8 @@ from pydantic_core import PydanticCustomError
 from turnforge.errors import UserError, choices
 from turnforge.train.estimators import ESTIMATORS, names_where, spoken_list
 from turnforge.train.estimators import description as estimators_description
+from turnforge.train.mechanisms import MECHANISMS, MEMORY_SOURCES, enabled
+from turnforge.train.mechanisms import description as mechanisms_description
 
 
 def _is_number(annotation: Any) -> bool:
@@ -515,7 +517,6 @@ class EvalConfig(Section):
 
 FLYWHEEL_FILTERS = ("infra", "success", "reward", "truncation", "loops", "length", "dedup", "task_cap")
 FLYWHEEL_STAGES = ("rft", "rl")
-FLYWHEEL_MECHANISMS = ("retry", "guidance", "curriculum", "anchor", "evolve", "replay")
 
 
 class FlywheelConfig(Section):
@@ -535,7 +536,7 @@ class FlywheelConfig(Section):
     temperature: float = Field(1.0, gt=0, description="Sampling temperature of the flywheel's collection")
     mechanisms: list[str] = Field(
         default_factory=lambda: ["guidance", "replay"],
-        description=f"Exploration aids and data re-use, any of {', '.join(FLYWHEEL_MECHANISMS)}")
+        description=mechanisms_description())  # turnforge.train.mechanisms
     filters: list[str] = Field(
         default_factory=lambda: ["infra", "success", "truncation", "loops", "dedup", "task_cap"],
         description=f"Filters in order, any of {', '.join(FLYWHEEL_FILTERS)} (turnforge.data.filters)")
@@ -601,7 +602,7 @@ class FlywheelConfig(Section):
     @field_validator("mechanisms", "filters", "stages")
     @classmethod
     def _known_names(cls, value: list[str], info: ValidationInfo) -> list[str]:
-        valid = {"mechanisms": FLYWHEEL_MECHANISMS, "filters": FLYWHEEL_FILTERS, "stages": FLYWHEEL_STAGES}[info.field_name]
+        valid = {"mechanisms": tuple(MECHANISMS), "filters": FLYWHEEL_FILTERS, "stages": FLYWHEEL_STAGES}[info.field_name]
         for name in value:
             if name not in valid:
                 raise PydanticCustomError("unknown_name", "unknown name '{name}'; valid: {valid}",
@@ -632,8 +633,6 @@ class FlywheelConfig(Section):
     awr_beta: float = Field(0.1, gt=0, description="mc_awr, group_awr: temperature beta of the weights exp(A / beta), "
                             "in reward units")
     awr_max_weight: float = Field(20.0, gt=0, description="mc_awr, group_awr: the largest weight of a sample (AWR's clip)")
-
-MEMORY_SOURCES = ("demo", "plain", "retry", "evolved", "curriculum", "anchor")
 
 
 class MemoryConfig(Section):
@@ -822,6 +821,11 @@ def incompatible_options(cfg: TrainConfig) -> str | None:
             return f"{w} weighs each turn's sample and needs rollout.context=window (got {cfg.rollout.context})"
         if fw.weighting == "group_awr" and fw.group_size < 2:
             return "flywheel.weighting=group_awr compares the turns of a task's group taken in one state: set flywheel.group_size >= 2"
+    if fw.rounds > 0:
+        for mechanism in enabled(fw.mechanisms):  # each mechanism's own rules (turnforge.train.mechanisms)
+            conflict = mechanism.conflict(cfg)
+            if conflict:
+                return conflict
     if critic.pretrain_episodes > 0 and not critic.enabled:
         return "critic.pretrain_episodes > 0 pretrains the learned critic, but critic.enabled=false"
     r = cfg.rollout

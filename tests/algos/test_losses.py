@@ -2,7 +2,7 @@ import math
 
 import torch
 
-from turnforge.algos import kl_k3, ppo_clip_loss, sft_loss
+from turnforge.algos import kl_k3, ppo_clip_loss, sft_loss, weighted_nll
 
 
 def test_ppo_clip_loss_hand_computed():
@@ -46,6 +46,18 @@ def test_sft_loss_is_mean_nll_over_action_tokens():
     mask = torch.tensor([[0.0, 1.0, 1.0], [0.0, 0.0, 1.0]])
     expected = -(math.log(0.5) + math.log(0.25) + math.log(0.5)) / 3
     assert math.isclose(float(sft_loss(logp, mask)), expected, rel_tol=1e-6)
+
+
+def test_weighted_nll_hand_computed():
+    # two samples: action tokens at positions 1-2 and 2; weights 1 and 0.5
+    lp = torch.tensor([[-9.0, math.log(0.5), math.log(0.25)], [-9.0, -9.0, math.log(0.5)]], requires_grad=True)
+    mask = torch.tensor([[0.0, 1.0, 1.0], [0.0, 0.0, 1.0]])
+    loss = weighted_nll(lp, mask, torch.tensor([1.0, 0.5]))
+    # (1 x (log 2 + log 4) + 0.5 x log 2) / 3 action tokens (not / the weights' sum 2.5)
+    assert math.isclose(loss.item(), (math.log(2) + math.log(4) + 0.5 * math.log(2)) / 3, rel_tol=1e-6)
+    loss.backward()
+    torch.testing.assert_close(lp.grad, torch.tensor([[0.0, -1 / 3, -1 / 3], [0.0, 0.0, -0.5 / 3]]))
+    assert weighted_nll(lp, torch.zeros(2, 3), torch.ones(2)).item() == 0.0  # an empty mask: 0, not NaN
 
 
 def test_aggregation_weights_hand_computed():

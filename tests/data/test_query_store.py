@@ -69,7 +69,7 @@ def snapshot(*dirs: Path) -> dict[str, bytes]:
 # ---------------------------------------------------------------------- write_trajectories: source
 def test_source_column_defaults_by_stage_and_takes_one_value_or_a_mapping(tmp_path):
     assert SCHEMA.names[:3] == ["stage", "source", "iteration"]
-    cases = [("bc", None, ["demo", "demo"]), ("rl", None, ["plain", "plain"]), ("rl", "replay", ["replay", "replay"]),
+    cases = [("bc", None, ["demo", "demo"]), ("rl", None, ["plain", "plain"]), ("rl", "retry", ["retry", "retry"]),
              ("flywheel", {"a": "evolved", "b": "guided"}, ["evolved", "guided"])]
     for stage, sources, expected in cases:
         path = tmp_path / f"{stage}-{len(str(sources))}.parquet"

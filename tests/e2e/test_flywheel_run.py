@@ -17,7 +17,8 @@ from turnforge.rollout.actors import PolicyActor
 from turnforge.rollout.context import rerender
 from turnforge.rollout.engine import EpisodeRequest, make_engine
 from turnforge.seeding import generator
-from turnforge.train.flywheel import guided_config
+from turnforge.train.mechanisms import MECHANISMS, Mechanism
+from turnforge.train.mechanisms.guidance import guided_config
 from turnforge.train.metrics import read_metrics
 from turnforge.train.run import train
 
@@ -34,6 +35,11 @@ FLY = [
 EVERYTHING = ["flywheel.filters=[infra,loops,dedup]", "flywheel.entropy_floor=0.9"]  # and the entropy guard
 
 
+def episodes(r, mechanism: str) -> tuple[int, int]:
+    """A round's (scored episodes, successes) of a mechanism's source."""
+    return r.mechanisms[mechanism].episodes
+
+
 @pytest.mark.slow
 def test_flywheel_run_records_every_mechanism(tmp_path):
     out = tmp_path / "run"
@@ -42,18 +48,21 @@ def test_flywheel_run_records_every_mechanism(tmp_path):
     assert [r.round for r in rounds] == [1, 2] and summary.flywheel_rounds == 2
     for r in rounds:
         assert r.round_env_steps >= 150  # the budget is spent before a round stops admitting tasks
-        assert r.plain[0] + r.evolved[0] > 0 and [f.name for f in r.filters] == ["infra", "loops", "dedup"]
+        assert r.plain[0] + episodes(r, "evolve")[0] > 0 and [f.name for f in r.filters] == ["infra", "loops", "dedup"]
+        assert list(r.mechanisms) == ["retry", "guidance", "curriculum", "anchor", "evolve", "replay"]  # registry order
         assert r.eval.episodes == 10 and r.entropy is not None and r.entropy > 0
         assert r.boundary is not None and r.boundary.tag == f"flywheel-{r.round}" and r.boundary.episodes == 3 * 4
-    assert rounds[0].guided[0] > 0  # a tiny BC policy leaves tasks unsolved
+    assert episodes(rounds[0], "guidance")[0] > 0  # a tiny BC policy leaves tasks unsolved
     for r in rounds:  # each task no plain rollout solved is retried twice (retry_rollouts) before guidance sees it
-        assert r.retry[0] >= 2 * r.unsolved_tasks > 0 and (r.retry[1] > 0 or r.retry[0] == 2 * r.unsolved_tasks)
+        retried = episodes(r, "retry")
+        assert retried[0] >= 2 * r.unsolved_tasks > 0 and (retried[1] > 0 or retried[0] == 2 * r.unsolved_tasks)
     # level 2 hints need the solver: each is counted, and the summary adds the demonstrations' expert moves
     assert summary.expert_queries.hints == rounds[-1].expert_queries > 0
     assert summary.expert_queries.demonstration_actions == summary.bc.demo_env_steps - summary.bc.demo_random_actions
     # round 1's unsolved tasks went to the expert (each move counted) and were played from anchor states in round 2
-    assert rounds[0].anchor == (0, 0) and rounds[1].anchor[0] > 0 and rounds[1].anchor_expert_moves > 0
-    assert rounds[1].anchor_live + rounds[1].anchor_graduated + rounds[1].anchor_dropped > 0
+    anchor = [r.mechanisms["anchor"] for r in rounds]
+    assert anchor[0].episodes == (0, 0) and anchor[1].episodes[0] > 0 and rounds[1].anchor_expert_moves > 0
+    assert anchor[1].live + anchor[1].graduated + anchor[1].dropped > 0
     assert summary.expert_queries.anchor_moves == rounds[-1].anchor_expert_moves
     q = summary.expert_queries
     assert q.total == q.hints + q.demonstration_actions + q.anchor_moves
@@ -69,8 +78,7 @@ def test_flywheel_run_records_every_mechanism(tmp_path):
         by_source = {row["source"]: row for row in store.sql("SELECT * FROM success_by_source").to_pylist()}
         assert {"demo", "plain", "retry", "guided", "anchor"} <= set(by_source)
         played = store.sql("SELECT count(*) AS n FROM trajectories WHERE stage = 'flywheel' AND source != 'demo'").to_pylist()[0]["n"]
-        assert played == sum(sum(getattr(r, s)[0] for s in ("plain", "retry", "guided", "curriculum", "anchor", "evolved"))
-                      for r in rounds)
+        assert played == sum(r.plain[0] + sum(x.episodes[0] for x in r.mechanisms.values() if x.episodes) for r in rounds)
         expert = store.sql("SELECT sum(num_turns) AS n FROM trajectories WHERE stage = 'flywheel' AND source = 'demo'")
         assert expert.to_pylist()[0]["n"] == rounds[1].anchor_expert_moves  # the expert's anchor-finding episodes are stored
 
@@ -120,37 +128,46 @@ def test_guided_samples_rerendered_without_hints_keep_their_action_tokens(tmp_pa
         guided.close(), plain.close()
 
 
+class Interrupt(Mechanism):
+    """A mechanism of this test only: notes each round it begins, and raises SIGINT in the
+    round ``stop_in`` names (once)."""
+
+    name, help = "interrupt", "SIGINT at the start of a round"
+    begun: list[int] = []
+    stop_in: list[int] = []
+
+    def begin(self, col):
+        import signal
+
+        self.begun.append(col.r)
+        if col.r in self.stop_in:
+            self.stop_in.remove(col.r)
+            signal.raise_signal(signal.SIGINT)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("lora", [[], ["model.lora.r=4"]], ids=["full", "lora"])
 def test_a_run_interrupted_in_the_flywheel_resumes_to_the_same_result(tmp_path, monkeypatch, lora):
-    """SIGINT in round 2 stops the run at once; ``--resume`` goes on from round 1's checkpoint
-    (its weights, optimizer and carried state: replay buffer, curriculum starts, derived tasks,
-    anchors; under LoRA the BC base plus the round's adapter) with round 2 only, and ends with the
-    weights and figures of a run never stopped."""
-    import signal
-
+    """SIGINT in round 2 (after the curriculum's and the anchors' episodes) stops the run at once;
+    ``--resume`` goes on from round 1's checkpoint (its weights, optimizer and carried state:
+    replay buffer, curriculum starts, derived tasks, anchors; under LoRA the BC base plus the
+    round's adapter) with round 2 only, and ends with the weights and figures of a run never stopped."""
     import torch
 
     from turnforge.errors import Interrupted
-    from turnforge.train import flywheel
     from turnforge.train.metrics import read_summary
 
-    cfg = FLY + EVERYTHING + lora  # every mechanism, so that all of FlywheelState goes through the checkpoint
+    monkeypatch.setitem(MECHANISMS, Interrupt.name, Interrupt)
+    monkeypatch.setattr(Interrupt, "begun", [])
+    monkeypatch.setattr(Interrupt, "stop_in", [])
+    cfg = FLY + EVERYTHING + lora + ["flywheel.mechanisms=[retry,guidance,curriculum,anchor,evolve,replay,interrupt]"]
     straight = train(load_config("sokoban-tiny", cfg), tmp_path / "straight", live=False)
-    original = flywheel._round
-    played = []
-
-    def interrupted_in_round_two(s, st, guided, optimizer, step, r):
-        played.append(r)
-        if r == 1 and len(played) == 2:
-            signal.raise_signal(signal.SIGINT)
-        return original(s, st, guided, optimizer, step, r)
-
-    monkeypatch.setattr(flywheel, "_round", interrupted_in_round_two)
+    Interrupt.begun.clear()
+    Interrupt.stop_in.append(1)
     with pytest.raises(Interrupted, match=r"during flywheel round 2; resume with: .* \(continues with round 2\)"):
         train(load_config("sokoban-tiny", cfg), tmp_path / "stopped", live=False)
     resumed = train(load_config("sokoban-tiny", cfg), tmp_path / "stopped", resume=True, live=False)
-    assert played == [0, 1, 1]  # round 1 was not played again
+    assert Interrupt.begun == [0, 1, 1]  # round 1 was not played again
     assert resumed.eval_after_rl == straight.eval_after_rl and resumed.env_steps == straight.env_steps
     assert read_summary(tmp_path / "stopped").expert_queries == straight.expert_queries
     untimed = [[replace(r, seconds=0.0, time=0.0) for r in read_metrics(tmp_path / run).flywheel] for run in ("stopped", "straight")]

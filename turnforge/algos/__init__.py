@@ -26,6 +26,7 @@ from turnforge.algos.losses import (
     ppo_clip_loss,
     sft_loss,
     value_loss,
+    weighted_nll,
 )
 
 __all__ = [
@@ -50,6 +51,7 @@ __all__ = [
     "w_reinforce",
     "sft_loss",
     "value_loss",
+    "weighted_nll",
     "ImportanceStats",
     "PolicyLossOutput",
 ]

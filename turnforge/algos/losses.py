@@ -127,6 +127,14 @@ def sft_loss(logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return -masked_mean(logprobs, mask.to(logprobs.dtype))
 
 
+def weighted_nll(logprobs: torch.Tensor, mask: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """Negative log-likelihood of the action tokens, each row's tokens weighted by its weight,
+    summed and divided by the number of action tokens (not by the weights: a sample weighted 0.5
+    pulls half as hard, it does not raise the others' share). ``logprobs`` and ``mask`` are
+    ``[B, T]`` (mask 1 on action tokens), ``weights`` ``[B]``; 0 for an empty mask."""
+    return -(logprobs * (mask * weights[:, None])).sum() / mask.sum().clamp(min=1)
+
+
 def entropy_floor_penalty(entropy: torch.Tensor, mask: torch.Tensor, floor: float, coef: float) -> torch.Tensor:
     """The entropy guard of fine-tuning on the policy's own successes: ``coef * max(0, floor - H)``
     with ``H`` the token-level mean entropy over the masked positions; zero (and no gradient)

@@ -28,12 +28,13 @@ paid per turn). In DuckDB::
     SELECT avg(reward) FROM (SELECT DISTINCT trajectory_id, reward FROM 'RUN/trajectories/rl_00000.parquet');
         -- mean return of the scored episodes (avg skips the failures' null)
 
-``source`` says where an episode came from (one of ``SOURCES``): ``demo`` (expert
-demonstrations), ``plain`` (the policy on a task's real start), ``retry`` (more plain attempts,
-possibly at another temperature, on a task none of the first ones solved), ``guided`` (the policy with env
-guidance or hints in its prompt), ``curriculum`` (started from a snapshot state along an
-earlier trajectory), ``anchor`` (started from a state along the expert's solution of a task the
-policy never solved), ``evolved`` (a task derived from a failed one), ``replay``. Files written
+``source`` says where an episode came from (one of ``SOURCES``, which the flywheel's mechanisms
+define: ``turnforge.train.mechanisms``): ``demo`` (expert demonstrations), ``plain`` (the policy
+on a task's real start), ``retry`` (more plain attempts, possibly at another temperature, on a
+task none of the first ones solved), ``guided`` (the policy with env guidance or hints in its
+prompt), ``curriculum`` (started from a snapshot state along an earlier trajectory), ``anchor``
+(started from a state along the expert's solution of a task the policy never solved),
+``evolved`` (a task derived from a failed one). Files written
 before the column existed lack it: ``read_trajectories`` gives them a null ``source``;
 ``turnforge.data.query.TrajectoryStore``, which reads all of a run's files as one dataset with
 views per trajectory and success rates by task, round and source (``turnforge data RUN SQL`` on
@@ -54,6 +55,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from turnforge.train.mechanisms import SOURCES
 from turnforge.types import Trajectory
 
 SCHEMA = pa.schema(
@@ -103,8 +105,6 @@ SAMPLE_SPANS: tuple[str, ...] = ("segment_index", "parent_segment", "first_turn"
 #: Folder beside the Parquet files that holds the images of their samples, one PNG per content hash.
 IMAGES_DIR = "images"
 
-#: Where an episode came from: the values of the ``source`` column.
-SOURCES: tuple[str, ...] = ("demo", "plain", "retry", "guided", "curriculum", "anchor", "evolved", "replay")
 
 
 def default_source(stage: str) -> str:

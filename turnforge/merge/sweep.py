@@ -22,6 +22,7 @@ from turnforge.errors import UserError
 from turnforge.merge.checkpoints import MergeResult, merge_checkpoints
 from turnforge.merge.methods import MergeSpec
 from turnforge.paths import run_config_of
+from turnforge.plots import save_figure, subplots
 from turnforge.types import EvalResult
 
 
@@ -95,11 +96,6 @@ def run_sweep(parents: Sequence[Path], out: Path, spec: MergeSpec, base: Path | 
 
 def write_report(out: Path, rows: Sequence[SweepPoint], spec: MergeSpec, parents: Sequence[Path], base: Path | None,
                  episodes: int) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     labels = list(rows[0].results)
     record = {"method": spec.method, "parents": [str(p.resolve()) for p in parents],
               "base": None if base is None else str(base.resolve()), "episodes": episodes,
@@ -109,7 +105,7 @@ def write_report(out: Path, rows: Sequence[SweepPoint], spec: MergeSpec, parents
     lines = [head, "", "| t | " + " | ".join(labels) + " |", "|---|" + "---|" * len(labels)]
     lines += [f"| {r.t:g} | " + " | ".join(f"{r.results[k].success_rate:.3f}" for k in labels) + " |" for r in rows]
     (out / "sweep.md").write_text("\n".join(lines) + "\n")
-    fig, ax = plt.subplots(figsize=(5.5, 3.6))
+    fig, ax = subplots(figsize=(5.5, 3.6))
     for k in labels:
         ax.plot([r.t for r in rows], [r.results[k].success_rate for r in rows], marker="o", label=k)
     ax.set_xlabel("t (weight of the second model)")
@@ -117,6 +113,4 @@ def write_report(out: Path, rows: Sequence[SweepPoint], spec: MergeSpec, parents
     ax.set_ylim(-0.02, 1.02)
     ax.set_title(f"turnforge merge --method {spec.method} --sweep {len(rows)}")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(out / "sweep.png", dpi=120)
-    plt.close(fig)
+    save_figure(fig, out / "sweep.png", dpi=120)

@@ -41,6 +41,7 @@ import numpy as np
 
 from turnforge.envs.base import capabilities
 from turnforge.errors import UserError
+from turnforge.plots import save_figure, subplots
 from turnforge.scaling.select import best_of_n, gap_closed, roc_auc, vote_of_n
 from turnforge.types import Trajectory
 
@@ -254,16 +255,11 @@ def format_best_of(r: BestOfReport) -> str:
 
 def write_best_of(r: BestOfReport, path: Path, settings: dict) -> None:
     """``path`` (JSON: the report and the settings), and beside it ``.md`` and ``.png``."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     from turnforge.paths import write_json
 
     write_json(path, {**asdict(r), "settings": settings})
     path.with_suffix(".md").write_text(format_best_of(r) + "\n")
-    fig, ax = plt.subplots(figsize=(5.5, 3.6))
+    fig, ax = subplots(figsize=(5.5, 3.6))
     for c in r.curves:
         ax.plot(r.ns, c.success, marker="o", label=c.selector, linestyle="--" if c.selector == "oracle" else "-")
     ax.set_xscale("log", base=2)
@@ -272,9 +268,7 @@ def write_best_of(r: BestOfReport, path: Path, settings: dict) -> None:
     ax.set_ylabel("held-out success of the pick")
     ax.set_title(f"best-of-N, {r.env_id}")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path.with_suffix(".png"), dpi=120)
-    plt.close(fig)
+    save_figure(fig, path.with_suffix(".png"), dpi=120)
 
 
 def load_run_critic(checkpoint: Path, run_config: Path | None, cfg, policy):

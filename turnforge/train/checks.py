@@ -15,6 +15,7 @@ from turnforge.envs.base import Env, capabilities
 from turnforge.envs.checker import EnvCheckError, check_env
 from turnforge.errors import UserError
 from turnforge.train.estimators import ESTIMATORS, names_where, spoken_list
+from turnforge.train.mechanisms import enabled
 
 
 def check_options(cfg: TrainConfig, env: Env) -> None:
@@ -44,24 +45,12 @@ def check_options(cfg: TrainConfig, env: Env) -> None:
             caps.require("potential", env_id, "potential-based shaping (rl.shaping=potential)", "set rl.shaping=none")
     fw = cfg.flywheel
     if fw.rounds > 0:
-        mech = set(fw.mechanisms)
-        if "guidance" in mech:
-            caps.require("guidance", env_id, "flywheel guidance (flywheel.mechanisms has guidance)",
-                         "drop guidance from flywheel.mechanisms")
-            levels = getattr(env, "guidance_levels", ())
-            if fw.guidance_level > len(levels):
-                raise UserError(f"flywheel.guidance_level={fw.guidance_level}: env {env_id!r} has guidance levels "
-                                f"1..{len(levels)}: " + "; ".join(f"{i} = {d}" for i, d in enumerate(levels, 1)))
-        if "curriculum" in mech:
-            caps.require("snapshot", env_id, "the start-state curriculum (flywheel.mechanisms has curriculum)",
-                         "drop curriculum from flywheel.mechanisms")
-        if "anchor" in mech:
-            for cap in ("snapshot", "expert"):
-                caps.require(cap, env_id, "solver-anchored rollouts (flywheel.mechanisms has anchor)",
-                             "drop anchor from flywheel.mechanisms")
-        if "evolve" in mech:
-            caps.require("derive", env_id, "self-evolving tasks (flywheel.mechanisms has evolve)",
-                         "drop evolve from flywheel.mechanisms")
+        for mechanism in enabled(fw.mechanisms):  # what each mechanism needs (turnforge.train.mechanisms)
+            for req in mechanism.requirements(cfg):
+                caps.require(req.capability, env_id, req.what, req.fix)
+            problem = mechanism.env_conflict(cfg, env)
+            if problem:
+                raise UserError(problem)
         if fw.weighting == "mc_awr":  # restarts from env snapshots, each with a fresh future of the dynamics
             what = "advantage-weighted regression on Monte-Carlo Q values (flywheel.weighting=mc_awr)"
             for cap in ("snapshot", "reseed"):

@@ -25,6 +25,7 @@ from turnforge.data.filters import FilterCount
 from turnforge.envpool.pool import PoolStats
 from turnforge.memory import PeakMemory
 from turnforge.rollout.engine import RolloutStats
+from turnforge.train.mechanisms import MechanismRecord
 from turnforge.types import EvalResult
 
 
@@ -154,35 +155,23 @@ class AWRStats:
 @dataclass(frozen=True)
 class FlywheelRound:
     """One data-flywheel round (``turnforge.train.flywheel``). Episode counts are
-    (scored episodes, successes) per source, infrastructure failures left out."""
+    (scored episodes, successes), infrastructure failures left out."""
 
     round: int
     round_env_steps: int  # turns played this round (all sources)
-    tasks: int  # distinct tasks of the plain and evolved collection
-    plain: tuple[int, int]
-    guided: tuple[int, int]
-    curriculum: tuple[int, int]
-    evolved: tuple[int, int]
-    unsolved_tasks: int  # tasks none of whose plain rollouts (nor retries) succeeded
+    tasks: int  # distinct tasks of the waves (fresh ones and the mechanisms')
+    plain: tuple[int, int]  # the waves' episodes of fresh tasks
+    unsolved_tasks: int  # tasks of the waves none of whose rollouts succeeded (after the mechanisms' re-attempts)
     filters: list[FilterCount]  # what each filter kept, in order
     rft_samples: int  # samples of the round's RFT stage (kept + replayed)
-    replay_size: int
-    curriculum_depth: int  # turns before the end of a success that curriculum episodes start at (next round)
-    curriculum_success: float | None  # success of this round's curriculum episodes
-    evolved_live: int
-    evolved_retired: int  # derived tasks retired so far
-    expert_queries: int  # solver-backed hints shown so far
     entropy: float | None  # mean next-token entropy on the round's plain action tokens, before the update
     eval: EvalResult
     seconds: float
-    boundary: BoundaryReport | None = None  # pass@k after the round (flywheel.pass_at_k)
-    retry: tuple[int, int] = (0, 0)  # more plain attempts on the tasks no rollout of their wave solved
-    anchor: tuple[int, int] = (0, 0)  # episodes from anchor states along the expert's solutions
-    anchor_live: int = 0  # tasks in the anchor pool after the round
-    anchor_graduated: int = 0  # anchored tasks solved from their real start at anchor_advance, so far
-    anchor_dropped: int = 0  # anchored tasks given up (no success at the most help), so far
-    anchor_expert_share: float | None = None  # mean share of the expert's moves played before the policy's, over the pool
+    mechanisms: dict[str, MechanismRecord] = field(default_factory=dict)  # each of flywheel.mechanisms' part, by
+    #   name (its class's Record, turnforge.train.mechanisms: its episodes and what it keeps), in registry order
+    expert_queries: int = 0  # solver-backed hints shown so far (guidance)
     anchor_expert_moves: int = 0  # expert moves played to find anchor states, so far
+    boundary: BoundaryReport | None = None  # pass@k after the round (flywheel.pass_at_k)
     awr: AWRStats | None = None  # flywheel.weighting=mc_awr|group_awr: the round's advantages and weights
     memory_entries: int = 0  # episodic memory (memory.enabled): tasks remembered after the round
     memory_added: int = 0  # of them, entered or shortened by this round
@@ -462,7 +451,7 @@ def to_json(record: Any) -> dict[str, Any]:
 
 
 def from_json(cls: type, data: Any) -> Any:
-    """Rebuild a record of class ``cls`` (nested dataclasses, optional fields, tuples) from
+    """Rebuild a record of class ``cls`` (nested dataclasses, optional fields, tuples, dicts) from
     JSON data; an unknown field raises ``ValueError`` naming it."""
     if data is None:
         return None
@@ -483,6 +472,10 @@ def from_json(cls: type, data: Any) -> Any:
     if origin is list:
         (item,) = typing.get_args(cls)
         return [from_json(item, x) for x in data]
+    if origin is dict:  # a record class may name the class of each key's value (MechanismRecord.class_for)
+        _, item = typing.get_args(cls)
+        of = getattr(item, "class_for", None)
+        return {k: from_json(item if of is None else of(k), v) for k, v in data.items()}
     return data
 
 

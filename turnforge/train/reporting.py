@@ -25,6 +25,7 @@ from rich.table import Table
 
 from turnforge.config import TrainConfig
 from turnforge.memory import peak_memory
+from turnforge.plots import save_figure, subplots
 from turnforge.policy.lora import trainable_parameters
 from turnforge.train.metrics import (KINDS, BoundaryReport, ExpertQueries, RunMetrics, RunSummary, SamplingOverrides,
                                      Software, read_metrics, to_json)
@@ -189,14 +190,9 @@ def _fmt(value: Any) -> str:
 
 def plot_learning_curve(run_dir: Path, title: str) -> Path:
     """Held-out success and mean return against env steps, BC and RL stages marked."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     metrics = read_metrics(run_dir)
     out = run_dir / "learning_curve.png"
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, (ax1, ax2) = subplots(1, 2, figsize=(11, 4))
     bc_end = metrics.bc.env_steps if metrics.bc is not None else 0
     for ax, key, label in ((ax1, "success_rate", "held-out success rate"), (ax2, "mean_return", "held-out mean return")):
         xs = [e.env_steps for e in metrics.evals]
@@ -211,23 +207,15 @@ def plot_learning_curve(run_dir: Path, title: str) -> Path:
         ax.legend(loc="lower right")
     ax1.set_ylim(-0.02, 1.02)
     fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
-    return out
+    return save_figure(fig, out)
 
 
 def plot_pass_at_k(run_dir: Path, summary: RunSummary, title: str) -> Path:
     """``RUN/pass_at_k.png``: pass@k against k (log scale) for the start and after training, and
     the never-solved share beside it: a curve raised at k=1 only is sharpening, one raised at
     large k too is expansion."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     out = run_dir / "pass_at_k.png"
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, (ax1, ax2) = subplots(1, 2, figsize=(11, 4))
     reports = [(label, r) for label, r in (("start", summary.boundary_start), ("after training", summary.boundary_after))
                if r is not None]
     for (label, r), color in zip(reports, ("tab:orange", "tab:green")):
@@ -244,10 +232,7 @@ def plot_pass_at_k(run_dir: Path, summary: RunSummary, title: str) -> Path:
     ax1.legend(loc="lower right")
     ax2.set(ylabel="expected share of tasks never solved", ylim=(0, 1), title="never solved in k samples")
     fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
-    return out
+    return save_figure(fig, out)
 
 
 def start_name(cfg: TrainConfig) -> str:

@@ -35,7 +35,8 @@ from turnforge.policy.generate import PrefillCache
 from turnforge.policy.lora import trainable_parameters
 from turnforge.policy.model import quiet_hf
 from turnforge.train.bc import run_bc
-from turnforge.train.flywheel import run_flywheel, write_flywheel_report
+from turnforge.train.flywheel import run_flywheel
+from turnforge.train.flywheel_report import write_flywheel_report
 from turnforge.train.metrics import BestTemperature, RunSummary, TemperatureEval, to_json
 from turnforge.train.reporting import final_line, plot_learning_curve, plot_pass_at_k, run_summary, start_name
 from turnforge.train.rl import budget_spent, run_rl, training_state
@@ -125,7 +126,7 @@ def train(cfg: TrainConfig, out: str | Path, *, resume: bool = False, live: bool
         if summary.boundary_start is not None or summary.boundary_after is not None:
             plot_pass_at_k(run_dir, summary, f"{cfg.recipe} (seed {cfg.seed})")
         if cfg.flywheel.rounds > 0:
-            write_flywheel_report(run_dir, summary)
+            write_flywheel_report(run_dir, summary, cfg)
         s.progress.message(final_line(summary, cfg, run_dir))
     return summary
 

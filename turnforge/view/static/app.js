@@ -405,6 +405,22 @@ function roundsTable(o) {
   ], rows, { onclick: (r) => { location.hash = hashOf("browse", { run: o.index, stage: r.stage, iteration: r.iteration }); } });
 }
 
+function mechanismColumns(o) {
+  // one column per flywheel mechanism of the run (FlywheelRound.mechanisms.NAME: its episodes and
+  // successes, then what else its record holds); runs written before the records were per mechanism
+  // have their episode counts at the top (guided.0, ...)
+  const s = o.series.flywheel_round, cols = s ? s.columns : [];
+  const names = [...new Set(cols.map((c) => (c.match(/^mechanisms\.([^.]+)\./) || [])[1]).filter(Boolean))];
+  const cell = (r, p) => {
+    const rest = Object.keys(r).filter((k) => k.startsWith(p) && !k.startsWith(p + "episodes") && r[k] != null);
+    return [r[p + "episodes.0"] == null ? "" : `${r[p + "episodes.0"]} / ${r[p + "episodes.1"]}`,
+      rest.length ? `(${rest.map((k) => `${k.slice(p.length)} ${num(r[k])}`).join(", ")})` : ""].filter(Boolean).join(" ");
+  };
+  const old = ["retry", "guided", "curriculum", "evolved", "anchor"].filter((k) => !names.length && cols.includes(k + ".0"));
+  return [...names.map((name) => ({ label: name, n: 1, get: (r) => cell(r, `mechanisms.${name}.`) })),
+    ...old.map((k) => ({ label: k, n: 1, get: (r) => `${r[k + ".0"]} / ${r[k + ".1"]}` }))];
+}
+
 function seriesRows(o, kind) {
   const s = o.series[kind];
   return s ? rowsOf(s) : [];
@@ -515,10 +531,7 @@ async function viewOverview() {
     { label: "round", n: 1, get: (r) => el("a", { href: hashOf("browse", { run: o.index, ...CURVE_LINKS.flywheel_round(r) }) }, r.round) },
     { label: "held-out success", n: 1, get: (r) => pct(r["eval.success_rate"]) },
     { label: "plain (episodes / successes)", n: 1, get: (r) => `${r["plain.0"]} / ${r["plain.1"]}` },
-    { label: "guided", n: 1, get: (r) => `${r["guided.0"]} / ${r["guided.1"]}` },
-    { label: "curriculum", n: 1, get: (r) => `${r["curriculum.0"]} / ${r["curriculum.1"]}` },
-    { label: "evolved", n: 1, get: (r) => `${r["evolved.0"]} / ${r["evolved.1"]}` },
-    { label: "anchored (graduated)", n: 1, get: (r) => r["anchor.0"] === undefined ? "" : `${r["anchor.0"]} / ${r["anchor.1"]} (${r.anchor_graduated})` },
+    ...mechanismColumns(o),
     { label: "unsolved tasks", n: 1, get: (r) => r.unsolved_tasks }, { label: "RFT samples", n: 1, get: (r) => r.rft_samples },
     { label: "entropy", n: 1, get: (r) => num(r.entropy) },
   ], seriesRows(o, "flywheel_round")), (o) => seriesRows(o, "flywheel_round").length > 0);
