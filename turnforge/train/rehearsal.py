@@ -28,7 +28,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from turnforge.algos import masked_mean
+from turnforge.algos import sft_loss
 from turnforge.errors import RunStopped
 from turnforge.policy.generate import token_logprobs
 from turnforge.rollout.actors import PolicyActor
@@ -63,7 +63,7 @@ def rehearsal_loss(model: torch.nn.Module, samples: list[Sample], pad_id: int, t
     """Mean negative log-likelihood of the samples' action tokens at ``temperature`` (token mean)."""
     batch = collate(samples, pad_id)
     logprobs, _ = token_logprobs(model, batch.ids, batch.attention, temperature, positions=batch.mask)
-    return -masked_mean(logprobs, batch.mask)
+    return sft_loss(logprobs, batch.mask)
 
 
 def load_or_play(s: Session) -> Rehearsal:
