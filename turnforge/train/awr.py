@@ -43,7 +43,7 @@ from turnforge.seeding import stable_hash
 from turnforge.train.mc import distinct_states, known_values, tail_actor
 from turnforge.train.metrics import AWRStats
 from turnforge.train.run_dir.failures import check_failures
-from turnforge.train.run_dir.session import Session
+from turnforge.train.session import Session
 from turnforge.types import Sample, Trajectory
 
 

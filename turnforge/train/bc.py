@@ -23,7 +23,7 @@ from turnforge.seeding import rng, stable_hash
 from turnforge.train.common import GuardedStep, collate, lr_factor
 from turnforge.train.metrics import BCEpoch, BCStats
 from turnforge.train.run_dir.failures import check_trajectories
-from turnforge.train.run_dir.session import Session
+from turnforge.train.session import Session
 
 
 def run_bc(s: Session) -> BCStats:

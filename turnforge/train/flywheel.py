@@ -62,7 +62,7 @@ from turnforge.train.metrics import AWRStats, FlywheelRound
 from turnforge.train.rl import training_state
 from turnforge.train.run_dir.checkpoint import keep_weights, save_resumable
 from turnforge.train.run_dir.failures import check_trajectories
-from turnforge.train.run_dir.session import Session
+from turnforge.train.session import Session
 from turnforge.train.update import ppo_update
 from turnforge.types import Sample, Task, Trajectory
 

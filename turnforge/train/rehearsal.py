@@ -36,7 +36,7 @@ from turnforge.rollout.engine import EpisodeRequest
 from turnforge.seeding import generator, rng, stable_hash
 from turnforge.train.common import collate
 from turnforge.train.run_dir.failures import check_trajectories
-from turnforge.train.run_dir.session import Session
+from turnforge.train.session import Session
 from turnforge.types import Sample, Trajectory
 
 FILE = "rehearsal.parquet"

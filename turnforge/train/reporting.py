@@ -32,7 +32,9 @@ from turnforge.train.metrics import (KINDS, BoundaryReport, ExpertQueries, RunMe
 from turnforge.types import EvalResult
 
 if TYPE_CHECKING:
-    from turnforge.train.run_dir.session import Session
+    from turnforge.policy.model import Policy
+    from turnforge.rollout.engine import Engine
+    from turnforge.train.run_dir.checkpoint import TrainerState
 
 T = TypeVar("T")
 
@@ -240,12 +242,11 @@ def start_name(cfg: TrainConfig) -> str:
     return "BC policy" if cfg.bc.enabled else "starting policy (no BC)"
 
 
-def run_summary(s: Session, after: EvalResult, rl_seconds: float | None,
-                boundary_after: BoundaryReport | None = None) -> RunSummary:
+def run_summary(cfg: TrainConfig, state: TrainerState, policy: Policy, engine: Engine, run_dir: Path, after: EvalResult,
+                rl_seconds: float | None, boundary_after: BoundaryReport | None = None) -> RunSummary:
     """The ``RunSummary`` of a finished run: its evaluations before and after RL, the gains
     (against the evaluation before RL, and against the start at its best temperature), pass@k of
-    the start and the end, counters, the engine and software it ran with."""
-    cfg, state, policy, engine = s.cfg, s.state, s.policy, s.engine
+    the start and the end, the counters of ``state``, the engine and software it ran with."""
     before, best = state.eval_before_rl, state.bc_temperatures
     agent = cfg.agent.entrypoint is not None
     demos = (state.bc.demo_env_steps - state.bc.demo_random_actions) if state.bc else 0
@@ -266,7 +267,7 @@ def run_summary(s: Session, after: EvalResult, rl_seconds: float | None,
         gain_over_bc_best_points=None if best is None else round(100 * (after.success_rate - best.eval.success_rate), 2),
         expert_queries=ExpertQueries(demos, state.hints, demos + state.hints + state.anchor_moves, state.anchor_moves),
         boundary_start=state.boundary_start, boundary_after=boundary_after,
-        sampling_overrides=sampling_overrides(read_metrics(s.run_dir)) if agent else None,
+        sampling_overrides=sampling_overrides(read_metrics(run_dir)) if agent else None,
     )
 
 

@@ -50,7 +50,7 @@ from turnforge.train.rehearsal import Rehearsal, load_or_play
 from turnforge.train.rollouts import RolloutBatch, make_rollouts
 from turnforge.train.run_dir.checkpoint import TrainingState, keep_weights, save_resumable
 from turnforge.train.run_dir.failures import check_trajectories
-from turnforge.train.run_dir.session import Session
+from turnforge.train.session import Session
 from turnforge.train.update import ppo_update
 from turnforge.types import Trajectory
 

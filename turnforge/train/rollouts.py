@@ -37,7 +37,7 @@ from turnforge.rollout.engine import EpisodeRequest, RolloutStats, make_engine
 from turnforge.rollout.groups import GroupBatch, GroupStream
 from turnforge.seeding import generator, rng, stable_hash
 from turnforge.train.metrics import StreamStats
-from turnforge.train.run_dir.session import Session
+from turnforge.train.session import Session
 from turnforge.types import Trajectory
 
 

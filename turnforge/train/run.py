@@ -41,7 +41,7 @@ from turnforge.train.metrics import BestTemperature, RunSummary, TemperatureEval
 from turnforge.train.reporting import final_line, plot_learning_curve, plot_pass_at_k, run_summary, start_name
 from turnforge.train.rl import budget_spent, run_rl, training_state
 from turnforge.train.run_dir.checkpoint import save_model, save_resumable
-from turnforge.train.run_dir.session import Session
+from turnforge.train.session import Session
 from turnforge.train.setup import freeze_bc, make_critic, open_run, preflight, rl_references
 from turnforge.types import EvalResult
 
@@ -120,7 +120,7 @@ def train(cfg: TrainConfig, out: str | Path, *, resume: bool = False, live: bool
         boundary_after = s.boundary("after", after, prefills)
         save_model(policy, run_dir / "checkpoints" / "final")
         state.wall_seconds = s.wall_seconds()
-        summary = run_summary(s, after, rl_seconds, boundary_after)
+        summary = run_summary(cfg, state, policy, s.engine, run_dir, after, rl_seconds, boundary_after)
         write_atomic(run_dir / "summary.json", json.dumps(to_json(summary), indent=2) + "\n")
         plot_learning_curve(run_dir, f"{cfg.recipe} (seed {cfg.seed})")
         if summary.boundary_start is not None or summary.boundary_after is not None:

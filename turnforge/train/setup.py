@@ -47,7 +47,7 @@ from turnforge.train.rl import Critic, make_reference, pretrain_values
 from turnforge.train.run_dir.checkpoint import Resumable, TrainerState, TrainingState, find_resumable, save_model
 from turnforge.train.run_dir.interrupts import Interrupts
 from turnforge.train.run_dir.lock import LOCK, RunLock
-from turnforge.train.run_dir.session import Session
+from turnforge.train.session import Session
 
 
 def load_run_config(run_dir: Path) -> TrainConfig:

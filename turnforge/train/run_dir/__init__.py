@@ -4,7 +4,7 @@
 - ``checkpoint``: HF-format model directories and the counters and optimizer state a resume
   needs, written beside the old ones and swapped in (``save_resumable``, ``find_resumable``);
 - ``interrupts``: SIGINT/SIGTERM stop at a checkpoint and say how to resume;
-- ``failures``: the one rule that stops a stage with too many infrastructure failures;
-- ``session``: what the stages of one run share (``Session``: config, directory, policy,
-  engine, logs, counters).
+- ``failures``: the one rule that stops a stage with too many infrastructure failures.
+
+What the stages of one run share (``Session``) is ``turnforge.train.session``.
 """

@@ -1,4 +1,9 @@
-"""What the stages of one run share: config, run directory, policy, the rollout engine, logs, counters."""
+"""What the stages of one run share: config, run directory, policy, the rollout engine, logs, counters.
+
+The orchestrating ``turnforge.train.run.train`` builds one ``Session`` and hands it to the stages;
+the pieces a stage computes with (``rl.learn``, ``rl.iteration_record``, ``credit.assign_credit``,
+the flywheel's ``collect`` and ``route``, the mechanisms' hooks) take what they read instead, so a
+unit test builds their inputs without a run."""
 
 from __future__ import annotations
 
