@@ -17,9 +17,9 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 from pydantic_core import PydanticCustomError
 
 from turnforge.errors import UserError, choices
-from turnforge.train.estimators import ESTIMATORS, names_where, spoken_list
+from turnforge.train.estimators import ESTIMATORS
 from turnforge.train.estimators import description as estimators_description
-from turnforge.train.mechanisms import MECHANISMS, MEMORY_SOURCES, enabled
+from turnforge.train.mechanisms import MECHANISMS, MEMORY_SOURCES
 from turnforge.train.mechanisms import description as mechanisms_description
 
 
@@ -795,99 +795,10 @@ class TrainConfig(Section):
 
 
 def incompatible_options(cfg: TrainConfig) -> str | None:
-    """One line naming two options that do not work together, or None."""
-    rl, critic = cfg.rl, cfg.critic
-    estimator = ESTIMATORS[rl.advantage]
-    conflict = estimator.conflict(cfg)  # the estimator's own rules (turnforge.train.estimators)
-    if conflict:
-        return conflict
-    readers = " or ".join(f"rl.advantage={n}" for n in names_where("reads_values"))
-    if not estimator.reads_values and critic.enabled:
-        return f"critic.enabled=true is only used by {readers} (got rl.advantage={rl.advantage})"
-    if not estimator.reads_values and critic.mc_weight > 0:
-        return f"critic.mc_weight={critic.mc_weight} is only used by {readers} (mc_grpo always uses Monte-Carlo values)"
-    if not critic.enabled and 0 < critic.mc_weight < 1:
-        return f"critic.mc_weight={critic.mc_weight} blends with a learned critic but critic.enabled=false; set one of them"
-    if cfg.flywheel.pass_at_k and cfg.eval.pass_at_k_samples == 0:
-        return "flywheel.pass_at_k=true measures pass@k after each round with eval.pass_at_k_samples samples per task; set it above 0"
-    fw = cfg.flywheel
-    if fw.weighting != "success" and fw.rounds > 0:
-        w = f"flywheel.weighting={fw.weighting}"
-        if fw.mechanisms:
-            return f"{w} trains on the round's own episodes; flywheel.mechanisms={fw.mechanisms} add or replay others: set flywheel.mechanisms=[]"
-        if "rft" not in fw.stages:
-            return f"{w} weighs the samples of the rft stage: add rft to flywheel.stages"
-        if cfg.rollout.context != "window":
-            return f"{w} weighs each turn's sample and needs rollout.context=window (got {cfg.rollout.context})"
-        if fw.weighting == "group_awr" and fw.group_size < 2:
-            return "flywheel.weighting=group_awr compares the turns of a task's group taken in one state: set flywheel.group_size >= 2"
-    if fw.rounds > 0:
-        for mechanism in enabled(fw.mechanisms):  # each mechanism's own rules (turnforge.train.mechanisms)
-            conflict = mechanism.conflict(cfg)
-            if conflict:
-                return conflict
-    if critic.pretrain_episodes > 0 and not critic.enabled:
-        return "critic.pretrain_episodes > 0 pretrains the learned critic, but critic.enabled=false"
-    r = cfg.rollout
-    if r.context == "summarize" and r.summary_at + r.summary_max_tokens > r.max_context_tokens:
-        return (f"rollout.summary_threshold={r.summary_at} plus rollout.summary_max_tokens={r.summary_max_tokens} is above "
-                f"rollout.max_context_tokens={r.max_context_tokens}: a summary would not fit; set rollout.summary_threshold "
-                f"to at most {r.max_context_tokens - r.summary_max_tokens} (less the summary request's tokens)")
-    if cfg.rollout.context == "fold" and not cfg.rollout.include_instructions:
-        return ("rollout.context=fold explains branch(goal) and return(message) in the system prompt; set "
-                "rollout.include_instructions=true")
-    if cfg.rollout.context in ("summarize", "fold") and critic.enabled:
-        return ("critic.enabled=true reads values per turn of whole episodes or single turns, not of summarize segments; "
-                "use critic.mc_weight=1 (Monte-Carlo values) or another rollout.context")
-    if cfg.model.lora.r > 0 and cfg.cluster == "ray":
-        return "model.lora.r > 0 with cluster=ray: Ray rollout workers sync full weights, not adapters; use cluster=local"
-    if cfg.model.lora.r > 0 and critic.enabled:
-        return "model.lora.r > 0 with critic.enabled=true: the learned critic copies the full policy trunk; use critic.mc_weight=1 or no critic"
-    eng = cfg.engine
-    if cfg.agent.entrypoint is not None or cfg.agent.tasks is not None:
-        a = cfg.agent
-        if a.entrypoint is None or a.tasks is None:
-            missing = "agent.entrypoint=module:callable" if a.entrypoint is None else "agent.tasks=PATH.jsonl"
-            return f"an agent run needs both agent.entrypoint and agent.tasks; set {missing}"
-        if cfg.bc.enabled or cfg.flywheel.rounds > 0:
-            what = "bc.enabled=true" if cfg.bc.enabled else f"flywheel.rounds={cfg.flywheel.rounds}"
-            return f"{what} needs an env's expert; an agent run starts from the model as it is (set bc.enabled=false flywheel.rounds=0)"
-        if not estimator.returns_baseline:
-            return (f"rl.advantage={rl.advantage} needs env states; an agent run takes "
-                    f"{spoken_list(names_where('returns_baseline'))}")
-        if eng.mode != "sync" or cfg.cluster != "local" or eng.env_workers > 0:
-            return "an agent run uses engine.mode=sync, cluster=local and engine.env_workers=0 (the gateway runs in the trainer's process)"
-    if cfg.reward.judge.enabled and cfg.agent.entrypoint is not None:
-        return "reward.judge.enabled=true is for env runs; an agent run sets agent.reward=judge (with the reward.judge.* keys)"
-    if cfg.reward.judge.enabled or (cfg.agent.entrypoint is not None and cfg.agent.reward == "judge"):
-        if cfg.flywheel.rounds > 0:
-            return "a judge reward scores the RL stage; the flywheel selects by the env's success (set flywheel.rounds=0)"
-    if cfg.rollout.backend == "vllm":
-        if cfg.cluster == "ray":
-            return "rollout.backend=vllm runs vLLM in the trainer's process; use cluster=local"
-        if eng.mode == "async":
-            return "rollout.backend=vllm with engine.mode=async: the one vLLM engine is not shared across threads; use engine.mode=sync"
-        if cfg.rollout.prefix_cache:
-            return "rollout.prefix_cache=true is the built-in sampler's; vLLM keeps its own prefix cache (set rollout.prefix_cache=false)"
-    if eng.mode == "sync" and (eng.eta > 0 or eng.partial_rollouts):
-        what = f"engine.eta={eng.eta}" if eng.eta > 0 else "engine.partial_rollouts=true"
-        return f"{what} needs engine.mode=async (the sync loop is always on-policy)"
-    if eng.partial_rollouts and eng.eta < 1:
-        return "engine.partial_rollouts=true needs engine.eta >= 1: a carried-over trajectory is at least one version old"
-    if eng.env_slots is not None and eng.env_slots < rl.group_size:
-        return f"engine.env_slots={eng.env_slots} cannot hold one group of rl.group_size={rl.group_size}"
-    if cfg.memory.enabled:
-        if eng.mode == "async" or cfg.cluster == "ray":
-            what = "engine.mode=async" if eng.mode == "async" else "cluster=ray"
-            return (f"memory.enabled=true with {what}: episodes would start while the memory grows, in no fixed order; "
-                    "use engine.mode=sync and cluster=local")
-        if cfg.agent.entrypoint is not None:
-            return "memory.enabled=true is for env runs: an agent run's prompts are its own (set memory.enabled=false)"
-    elif cfg.memory.store is not None:
-        return f"memory.store={cfg.memory.store} is read by episodic memory; set memory.enabled=true"
-    if eng.ray_address is not None and cfg.cluster != "ray":
-        return f"engine.ray_address={eng.ray_address} is only used with cluster=ray (got cluster={cfg.cluster})"
-    return None
+    """One line naming two options that do not work together, or None (``turnforge.rules``)."""
+    from turnforge.rules import config_conflict  # the rules read this module's classes
+
+    return config_conflict(cfg)
 
 
 # ---------------------------------------------------------------------- loading

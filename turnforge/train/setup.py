@@ -35,11 +35,12 @@ from turnforge.policy.gguf import cached_import, find_gguf
 from turnforge.policy.lora import ADAPTER_DIR, FrozenBase, add_lora, check_lora_targets, is_lora, merge_lora, skeleton
 from turnforge.policy.model import ChatFormat, Policy, check_model_dir, load_policy, resolve_device, use_gradient_checkpointing
 from turnforge.policy.tiny import build_tiny_model, build_tokenizer, default_corpus, tiny_hf_config
-from turnforge.policy.vision import check_first_images, check_vision_options
+from turnforge.policy.vision import check_first_images
 from turnforge.rollout.context import PromptSpec, check_summary_budget
 from turnforge.rollout.engine import Engine, RolloutEngine, make_engine
 from turnforge.rollout.episodic import EpisodicMemory, read_store
-from turnforge.train.checks import check_env_at_start, check_options
+from turnforge.rules import check_run
+from turnforge.train.checks import check_env_at_start
 from turnforge.train.estimators import ESTIMATORS
 from turnforge.train.metrics import RunSummary, RunWarning, read_summary
 from turnforge.train.reporting import MetricsLog, Progress
@@ -95,8 +96,7 @@ def preflight(cfg: TrainConfig, run_dir: Path, resume: bool) -> Checked:
         env = build_env(cfg.env.id, cfg.env.kwargs, cfg.env.tasks, cfg.env.heldout_fraction)
         stored = read_store(cfg.memory, env.env_id) if cfg.memory.enabled and cfg.memory.store is not None else None
         checked = Checked(env, memory=stored)
-        check_options(cfg, checked.env)
-        check_vision_options(cfg, checked.env)
+        check_run(cfg, checked.env)  # the options against the env and the model (turnforge.rules)
         if cfg.check_env:
             check_env_at_start(cfg)
     if cfg.cluster == "ray":  # an unreachable cluster is a one-line error now, not after the BC stage

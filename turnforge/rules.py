@@ -1,0 +1,200 @@
+"""Every cross-key rule of a run's options, in one place, at the two moments they can be checked.
+
+- ``config_conflict(cfg)``: when the config is validated (``TrainConfig``), before anything is
+  built: the rules of ``CONFIG_RULES``, one function per section, in order; the first that
+  fails names both keys and the fix. The advantage estimator's own rules
+  (``Estimator.conflict``, ``turnforge.train.estimators``) and each flywheel mechanism's
+  (``Mechanism.conflict``, ``turnforge.train.mechanisms``) run among them.
+- ``check_run(cfg, env)``: at the start of a run, with its env built and before any model work:
+  the checks of ``START_CHECKS``, the options against the env's capabilities
+  (``turnforge.train.checks``: the estimator's and mechanisms' ``requirements`` plug in there)
+  and against the model (``turnforge.policy.vision``).
+
+A rule returns one line or None; a start check raises ``UserError``. The config imports this
+module, so it imports nothing heavy (the start checks are imported when they run).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable
+
+from turnforge.train.estimators import ESTIMATORS, names_where, spoken_list
+from turnforge.train.mechanisms import enabled
+
+if TYPE_CHECKING:
+    from turnforge.config import TrainConfig
+    from turnforge.envs.base import Env
+
+
+def _estimator_and_critic(cfg: TrainConfig) -> str | None:
+    rl, critic = cfg.rl, cfg.critic
+    estimator = ESTIMATORS[rl.advantage]
+    conflict = estimator.conflict(cfg)
+    if conflict:
+        return conflict
+    readers = " or ".join(f"rl.advantage={n}" for n in names_where("reads_values"))
+    if not estimator.reads_values and critic.enabled:
+        return f"critic.enabled=true is only used by {readers} (got rl.advantage={rl.advantage})"
+    if not estimator.reads_values and critic.mc_weight > 0:
+        return f"critic.mc_weight={critic.mc_weight} is only used by {readers} (mc_grpo always uses Monte-Carlo values)"
+    if not critic.enabled and 0 < critic.mc_weight < 1:
+        return f"critic.mc_weight={critic.mc_weight} blends with a learned critic but critic.enabled=false; set one of them"
+    return None
+
+
+def _flywheel(cfg: TrainConfig) -> str | None:
+    fw = cfg.flywheel
+    if fw.pass_at_k and cfg.eval.pass_at_k_samples == 0:
+        return "flywheel.pass_at_k=true measures pass@k after each round with eval.pass_at_k_samples samples per task; set it above 0"
+    if fw.weighting != "success" and fw.rounds > 0:
+        w = f"flywheel.weighting={fw.weighting}"
+        if fw.mechanisms:
+            return f"{w} trains on the round's own episodes; flywheel.mechanisms={fw.mechanisms} add or replay others: set flywheel.mechanisms=[]"
+        if "rft" not in fw.stages:
+            return f"{w} weighs the samples of the rft stage: add rft to flywheel.stages"
+        if cfg.rollout.context != "window":
+            return f"{w} weighs each turn's sample and needs rollout.context=window (got {cfg.rollout.context})"
+        if fw.weighting == "group_awr" and fw.group_size < 2:
+            return "flywheel.weighting=group_awr compares the turns of a task's group taken in one state: set flywheel.group_size >= 2"
+    if fw.rounds > 0:
+        for mechanism in enabled(fw.mechanisms):
+            conflict = mechanism.conflict(cfg)
+            if conflict:
+                return conflict
+    return None
+
+
+def _critic_pretraining(cfg: TrainConfig) -> str | None:
+    if cfg.critic.pretrain_episodes > 0 and not cfg.critic.enabled:
+        return "critic.pretrain_episodes > 0 pretrains the learned critic, but critic.enabled=false"
+    return None
+
+
+def _rollout(cfg: TrainConfig) -> str | None:
+    r = cfg.rollout
+    if r.context == "summarize" and r.summary_at + r.summary_max_tokens > r.max_context_tokens:
+        return (f"rollout.summary_threshold={r.summary_at} plus rollout.summary_max_tokens={r.summary_max_tokens} is above "
+                f"rollout.max_context_tokens={r.max_context_tokens}: a summary would not fit; set rollout.summary_threshold "
+                f"to at most {r.max_context_tokens - r.summary_max_tokens} (less the summary request's tokens)")
+    if r.context == "fold" and not r.include_instructions:
+        return ("rollout.context=fold explains branch(goal) and return(message) in the system prompt; set "
+                "rollout.include_instructions=true")
+    if r.context in ("summarize", "fold") and cfg.critic.enabled:
+        return ("critic.enabled=true reads values per turn of whole episodes or single turns, not of summarize segments; "
+                "use critic.mc_weight=1 (Monte-Carlo values) or another rollout.context")
+    return None
+
+
+def _lora(cfg: TrainConfig) -> str | None:
+    if cfg.model.lora.r > 0 and cfg.cluster == "ray":
+        return "model.lora.r > 0 with cluster=ray: Ray rollout workers sync full weights, not adapters; use cluster=local"
+    if cfg.model.lora.r > 0 and cfg.critic.enabled:
+        return "model.lora.r > 0 with critic.enabled=true: the learned critic copies the full policy trunk; use critic.mc_weight=1 or no critic"
+    return None
+
+
+def _agent(cfg: TrainConfig) -> str | None:
+    a, eng = cfg.agent, cfg.engine
+    if a.entrypoint is None and a.tasks is None:
+        return None
+    if a.entrypoint is None or a.tasks is None:
+        missing = "agent.entrypoint=module:callable" if a.entrypoint is None else "agent.tasks=PATH.jsonl"
+        return f"an agent run needs both agent.entrypoint and agent.tasks; set {missing}"
+    if cfg.bc.enabled or cfg.flywheel.rounds > 0:
+        what = "bc.enabled=true" if cfg.bc.enabled else f"flywheel.rounds={cfg.flywheel.rounds}"
+        return f"{what} needs an env's expert; an agent run starts from the model as it is (set bc.enabled=false flywheel.rounds=0)"
+    if not ESTIMATORS[cfg.rl.advantage].returns_baseline:
+        return (f"rl.advantage={cfg.rl.advantage} needs env states; an agent run takes "
+                f"{spoken_list(names_where('returns_baseline'))}")
+    if eng.mode != "sync" or cfg.cluster != "local" or eng.env_workers > 0:
+        return "an agent run uses engine.mode=sync, cluster=local and engine.env_workers=0 (the gateway runs in the trainer's process)"
+    return None
+
+
+def _judge(cfg: TrainConfig) -> str | None:
+    if cfg.reward.judge.enabled and cfg.agent.entrypoint is not None:
+        return "reward.judge.enabled=true is for env runs; an agent run sets agent.reward=judge (with the reward.judge.* keys)"
+    judged = cfg.reward.judge.enabled or (cfg.agent.entrypoint is not None and cfg.agent.reward == "judge")
+    if judged and cfg.flywheel.rounds > 0:
+        return "a judge reward scores the RL stage; the flywheel selects by the env's success (set flywheel.rounds=0)"
+    return None
+
+
+def _vllm(cfg: TrainConfig) -> str | None:
+    if cfg.rollout.backend != "vllm":
+        return None
+    if cfg.cluster == "ray":
+        return "rollout.backend=vllm runs vLLM in the trainer's process; use cluster=local"
+    if cfg.engine.mode == "async":
+        return "rollout.backend=vllm with engine.mode=async: the one vLLM engine is not shared across threads; use engine.mode=sync"
+    if cfg.rollout.prefix_cache:
+        return "rollout.prefix_cache=true is the built-in sampler's; vLLM keeps its own prefix cache (set rollout.prefix_cache=false)"
+    return None
+
+
+def _engine(cfg: TrainConfig) -> str | None:
+    eng = cfg.engine
+    if eng.mode == "sync" and (eng.eta > 0 or eng.partial_rollouts):
+        what = f"engine.eta={eng.eta}" if eng.eta > 0 else "engine.partial_rollouts=true"
+        return f"{what} needs engine.mode=async (the sync loop is always on-policy)"
+    if eng.partial_rollouts and eng.eta < 1:
+        return "engine.partial_rollouts=true needs engine.eta >= 1: a carried-over trajectory is at least one version old"
+    if eng.env_slots is not None and eng.env_slots < cfg.rl.group_size:
+        return f"engine.env_slots={eng.env_slots} cannot hold one group of rl.group_size={cfg.rl.group_size}"
+    return None
+
+
+def _memory(cfg: TrainConfig) -> str | None:
+    if cfg.memory.enabled:
+        if cfg.engine.mode == "async" or cfg.cluster == "ray":
+            what = "engine.mode=async" if cfg.engine.mode == "async" else "cluster=ray"
+            return (f"memory.enabled=true with {what}: episodes would start while the memory grows, in no fixed order; "
+                    "use engine.mode=sync and cluster=local")
+        if cfg.agent.entrypoint is not None:
+            return "memory.enabled=true is for env runs: an agent run's prompts are its own (set memory.enabled=false)"
+    elif cfg.memory.store is not None:
+        return f"memory.store={cfg.memory.store} is read by episodic memory; set memory.enabled=true"
+    return None
+
+
+def _ray(cfg: TrainConfig) -> str | None:
+    if cfg.engine.ray_address is not None and cfg.cluster != "ray":
+        return f"engine.ray_address={cfg.engine.ray_address} is only used with cluster=ray (got cluster={cfg.cluster})"
+    return None
+
+
+#: The config-time rules, in the order they are asked.
+CONFIG_RULES: tuple[Callable[[TrainConfig], str | None], ...] = (
+    _estimator_and_critic, _flywheel, _critic_pretraining, _rollout, _lora, _agent, _judge, _vllm, _engine, _memory, _ray,
+)
+
+
+def config_conflict(cfg: TrainConfig) -> str | None:
+    """The first of ``CONFIG_RULES`` that ``cfg`` breaks, as one line, or None."""
+    for rule in CONFIG_RULES:
+        conflict = rule(cfg)
+        if conflict:
+            return conflict
+    return None
+
+
+def _env_capabilities(cfg: TrainConfig, env: Env) -> None:
+    from turnforge.train.checks import check_options
+
+    check_options(cfg, env)
+
+
+def _vision(cfg: TrainConfig, env: Env) -> None:
+    from turnforge.policy.vision import check_vision_options
+
+    check_vision_options(cfg, env)
+
+
+#: The start-time checks (the run's env built, no model work yet), in the order they run.
+START_CHECKS: tuple[Callable[[TrainConfig, Env], None], ...] = (_env_capabilities, _vision)
+
+
+def check_run(cfg: TrainConfig, env: Env) -> None:
+    """Every start-time check of ``START_CHECKS``; the first failure is one ``UserError`` line."""
+    for check in START_CHECKS:
+        check(cfg, env)
