@@ -1,7 +1,7 @@
 """Credit assignment of the RL stage: trajectories -> per-turn advantages -> per-sample advantages.
 
-``assign_credit`` is step 2 of an RL iteration (``rl.advantage``), infrastructure failures
-already excluded:
+``assign_credit`` is step 2 of an RL iteration, infrastructure failures already excluded. It
+asks the estimator ``rl.advantage`` names (one class each in ``turnforge.train.estimators``):
 
 - critic-free (``turn_advantages``): ``grpo`` normalises the episode return within its group
   and puts it on every turn; ``gigpo`` adds a step-level term from the turns of the group that
