@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from turnforge.data.filters import FilterCount
 from turnforge.envpool.pool import PoolStats
 from turnforge.memory import PeakMemory
@@ -479,8 +481,48 @@ def from_json(cls: type, data: Any) -> Any:
     return data
 
 
+#: A ``flywheel_round`` record of runs made before the mechanisms kept their own records
+#: (2026-11-27 and earlier) held each mechanism's figures as flat fields: mechanism -> (its record
+#: from those fields, the fields at rest when it was off).
+_FLAT_FLYWHEEL = {
+    "retry": (lambda d: {"episodes": d["retry"]}, {"retry": [0, 0]}),
+    "guidance": (lambda d: {"episodes": d["guided"]}, {"guided": [0, 0]}),
+    "curriculum": (lambda d: {"episodes": d["curriculum"], "depth": d["curriculum_depth"],
+                              "success": d["curriculum_success"]},
+                   {"curriculum": [0, 0], "curriculum_depth": 1, "curriculum_success": None}),
+    "anchor": (lambda d: {"episodes": d["anchor"], "live": d["anchor_live"], "graduated": d["anchor_graduated"],
+                          "dropped": d["anchor_dropped"], "expert_share": d["anchor_expert_share"]},
+               {"anchor": [0, 0], "anchor_live": 0, "anchor_graduated": 0, "anchor_dropped": 0,
+                "anchor_expert_share": None}),
+    "evolve": (lambda d: {"episodes": d["evolved"], "live": d["evolved_live"], "retired": d["evolved_retired"]},
+               {"evolved": [0, 0], "evolved_live": 0, "evolved_retired": 0}),
+    "replay": (lambda d: {"episodes": None, "size": d["replay_size"]}, {"replay_size": 0}),
+}
+
+
+def _upgrade_flywheel_round(data: dict, mechanisms: list[str] | None) -> dict:
+    """An old flat ``flywheel_round`` record in today's shape. ``mechanisms``: the run's
+    ``flywheel.mechanisms`` (from its config.yaml); without it, each mechanism whose fields are
+    not at rest."""
+    out = {k: v for k, v in data.items() if not any(k in rest for _, rest in _FLAT_FLYWHEEL.values())}
+    out["mechanisms"] = {
+        name: part(data) for name, (part, rest) in _FLAT_FLYWHEEL.items()
+        if (name in mechanisms if mechanisms is not None else any(data.get(k, v) != v for k, v in rest.items()))
+    }
+    return out
+
+
+def _run_mechanisms(run_dir: Path) -> list[str] | None:
+    try:
+        cfg = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
+        return list(cfg["flywheel"]["mechanisms"])
+    except (OSError, KeyError, TypeError, yaml.YAMLError):
+        return None
+
+
 def read_metrics(run_dir: str | Path) -> RunMetrics:
-    """The typed records of ``RUN/metrics.jsonl`` (an empty ``RunMetrics`` when there is none)."""
+    """The typed records of ``RUN/metrics.jsonl`` (an empty ``RunMetrics`` when there is none);
+    older runs' flat flywheel records are read in today's shape."""
     path = Path(run_dir) / "metrics.jsonl"
     out = RunMetrics()
     if not path.exists():
@@ -490,6 +532,8 @@ def read_metrics(run_dir: str | Path) -> RunMetrics:
             continue
         data = json.loads(line)
         kind = data.pop("event")
+        if kind == "flywheel_round" and "mechanisms" not in data and "retry" in data:
+            data = _upgrade_flywheel_round(data, _run_mechanisms(Path(run_dir)))
         if kind not in EVENTS:
             raise ValueError(f"{path}, line {n}: unknown event {kind!r} (events: {', '.join(EVENTS)})")
         try:
