@@ -84,6 +84,8 @@ def train(
     args: Optional[List[str]] = typer.Argument(None, help="[RECIPE | path.yaml] [key=value ...] (default recipe: sokoban-tiny)"),
     out: Optional[Path] = typer.Option(None, "--out", help="Run directory (default: runs/<recipe>-<time>)"),
     resume: Optional[Path] = typer.Option(None, "--resume", help="Continue the run in this directory from its last checkpoint"),
+    nproc: Optional[int] = typer.Option(None, "--nproc", min=1, help="Trainer ranks on this machine (torch.distributed.run "
+                                        "with FSDP2; sets dist.nproc; with --resume, the world size to go on with)"),
 ) -> None:
     """Train a policy: behaviour-cloning warm start, then GRPO, with held-out evaluation."""
     args = list(args or [])
@@ -92,17 +94,17 @@ def train(
             raise UserError("--resume continues a run with its saved config; drop the recipe and overrides")
         if out is not None:
             raise UserError("--resume continues the run in its own directory; drop --out")
-        from turnforge.train.run import train as run_train
         from turnforge.train.setup import load_run_config
 
-        cfg = load_run_config(resume)
-        run_train(cfg, resume, resume=True)
+        cfg = _with_world(load_run_config(resume), nproc)
+        _start(cfg, resume, ["train", "--resume", str(resume)], resume=True)  # (the ranks take the launcher's world size)
         return
-    _new_run(args, out)
+    _new_run(args, out, nproc=nproc)
 
 
-def _new_run(args: list[str], out: Path | None, rounds: int | None = None) -> None:
-    """Start a run from ``[RECIPE] [key=value ...]`` (``rounds``: flywheel rounds, overriding the recipe's)."""
+def _new_run(args: list[str], out: Path | None, rounds: int | None = None, nproc: int | None = None) -> None:
+    """Start a run from ``[RECIPE] [key=value ...]`` (``rounds``: flywheel rounds, overriding the recipe's;
+    ``nproc``: trainer ranks on this machine)."""
     recipe = "sokoban-tiny"
     if args and "=" not in args[0]:
         recipe = args.pop(0)
@@ -111,13 +113,60 @@ def _new_run(args: list[str], out: Path | None, rounds: int | None = None) -> No
         check_out_dir(out, "--out")
     from turnforge.config import load_config  # imports torch: after the checks above, which are quick
 
-    cfg = load_config(recipe, args + ([f"flywheel.rounds={rounds}"] if rounds is not None else []))
+    cfg = _with_world(load_config(recipe, args + ([f"flywheel.rounds={rounds}"] if rounds is not None else [])), nproc)
     if out is None:
         out = Path("runs") / f"{cfg.recipe}-{time.strftime('%Y%m%d-%H%M%S')}"
         check_out_dir(out, "run directory")
+    argv = ["train", recipe, *args, *([f"flywheel.rounds={rounds}"] if rounds is not None else []), "--out", str(out)]
+    _start(cfg, out, argv, resume=False)
+
+
+def _with_world(cfg, nproc: int | None):
+    """``cfg`` with ``dist.nproc`` set from ``--nproc``, or from the world size of torch's launcher
+    when this process is one of its ranks (``torchrun ... -m turnforge.cli train``)."""
+    from turnforge.config import config_from_dict
+    from turnforge.dist import launched_size
+
+    launched = launched_size()
+    if nproc is not None and launched > 1 and nproc != launched:
+        raise UserError(f"--nproc {nproc} under a launcher that started {launched} ranks; leave out --nproc under torchrun")
+    size = launched if launched > 1 else nproc if nproc is not None else cfg.dist.nproc
+    if size == cfg.dist.nproc:
+        return cfg
+    data = cfg.model_dump()
+    data["dist"]["nproc"] = size
+    return config_from_dict(data)  # the rules of the new world size (turnforge.rules): one line, exit 2
+
+
+def _start(cfg, run_dir: Path, argv: list[str], *, resume: bool) -> None:
+    """Run the training job in this process, or, with ``dist.nproc > 1`` and no launcher around
+    this process yet, check everything here first and start the ranks through torch's launcher."""
+    from turnforge.dist import launch, launched_size
     from turnforge.train.run import train as run_train
 
-    run_train(cfg, out)
+    n = cfg.dist.nproc
+    if n == 1 or launched_size() > 1:
+        run_train(cfg, run_dir, resume=resume)
+        return
+    _check_world(cfg, n)
+    from turnforge.train.setup import preflight
+
+    preflight(cfg, run_dir, resume)  # every bad input is one line here, before any rank starts
+    sys.exit(launch(n, argv, threads=max(1, cfg.threads // n)))
+
+
+def _check_world(cfg, n: int) -> None:
+    """``--nproc`` against this machine: no more ranks than CPU cores (or GPUs with a GPU device)."""
+    import torch
+
+    if cfg.model.device.startswith("cuda") or (cfg.model.device == "auto" and torch.cuda.is_available()):
+        gpus = torch.cuda.device_count()  # (none at all: model.device's own check names it)
+        if gpus and n > gpus:
+            raise UserError(f"--nproc {n} is more than the {gpus} GPUs here; use --nproc {gpus} or fewer")
+        return
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if n > cores:
+        raise UserError(f"--nproc {n} is more than the {cores} CPU cores this process may use; use --nproc {cores} or fewer")
 
 
 @app.command(context_settings={"allow_extra_args": False})
@@ -815,6 +864,12 @@ def _click_classes(name: str) -> tuple[type, ...]:
 
 
 def _fail(line: str, code: int) -> NoReturn:
+    from turnforge.dist import report_failure, world
+
+    w = world()
+    if w.distributed:  # one of several trainer ranks: say which, and leave the line for the launcher
+        report_failure(line)
+        line = f"rank {w.rank}: {line}"
     print(line, file=sys.stderr)
     sys.exit(code)
 
@@ -880,6 +935,9 @@ def main() -> None:
 def _internal_error() -> NoReturn:
     """A bug: the traceback, then where the run's logs are."""
     traceback.print_exc()
+    from turnforge.dist import report_failure
+
+    report_failure(traceback.format_exc())  # on several ranks: the exception's line, for the launcher
     run_dir = errors.current_run_dir
     _fail("turnforge: internal error" + (f"; run directory: {run_dir[-1]} (config.yaml, metrics.jsonl)" if run_dir else ""), 1)
 

@@ -445,6 +445,23 @@ class EngineConfig(Section):
     )
 
 
+class DistConfig(Section):
+    """The trainer on several processes (``turnforge.dist``): torch.distributed with FSDP2."""
+
+    nproc: int = Field(
+        1, ge=1, description="Trainer ranks (processes). `turnforge train --nproc N` starts N on this machine through "
+        "torch.distributed.run; under torchrun (several machines) the launcher's world size is recorded here. "
+        "1 = one process, no process group"
+    )
+    backend: Literal["auto", "gloo", "nccl"] = Field(
+        "auto", description="torch.distributed backend: 'auto' = gloo on a CPU, NCCL with model.device=cuda"
+    )
+    timeout_s: float = Field(
+        1800.0, gt=0, description="Seconds a collective may wait for another rank: a rank that dies or hangs stops "
+        "the others within it (keep it above the longest evaluation)"
+    )
+
+
 class EvalConfig(Section):
     episodes: int = Field(200, ge=1, description="Held-out episodes per evaluation")
     split: Literal["heldout", "train"] = Field("heldout", description="Task split to evaluate on")
@@ -759,6 +776,7 @@ class TrainConfig(Section):
     agent: AgentConfig = Field(default_factory=AgentConfig, description="An agent program trained through the gateway")
     reward: RewardConfig = Field(default_factory=RewardConfig, description="Rewards beyond the env's own (a judge model)")
     memory: MemoryConfig = Field(default_factory=MemoryConfig, description="Episodic memory: past successes shown at reset")
+    dist: DistConfig = Field(default_factory=DistConfig, description="Trainer ranks: torch.distributed + FSDP2")
     cluster: Literal["local", "ray"] = Field(
         "local", description="'local': one process (plus env worker processes); 'ray': env and rollout workers are Ray actors"
     )

@@ -163,9 +163,38 @@ def _ray(cfg: TrainConfig) -> str | None:
     return None
 
 
+def _dist(cfg: TrainConfig) -> str | None:
+    """What runs on several trainer ranks so far (``turnforge.dist``): BC and synchronous RL
+    without a critic or Monte-Carlo values; the other stages are refused by name."""
+    n = cfg.dist.nproc
+    if n == 1:
+        if cfg.dist.backend == "nccl":
+            return "dist.backend=nccl is for several ranks on GPUs; with dist.nproc=1 there is no process group"
+        return None
+    if cfg.dist.backend == "nccl" and not cfg.model.device.startswith("cuda"):
+        return f"dist.backend=nccl needs model.device=cuda (got model.device={cfg.model.device}); use dist.backend=gloo on a CPU"
+    if cfg.rl.iterations > 0 and cfg.rl.tasks_per_iteration % n:
+        return (f"dist.nproc={n} does not divide rl.tasks_per_iteration={cfg.rl.tasks_per_iteration}: each rank plays "
+                f"whole groups; use a multiple of {n}")
+    unsupported = [
+        ("flywheel.rounds>0", cfg.flywheel.rounds > 0), ("critic.enabled=true", cfg.critic.enabled),
+        (f"rl.advantage={cfg.rl.advantage} (Monte-Carlo values)", ESTIMATORS[cfg.rl.advantage].monte_carlo(cfg)),
+        ("rl.rehearsal_coef>0", cfg.rl.rehearsal_coef > 0), ("engine.mode=async", cfg.engine.mode == "async"),
+        ("cluster=ray", cfg.cluster == "ray"), ("rollout.backend=vllm", cfg.rollout.backend == "vllm"),
+        ("agent.entrypoint", cfg.agent.entrypoint is not None), ("reward.judge.enabled=true", cfg.reward.judge.enabled),
+        ("memory.enabled=true", cfg.memory.enabled),
+    ]
+    for key, on in unsupported:
+        if on:
+            return (f"dist.nproc={n} with {key}: that stage does not run on several trainer ranks yet "
+                    "(BC and synchronous RL without a critic do); use dist.nproc=1 or turn it off")
+    return None
+
+
 #: The config-time rules, in the order they are asked.
 CONFIG_RULES: tuple[Callable[[TrainConfig], str | None], ...] = (
     _estimator_and_critic, _flywheel, _critic_pretraining, _rollout, _lora, _agent, _judge, _vllm, _engine, _memory, _ray,
+    _dist,
 )
 
 

@@ -168,10 +168,18 @@ class Policy:
     sampler: object | None = None
     #: The processor side of a vision-language model (``turnforge.policy.vision.Vision``); None: text-only.
     vision: object | None = None
+    #: The module updates run through on several trainer ranks: a copy of ``model`` sharded with
+    #: FSDP2 (``turnforge.dist``); None (a world of one): ``model`` itself.
+    trainer: torch.nn.Module | None = None
 
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
+
+    @property
+    def train_model(self) -> torch.nn.Module:
+        """The module to compute losses with gradients through and to optimize."""
+        return self.model if self.trainer is None else self.trainer
 
 
 def stop_token_ids(tokenizer, model) -> tuple[int, ...]:

@@ -15,6 +15,7 @@ import torch
 
 from turnforge.algos import sft_loss
 from turnforge.data.store import write_trajectories
+from turnforge.dist import attach_trainer, global_mean_and_tokens, minibatch_share, sync_sampler, world
 from turnforge.policy.generate import token_logprobs
 from turnforge.policy.lora import trainable_parameters
 from turnforge.rollout.actors import ExpertActor
@@ -45,7 +46,8 @@ def run_bc(s: Session) -> BCStats:
             got, _ = s.engine.play(requests[lo:hi], expert, on_progress=lambda n, lo=lo: advance(int(lo) + n))
             s.remember(((t, "demo") for t in got), "bc", 0)
             trajs += got
-    write_trajectories(s.run_dir / "trajectories" / "bc_demos.parquet", trajs, stage="bc", iteration=0)
+    if world().main:  # (every rank plays the same demonstrations; rank 0 writes them)
+        write_trajectories(s.run_dir / "trajectories" / "bc_demos.parquet", trajs, stage="bc", iteration=0)
     failed = check_trajectories("bc", env.env_id, trajs, cfg.max_failure_share, kind="demonstration episodes")
     demos = [t for t in trajs if t.infra_failure is None]
     samples = [x for t in demos for x in t.samples]
@@ -57,29 +59,34 @@ def run_bc(s: Session) -> BCStats:
         f"demonstrator success {demo_success:.2f}" + (f", {failed} infrastructure failures left out" if failed else "")
     )
 
-    # 2. supervised fine-tuning on action tokens
-    optimizer = torch.optim.AdamW(trainable_parameters(policy.model), lr=bc.lr, weight_decay=0.0)
-    step = GuardedStep(policy.model, optimizer, cfg.rl.max_grad_norm, cfg.rl.max_bad_steps)
+    # 2. supervised fine-tuning on action tokens (on several ranks: each takes its share of every
+    #    minibatch, its loss weighted by its share of the minibatch's action tokens; turnforge.dist)
+    attach_trainer(policy)
+    model = policy.train_model
+    optimizer = torch.optim.AdamW(trainable_parameters(model), lr=bc.lr, weight_decay=0.0)
+    step = GuardedStep(model, optimizer, cfg.rl.max_grad_norm, cfg.rl.max_bad_steps)
     steps_per_epoch = -(-len(samples) // bc.batch_size)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: lr_factor(bc.lr_schedule, i, bc.epochs * steps_per_epoch))
     s.progress.stage("bc", bc.epochs * steps_per_epoch)
-    policy.model.train()
+    model.train()
     n, loss_value, t0 = 0, float("nan"), time.time()
     for epoch in range(bc.epochs):
         order = rng(cfg.seed, "bc", epoch).permutation(len(samples))
         for b in range(steps_per_epoch):
-            batch = collate([samples[i] for i in order[b * bc.batch_size:(b + 1) * bc.batch_size]], policy.pad_id,
-                            vision=policy.vision)
-            logprobs, _ = token_logprobs(policy.model, batch.ids, batch.attention, positions=batch.mask, vision=batch.vision)
+            mine, share = minibatch_share([samples[i] for i in order[b * bc.batch_size:(b + 1) * bc.batch_size]],
+                                          lambda x: x.num_action_tokens)
+            batch = collate(mine, policy.pad_id, vision=policy.vision)
+            logprobs, _ = token_logprobs(model, batch.ids, batch.attention, positions=batch.mask, vision=batch.vision)
             loss = sft_loss(logprobs, batch.mask)
-            step(loss)
+            step(loss if share == 1.0 else loss * share)
             scheduler.step()
             n += 1
-            s.state.train_tokens += batch.num_tokens
-            loss_value = loss.item()
+            loss_value, tokens = global_mean_and_tokens(loss.item(), share, batch.num_tokens if share else 0)
+            s.state.train_tokens += tokens
             s.progress.update(n, loss=loss_value, tokens_per_s=s.state.train_tokens / (time.time() - t0))
         s.metrics.log(BCEpoch(epoch, loss_value), s.state.env_steps)
-    policy.model.eval()
+    model.eval()
+    sync_sampler(policy)
 
     # 3. record
     stats = BCStats(

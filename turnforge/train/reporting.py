@@ -72,6 +72,20 @@ class MetricsLog:
         self.tb.close()
 
 
+class SilentMetricsLog(MetricsLog):
+    """The metrics log of a rank other than 0 (``turnforge.dist``): records are stamped as rank
+    0's are and returned, nothing is written (rank 0's log is the run's)."""
+
+    def __init__(self) -> None:
+        pass
+
+    def log(self, record: T, env_steps: int) -> T:
+        return dataclasses.replace(record, env_steps=env_steps, time=round(time.time(), 3))
+
+    def close(self) -> None:
+        pass
+
+
 def _scalars(data: dict, prefix: str = "") -> list[tuple[str, float]]:
     """The numeric leaves of nested JSON data as ``(path, value)``."""
     out = []
@@ -91,12 +105,14 @@ class Progress:
     ``nohup``, a pipe): a line per stage and per message, and progress lines at most one every
     ``interval`` seconds, each with its ETA (plus a stage's last step), so a log holds
     O(stages + minutes) lines, not one per optimizer step. ``clock`` (seconds, monotonic) is
-    injectable, so the throttle is tested without sleeping."""
+    injectable, so the throttle is tested without sleeping. ``quiet``: prints nothing (the
+    trainer ranks other than 0; rank 0's display is the run's)."""
 
     def __init__(self, recipe: str, live: bool | None = None, *, interval: float = 10.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, quiet: bool = False) -> None:
         self.console = Console(stderr=True)
-        self.live_mode = sys.stderr.isatty() if live is None else live
+        self.quiet = quiet
+        self.live_mode = (sys.stderr.isatty() if live is None else live) and not quiet
         self.recipe, self.interval, self.clock = recipe, interval, clock
         self.state: dict[str, Any] = {"stage": "setup"}
         self._live: Live | None = None
@@ -159,6 +175,8 @@ class Progress:
 
     def message(self, text: str) -> None:
         """A line, always (a result, a warning)."""
+        if self.quiet:
+            return
         if self._live is not None:
             self._live.console.print(text)
         else:
@@ -169,7 +187,7 @@ class Progress:
             self._live.update(self._panel())
             return
         now = self.clock()
-        if force or now - self._last_line >= self.interval:
+        if (force or now - self._last_line >= self.interval) and not self.quiet:
             self._last_line = now
             print(line, file=sys.stderr, flush=True)
 

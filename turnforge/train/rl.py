@@ -35,6 +35,7 @@ from turnforge.algos import explained_variance
 from turnforge.config import TrainConfig
 from turnforge.critic.value import ValueModel, pretrain_critic, sample_targets, update_critic
 from turnforge.data.store import write_trajectories
+from turnforge.dist import optimizer_state, sync_sampler, world
 from turnforge.errors import RunStopped
 from turnforge.policy.model import Policy
 from turnforge.rollout.actors import PolicyActor
@@ -76,7 +77,7 @@ def run_rl(
     policy for Monte-Carlo rollouts with ``critic.mc_policy=bc``."""
     cfg, rl = s.cfg, s.cfg.rl
     policy = s.policy
-    step = GuardedStep(policy.model, optimizer, rl.max_grad_norm, rl.max_bad_steps)
+    step = GuardedStep(policy.train_model, optimizer, rl.max_grad_norm, rl.max_bad_steps)
     step.skipped = s.state.skipped_steps
     s.progress.stage("rl", rl.iterations)
     s.rl_started = time.time()
@@ -105,7 +106,8 @@ def run_rl(
             try:
                 check_trajectories(f"rl iteration {it + 1}", s.env.env_id, trajs, cfg.max_failure_share, kind="rollout episodes")
             except RunStopped:
-                write_trajectories(s.run_dir / "trajectories" / f"rl_{it:05d}.parquet", trajs, stage="rl", iteration=it)
+                if world().main:
+                    write_trajectories(s.run_dir / "trajectories" / f"rl_{it:05d}.parquet", trajs, stage="rl", iteration=it)
                 raise
             ok = [t for t in trajs if t.infra_failure is None]
             t_rollout = time.time() - t0
@@ -114,13 +116,15 @@ def run_rl(
             t1 = time.time()
             credit = assign_credit(ok, cfg, it, pad_id=policy.pad_id, critic=critic.model if critic else None,
                                    reference=reference, mc=mc)
-            write_trajectories(s.run_dir / "trajectories" / f"rl_{it:05d}.parquet", trajs, stage="rl", iteration=it,
-                               advantages=credit.per_turn or None)
+            if world().main:  # (on several ranks every rank holds the iteration's episodes; rank 0 writes them)
+                write_trajectories(s.run_dir / "trajectories" / f"rl_{it:05d}.parquet", trajs, stage="rl", iteration=it,
+                                   advantages=credit.per_turn or None)
             s.remember(((t, "plain") for t in ok), "rl", it)  # episodic memory: the next iteration's episodes recall them
             t_credit = time.time() - t1
 
             # 3-4. policy update, then the critic's (``learn``)
             learned = learn(ok, credit, cfg, it, policy, step, reference=reference, critic=critic, rehearsal=rehearsal)
+            sync_sampler(policy)  # on several ranks: the sharded trainer's new weights into the sampling model
             policy.version += 1
             rollouts.after_update()  # weight sync to the rollout worker (nothing to do when it shares the model)
 
@@ -293,7 +297,7 @@ def training_state(policy: Policy, optimizer: torch.optim.Optimizer | None, crit
     """What a resumable checkpoint keeps besides the weights (``flywheel``: the flywheel's
     ``FlywheelState`` after a round)."""
     return TrainingState(
-        version=policy.version, optimizer=optimizer.state_dict() if optimizer is not None else None,
+        version=policy.version, optimizer=optimizer_state(policy.train_model, optimizer) if optimizer is not None else None,
         critic=critic.model.state_dict() if critic is not None else None,
         critic_optimizer=critic.optimizer.state_dict() if critic is not None else None,
         memory=memory.state() if memory is not None else None, flywheel=flywheel,

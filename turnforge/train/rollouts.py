@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from turnforge.dist import gather, world
 from turnforge.envpool import PoolStats
 from turnforge.rollout.actors import PolicyActor
 from turnforge.rollout.engine import EpisodeRequest, RolloutStats, make_engine
@@ -63,7 +64,9 @@ class GroupMaker:
     seed: int
     tasks_per_iteration: int
     group_size: int
-    start_group: int = 0
+    start_group: int = 0  # in this rank's groups
+    rank: int = 0  # on several trainer ranks, rank r plays tasks r, r + ranks, ... of each iteration
+    ranks: int = 1
     _env: object = field(default=None, repr=False)
 
     def __call__(self, k: int) -> list[EpisodeRequest]:
@@ -71,7 +74,8 @@ class GroupMaker:
             from turnforge.envs.registry import build_env
 
             self._env = build_env(self.env_id, self.env_kwargs, self.tasks_file, self.heldout_fraction)
-        it, j = divmod(self.start_group + k, self.tasks_per_iteration)
+        it, mine = divmod(self.start_group + k, self.tasks_per_iteration // self.ranks)
+        j = mine * self.ranks + self.rank
         task_index = int(rng(self.seed, "rl-tasks", it).integers(0, 2**31 - 1, self.tasks_per_iteration)[j])
         task = self._env.task("train", task_index)
         return [
@@ -80,10 +84,11 @@ class GroupMaker:
         ]
 
     @classmethod
-    def of(cls, s: Session, start_group: int = 0) -> "GroupMaker":
-        cfg, rl = s.cfg, s.cfg.rl
+    def of(cls, s: Session, start_iteration: int = 0) -> "GroupMaker":
+        """This rank's groups from iteration ``start_iteration`` on."""
+        cfg, rl, w = s.cfg, s.cfg.rl, world()
         return cls(cfg.env.id, dict(cfg.env.kwargs), cfg.env.tasks, cfg.env.heldout_fraction, cfg.seed,
-                   rl.tasks_per_iteration, rl.group_size, start_group)
+                   rl.tasks_per_iteration, rl.group_size, start_iteration * rl.tasks_per_iteration // w.size, w.rank, w.size)
 
 
 def env_slots(cfg) -> int:
@@ -143,7 +148,7 @@ class LocalRollouts(_Source):
         cfg, eng, rl = s.cfg, s.cfg.engine, s.cfg.rl
         self.s, self.is_async = s, eng.mode == "async"
         start_it = s.state.iteration  # a resumed run goes on with the next iteration's groups and generator
-        groups = GroupMaker.of(s, start_it * rl.tasks_per_iteration)
+        groups = GroupMaker.of(s, start_it)
         if self.is_async:  # the rollout worker's own engine and policy copy: the trainer updates its weights in place
             policy = copy.deepcopy(s.policy)
             policy.model.eval()
@@ -153,11 +158,11 @@ class LocalRollouts(_Source):
         else:
             self.engine = s.rollout_engine
             actor = PolicyActor(s.policy, cfg.rollout.max_new_tokens, cfg.rollout.temperature,
-                                _IterationGenerator(cfg.seed, start_it)(0))  # reseeded per batch by generator_for
+                                _IterationGenerator(cfg.seed, start_it, world().rank)(0))  # reseeded per batch by generator_for
         self.stream = GroupStream(
-            self.engine, actor, groups, group_size=rl.group_size, groups_per_batch=rl.tasks_per_iteration, eta=eng.eta,
-            lockstep=not self.is_async, partial_rollouts=eng.partial_rollouts, keep_snapshots=keep_snapshots,
-            generator_for=_IterationGenerator(cfg.seed, start_it),
+            self.engine, actor, groups, group_size=rl.group_size, groups_per_batch=rl.tasks_per_iteration // world().size,
+            eta=eng.eta, lockstep=not self.is_async, partial_rollouts=eng.partial_rollouts, keep_snapshots=keep_snapshots,
+            generator_for=_IterationGenerator(cfg.seed, start_it, world().rank),
         )
         self.clock = _TrainerClock()
         if self.is_async:
@@ -201,7 +206,7 @@ class RayRollouts(_Source):
         seed = cfg.seed
         self.worker = remote_worker(num_cpus=1.0).remote(
             ray.put(s.policy), cfg.rollout, eng, cfg.env.id, dict(cfg.env.kwargs),
-            GroupMaker.of(s, start_it * rl.tasks_per_iteration),
+            GroupMaker.of(s, start_it),
             group_size=rl.group_size, groups_per_batch=rl.tasks_per_iteration,
             num_envs=rl.tasks_per_iteration * rl.group_size if lockstep else env_slots(cfg),
             seed=stable_hash(seed, "rl-engine", start_it), lockstep=lockstep, keep_snapshots=keep_snapshots,
@@ -233,12 +238,16 @@ class RayRollouts(_Source):
 
 @dataclass(frozen=True)
 class _IterationGenerator:
-    """``generator(seed, "rl-sample", start + b)``, picklable for the Ray worker."""
+    """``generator(seed, "rl-sample", start + b)`` (on trainer rank r > 0, a stream of its own,
+    ``(seed, "rl-sample", start + b, "rank", r)``), picklable for the Ray worker."""
 
     seed: int
     start: int
+    rank: int = 0
 
     def __call__(self, b: int):
+        if self.rank:
+            return generator(self.seed, "rl-sample", self.start + b, "rank", self.rank)
         return generator(self.seed, "rl-sample", self.start + b)
 
 
@@ -285,8 +294,36 @@ class JudgedRollouts(_Source):
         self.inner.close()
 
 
+class RankedRollouts(_Source):
+    """On several trainer ranks (``turnforge.dist``): each rank plays its share of every
+    iteration's groups on its own engine (``LocalRollouts``; ``GroupMaker`` deals tasks r, r +
+    ranks, ... to rank r), and every rank gets the whole iteration, groups in task order as one
+    rank would have them, counters summed: credit is assigned on the whole batch, so no group's
+    advantages depend on where it was played."""
+
+    def __init__(self, inner: _Source) -> None:
+        self.inner = inner
+
+    def next(self, it: int) -> RolloutBatch:
+        parts = gather(self.inner.next(it))
+        trajs = sorted((t for p in parts for t in p.trajectories), key=lambda t: int(t.group_id.split("-")[1]))
+        stats = type(parts[0].stats)(**{f.name: sum(getattr(p.stats, f.name) for p in parts)
+                                        for f in dataclasses.fields(parts[0].stats)})
+        env_steps = sum(p.env_steps for p in parts)
+        stream = dataclasses.replace(parts[0].stream, env_steps_executed=sum(p.stream.env_steps_executed for p in parts))
+        return RolloutBatch(trajs, stats, env_steps, stream)
+
+    def after_update(self) -> None:
+        self.inner.after_update()
+
+    def close(self) -> None:
+        self.inner.close()
+
+
 def make_rollouts(s: Session, keep_snapshots: bool) -> _Source:
     cfg = s.cfg
+    if world().distributed:  # the config allows only local synchronous rollouts on several ranks (turnforge.rules)
+        return RankedRollouts(LocalRollouts(s, keep_snapshots))
     if cfg.agent.entrypoint is not None:
         source: _Source = AgentRollouts(s)
     elif cfg.cluster == "ray":

@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 
 from turnforge.config import TrainConfig
+from turnforge.dist import attach_trainer, init_world, load_optimizer_state
 from turnforge.envs.base import close_env
 from turnforge.paths import write_atomic
 from turnforge.policy.generate import PrefillCache
@@ -58,7 +59,8 @@ def train(cfg: TrainConfig, out: str | Path, *, resume: bool = False, live: bool
     """
     quiet_hf()
     run_dir = Path(out)
-    torch.set_num_threads(cfg.threads)
+    w = init_world(cfg.dist.backend, cfg.dist.timeout_s, cfg.model.device)  # a world of one unless launched on ranks
+    torch.set_num_threads(cfg.threads if not w.distributed else max(1, cfg.threads // w.local_size))
     torch.manual_seed(cfg.seed)
 
     # 1. set-up: every check before any work, then (under the run's lock) a new run directory or
@@ -84,11 +86,13 @@ def train(cfg: TrainConfig, out: str | Path, *, resume: bool = False, live: bool
             save_resumable(run_dir, policy, state, training_state(policy, None, memory=s.memory))
 
         # 3. the data flywheel (flywheel.rounds > 0): rounds of collect -> filter -> train -> evaluate
-        optimizer = torch.optim.AdamW(trainable_parameters(policy.model), lr=cfg.rl.lr, weight_decay=0.0)
+        if policy.trainer is None:
+            attach_trainer(policy)  # on several ranks: the sharded copy updates run through (turnforge.dist)
+        optimizer = torch.optim.AdamW(trainable_parameters(policy.train_model), lr=cfg.rl.lr, weight_decay=0.0)
         training = run.training  # the resumed checkpoint's optimizer (and critic) state, if any
         if cfg.flywheel.rounds > 0 and state.stage == "bc":
             if training is not None and training.flywheel is not None:  # stopped between two rounds
-                optimizer.load_state_dict(training.optimizer)
+                load_optimizer_state(policy.train_model, optimizer, training.optimizer)
             rounds = run_flywheel(s, optimizer, training.flywheel if training is not None else None)
             training = None  # the optimizer is the flywheel's own now
             state.hints = rounds[-1].expert_queries
@@ -103,7 +107,7 @@ def train(cfg: TrainConfig, out: str | Path, *, resume: bool = False, live: bool
 
         # 5. RL (a first SIGINT/SIGTERM finishes the iteration, checkpoints and stops)
         if training is not None and training.optimizer is not None:
-            optimizer.load_state_dict(training.optimizer)
+            load_optimizer_state(policy.train_model, optimizer, training.optimizer)
         bc_policy, reference = rl_references(cfg, run_dir, policy)
         s.stop.graceful = True
         run_rl(s, optimizer, reference, critic, bc_policy, stop_after)
@@ -121,6 +125,8 @@ def train(cfg: TrainConfig, out: str | Path, *, resume: bool = False, live: bool
         save_model(policy, run_dir / "checkpoints" / "final")
         state.wall_seconds = s.wall_seconds()
         summary = run_summary(cfg, state, policy, s.engine, run_dir, after, rl_seconds, boundary_after)
+        if not w.main:  # rank 0 writes the summary, plots and report
+            return summary
         write_atomic(run_dir / "summary.json", json.dumps(to_json(summary), indent=2) + "\n")
         plot_learning_curve(run_dir, f"{cfg.recipe} (seed {cfg.seed})")
         if summary.boundary_start is not None or summary.boundary_after is not None:

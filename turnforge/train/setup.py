@@ -26,6 +26,7 @@ import yaml
 from turnforge import errors
 from turnforge.config import TrainConfig, config_from_dict
 from turnforge.critic.value import build_value_model
+from turnforge.dist import attach_trainer, broadcast, broadcast_weights, world
 from turnforge.envs.base import Env
 from turnforge.envs.checker import check_action_lengths
 from turnforge.envs.registry import build_env
@@ -43,7 +44,7 @@ from turnforge.rules import check_run
 from turnforge.train.checks import check_env_at_start
 from turnforge.train.estimators import ESTIMATORS
 from turnforge.train.metrics import RunSummary, RunWarning, read_summary
-from turnforge.train.reporting import MetricsLog, Progress
+from turnforge.train.reporting import MetricsLog, Progress, SilentMetricsLog
 from turnforge.train.rl import Critic, make_reference, pretrain_values
 from turnforge.train.run_dir.checkpoint import Resumable, TrainerState, TrainingState, find_resumable, save_model
 from turnforge.train.run_dir.interrupts import Interrupts
@@ -119,8 +120,9 @@ def preflight(cfg: TrainConfig, run_dir: Path, resume: bool) -> Checked:
         check_lora_targets(skeleton(hf), list(cfg.model.lora.target_modules))
     if cfg.rollout.context == "summarize" and cfg.model.gguf is None:  # (a GGUF model's: once it is converted)
         check_summary_budget(ChatFormat(_tokenizer(cfg)), cfg.rollout)
-    check_run_dir(run_dir, resume)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    if world().main:
+        check_run_dir(run_dir, resume)
+        run_dir.mkdir(parents=True, exist_ok=True)
     return checked
 
 
@@ -153,10 +155,12 @@ def open_run(cfg: TrainConfig, run_dir: Path, checked: Checked, stack: ExitStack
     a new run's config and base model, or the newest complete checkpoint with ``resume``;
     SIGINT/SIGTERM handling; the policy and the engine; the metrics log; the ``Session``.
     ``--resume`` of a run that already finished returns its summary (nothing to do)."""
-    stack.enter_context(RunLock(run_dir))
+    w = world()  # on several trainer ranks only rank 0 writes the run directory (turnforge.dist)
+    if w.main:
+        stack.enter_context(RunLock(run_dir))
     errors.current_run_dir.append(str(run_dir))
     stack.callback(errors.current_run_dir.remove, str(run_dir))
-    progress = stack.enter_context(Progress(cfg.recipe, live=live))
+    progress = stack.enter_context(Progress(cfg.recipe, live=live, quiet=not w.main))
     if resume and (run_dir / "summary.json").exists():
         summary = read_summary(run_dir)
         progress.message(f"run {run_dir} is finished ({summary.rl_iterations} RL iterations, held-out success "
@@ -164,19 +168,22 @@ def open_run(cfg: TrainConfig, run_dir: Path, checked: Checked, stack: ExitStack
         return summary
     found = find_resumable(run_dir) if resume else None
     if found is None:  # a new run, or one that stopped before its first checkpoint: start over
-        if not resume:
-            check_run_dir(run_dir, resume=False)  # again, under the lock
-        if _clear_leftovers(run_dir):
-            progress.message(f"{run_dir} held a run stopped before its first checkpoint; starting it over")
-        (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(), sort_keys=False))
         state, training = TrainerState(), None
-        model_path = _base_model(cfg, run_dir, progress)
+        if w.main:
+            if not resume:
+                check_run_dir(run_dir, resume=False)  # again, under the lock
+            if _clear_leftovers(run_dir):
+                progress.message(f"{run_dir} held a run stopped before its first checkpoint; starting it over")
+            (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(), sort_keys=False))
+            model_path = _base_model(cfg, run_dir, progress)
+        model_path = Path(broadcast(str(model_path) if w.main else None))  # the other ranks read rank 0's
     else:
         model_path, state, training = found.path, found.state, found.training
         for problem in found.skipped:
             progress.message(f"warning: {problem}; resuming from the previous checkpoint")
     stop = stack.enter_context(Interrupts(lambda: _where(run_dir, state, stop, cfg.flywheel.rounds > 0)))
     policy = _load_policy(cfg, run_dir, model_path, found)
+    broadcast_weights(policy.model)  # every rank starts from rank 0's weights (a no-op in a world of one)
     engine, too_long = _make_engine(cfg, policy, run_dir, checked, stack)
     if training is not None:
         policy.version = training.version
@@ -185,9 +192,9 @@ def open_run(cfg: TrainConfig, run_dir: Path, checked: Checked, stack: ExitStack
         memory = checked.memory or EpisodicMemory.from_state(cfg.memory, engine.env.env_id,
                                                              training.memory if training is not None else None)
         engine.memory = memory
-    metrics = MetricsLog(run_dir, keep_until_env_steps=state.env_steps if found else None)
+    metrics = MetricsLog(run_dir, keep_until_env_steps=state.env_steps if found else None) if w.main else SilentMetricsLog()
     stack.callback(metrics.close)
-    if found is None:
+    if found is None and w.main:
         (run_dir / "metrics.jsonl").write_text("")
     s = Session(cfg, run_dir, policy, engine, metrics, progress, state, wall_offset=state.wall_seconds, stop=stop,
                 memory=memory)
@@ -301,6 +308,7 @@ def freeze_bc(s: Session) -> None:
     save_model(policy, s.run_dir / "checkpoints" / "bc")
     if s.cfg.model.lora.r > 0:
         add_lora(policy, s.cfg.model.lora, s.cfg.seed, "rl")
+    attach_trainer(policy)  # on several ranks: a sharded copy of what the next stages train
 
 
 def make_critic(s: Session, training: TrainingState | None) -> Critic | None:

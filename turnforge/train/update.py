@@ -15,6 +15,7 @@ from turnforge.algos import (
     PolicyLossOutput, aggregation_weights, decoupled_ppo_loss, importance_weights, masked_mean, ppo_clip_loss,
 )
 from turnforge.config import RLConfig
+from turnforge.dist import global_mean_and_tokens, minibatch_share, share_weighted
 from turnforge.policy.generate import token_logprobs
 from turnforge.policy.model import Policy
 from turnforge.train.common import Batch, GuardedStep, collate, score_samples
@@ -54,12 +55,16 @@ def ppo_update(
     minibatches still hold ``rl.minibatch_size`` sampled copies each."""
     rows = weighted_rows(samples, rl)
     prox, offpolicy = (proximal_logprobs(policy, [r.sample for r in rows], temperature, is_cap) if decoupled else (None, None))
-    policy.model.train()
+    model = policy.train_model
+    model.train()
     order = shuffle.permutation(len(rows)).tolist()
     rehearsal_order = shuffle.permutation(len(rehearsal.samples)) if rehearsal is not None else None
     losses, clip_fracs, kls, norms, entropies, ref_kls, tokens, nlls = [], [], [], [], [], [], 0, []
     for _ in range(rl.epochs):
         for idx in minibatches(rows, order, rl.minibatch_size):
+            # on several ranks each takes its share of the minibatch's rows, its loss weighted by its
+            # share of the loss's token weights (turnforge.dist): the update of one rank with all of them
+            idx, share = minibatch_share(idx, lambda i: rows[i].weight * rows[i].sample.num_action_tokens)
             chunk = [rows[i] for i in idx]
             batch = collate([r.sample for r in chunk], policy.pad_id, [r.advantage for r in chunk], vision=policy.vision)
             counts = torch.tensor([r.count for r in chunk], dtype=torch.float32)
@@ -67,20 +72,19 @@ def ppo_update(
                                           prox=None if prox is None else [prox[i] for i in idx], is_cap=is_cap)
             loss = out.loss
             if rehearsal is not None:
-                nll = rehearsal_loss(policy.model, rehearsal.batch(len(losses), rl.minibatch_size, rehearsal_order),
+                nll = rehearsal_loss(model, rehearsal.batch(len(losses), rl.minibatch_size, rehearsal_order),
                                      policy.pad_id, rehearsal.temperature)
                 loss = loss + rehearsal.coef * nll
                 nlls.append(float(nll.detach()))
-            norm = step(loss)
+            norm = step(loss if share == 1.0 else loss * share)
             if norm is not None:
                 norms.append(norm)
-            losses.append(loss.item())
-            clip_fracs.append(out.clip_fraction)
-            kls.append(out.approx_kl)
-            entropies.append(float(masked_mean(entropy.detach(), batch.mask * counts[:, None])))
-            ref_kls.append(out.kl_ref)
-            tokens += int((batch.attention.sum(dim=1) * counts).sum())
-    policy.model.eval()
+            figures = share_weighted([loss.item(), out.clip_fraction, out.approx_kl, out.kl_ref,
+                                      float(masked_mean(entropy.detach(), batch.mask * counts[:, None]))], share)
+            for xs, x in zip((losses, clip_fracs, kls, ref_kls, entropies), figures):
+                xs.append(x)
+            tokens += global_mean_and_tokens(0.0, share, int((batch.attention.sum(dim=1) * counts).sum()) if share else 0)[1]
+    model.eval()
 
     def mean(xs: list[float]) -> float:
         return sum(xs) / max(len(xs), 1)
@@ -116,7 +120,7 @@ def minibatch_loss(policy: Policy, batch: Batch, chunk: list[MergedSample], coun
                    is_cap: float | None) -> tuple[PolicyLossOutput, torch.Tensor]:
     """PPO-clip's loss on one minibatch (the decoupled objective around ``prox``, the proximal
     logprobs of its rows, when given) and the policy's entropies ``[B, T]``."""
-    logprobs, entropy = token_logprobs(policy.model, batch.ids, batch.attention, temperature,
+    logprobs, entropy = token_logprobs(policy.train_model, batch.ids, batch.attention, temperature,
                                        with_entropy=True, positions=batch.mask, vision=batch.vision)
     ref = None
     if reference is not None:

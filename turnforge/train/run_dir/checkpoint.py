@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from turnforge.errors import UserError
+from turnforge.dist import barrier, world
 from turnforge.policy.lora import ADAPTER_DIR, is_lora, merged_copy
 from turnforge.policy.manifest import fsync, seal, verify
 from turnforge.policy.model import Policy
@@ -103,7 +104,12 @@ def _swap_in(tmp: Path, final: Path, keep_previous: Path | None) -> None:
 def save_model(policy: Policy, path: Path, extra: dict[str, Any] | None = None, previous: Path | None = None) -> Path:
     """Write the HF model directory ``path`` atomically (beside it, sealed, then renamed).
     ``extra`` maps file names to objects saved with ``torch.save`` (``*.pt``) or as JSON;
-    ``previous``: where the replaced checkpoint is kept (None: deleted once replaced)."""
+    ``previous``: where the replaced checkpoint is kept (None: deleted once replaced).
+    On several trainer ranks (``turnforge.dist``) every rank calls it and rank 0 writes (the
+    policy's plain model holds the synced weights); the others wait until it is written."""
+    if not world().main:
+        barrier()
+        return path
     tmp = path.with_name(path.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -120,6 +126,7 @@ def save_model(policy: Policy, path: Path, extra: dict[str, Any] | None = None, 
             (tmp / name).write_text(json.dumps(obj, indent=2) + "\n")
     seal(tmp)
     _swap_in(tmp, path, previous)
+    barrier()
     return path
 
 
@@ -145,7 +152,7 @@ def keep_weights(run_dir: Path, policy: Policy, label: str, keep: int) -> Path |
     kept = kept_checkpoints(run_dir)
     index = int(kept[-1].name.split("-")[1]) + 1 if kept else 1
     path = save_model(policy, run_dir / "checkpoints" / f"{KEPT_PREFIX}{index:03d}-{label}")
-    for old in (kept + [path])[:-keep]:
+    for old in (kept + [path])[:-keep] if world().main else []:
         shutil.rmtree(old)
     return path
 

@@ -1,0 +1,363 @@
+"""The trainer on N processes: torch.distributed with FSDP2 (``fully_shard``) over an explicit mesh.
+
+One program runs on every rank (SPMD). A world of one process is today's run exactly: no
+process group, no wrapper, no extra copy. With ``size > 1``:
+
+- **Sharding.** The policy keeps its plain model (``Policy.model``) for sampling, scoring
+  without gradients and saving; the updates run through ``Policy.trainer``, a copy sharded
+  with ``fully_shard`` per decoder block and on the root over ``init_device_mesh(device,
+  (size,))``: parameters, gradients and AdamW's state are split over the ranks. After an
+  update ``sync_sampler`` gathers the new weights one tensor at a time into the plain model
+  (the in-process form of a weight push: every rank samples with the same weights).
+  Departure from verl/SkyRL: they hand the gathered weights to vLLM; here the sampler is the
+  HF model itself (a CPU run has no vLLM), at the cost of one full copy of the parameters per
+  rank beside the shards.
+- **Reductions.** A minibatch's rows are split over the ranks (``rank_slice``); each rank's
+  loss is its share of a global weighted mean (``loss_share``: ``size * w_rank / w_total``,
+  with ``w`` the minibatch's token weights), so FSDP's mean over ranks gives the gradient
+  of 1 rank with the whole minibatch, token-weighted as before.
+- **Data.** Rank 0 holds the run directory; the other ranks write a scratch copy of it that
+  is removed at exit (``scratch_dir``). Objects (trajectories, counters) travel with
+  ``gather``/``broadcast``.
+
+Every collective has the process group's timeout (``dist.timeout_s``): a rank that dies or
+hangs stops the others within it. The launcher is torch's own (``torch.distributed.run``,
+``launch``).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Callable, Sequence, TypeVar
+
+import torch
+
+T = TypeVar("T")
+
+#: Per-rank one-line failure reports: a directory the launcher names, each rank writes ``rank<R>.txt``.
+ERRORS_ENV = "TURNFORGE_RANK_ERRORS"
+
+
+@dataclass(frozen=True)
+class World:
+    """Who this process is among the trainer's ranks."""
+
+    rank: int = 0
+    size: int = 1
+    local_rank: int = 0
+    local_size: int = 1
+    backend: str | None = None  # 'gloo' / 'nccl'; None in a world of one
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.size > 1
+
+
+_WORLD = World()
+
+
+def world() -> World:
+    """This process's world (a world of one until ``init_world``)."""
+    return _WORLD
+
+
+def launched_size() -> int:
+    """The world size torch's launcher set for this process (1 when not launched by it)."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def init_world(backend: str, timeout_s: float, device: str = "cpu") -> World:
+    """Join the process group of a launcher-started run (``WORLD_SIZE``, ``RANK``,
+    ``LOCAL_RANK`` and the rendezvous from ``torch.distributed.run``); a world of one when not
+    launched. ``backend``: 'auto' (gloo on CPU, NCCL on a GPU), 'gloo' or 'nccl'."""
+    global _WORLD
+    size = launched_size()
+    if size <= 1:
+        _WORLD = World()
+        return _WORLD
+    import torch.distributed as dist
+
+    chosen = ("nccl" if device.startswith("cuda") else "gloo") if backend == "auto" else backend
+    if chosen == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    if not dist.is_initialized():
+        dist.init_process_group(chosen, timeout=timedelta(seconds=timeout_s))
+    _WORLD = World(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")),
+                   int(os.environ.get("LOCAL_WORLD_SIZE", str(size))), chosen)
+    return _WORLD
+
+
+def shutdown() -> None:
+    """Leave the process group (a world of one again)."""
+    global _WORLD
+    if _WORLD.distributed:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    _WORLD = World()
+
+
+# --- sharding --------------------------------------------------------------------------------
+
+
+def decoder_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The repeated transformer blocks of an HF causal LM (a PEFT model's too): the units FSDP2
+    shards one at a time; [] for a model without a known block list (the root group holds all)."""
+    for name in ("layers", "h", "blocks"):
+        for module in model.modules():
+            blocks = getattr(module, name, None)
+            if isinstance(blocks, torch.nn.ModuleList) and len(blocks) > 0:
+                return list(blocks)
+    return []
+
+
+def shard(model: torch.nn.Module, w: World | None = None) -> torch.nn.Module:
+    """``model`` sharded in place with FSDP2 over a 1-D mesh of the world (gloo on CPU, NCCL on
+    a GPU): one ``fully_shard`` per decoder block, then the root (embeddings, final norm, the
+    LM head). Frozen parameters (a LoRA base) are sharded too."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    w = w or _WORLD
+    device = next(model.parameters()).device
+    mesh = init_device_mesh(device.type, (w.size,))
+    for block in decoder_blocks(model):
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model
+
+
+@torch.no_grad()
+def sync_sampler(policy) -> None:
+    """Copy the trainer's updated weights into the policy's plain model, one tensor at a time
+    (each rank gathers a parameter's shards, copies, frees them: never a second full model).
+    Only the trainable tensors move (a LoRA run: the adapter). Nothing to do in a world of one."""
+    trainer = getattr(policy, "trainer", None)
+    if trainer is None:
+        return
+    plain = dict(policy.model.named_parameters())
+    for name, p in trainer.named_parameters():
+        if p.requires_grad:
+            full = p.full_tensor() if hasattr(p, "full_tensor") else p
+            plain[name].copy_(full)
+
+
+@torch.no_grad()
+def broadcast_weights(model: torch.nn.Module, src: int = 0) -> None:
+    """Every rank's ``model`` gets rank ``src``'s weights (and buffers)."""
+    if not _WORLD.distributed:
+        return
+    import torch.distributed as dist
+
+    for t in list(model.parameters()) + list(model.buffers()):
+        dist.broadcast(t.data, src)
+
+
+# --- reductions and objects ----------------------------------------------------------------------
+
+
+def rank_slice(items: Sequence[T], w: World | None = None) -> list[T]:
+    """This rank's share of ``items``: every ``size``-th, from its rank (all of them in a world of one)."""
+    w = w or _WORLD
+    return list(items) if w.size == 1 else list(items[w.rank::w.size])
+
+
+def all_sum(values: Sequence[float]) -> list[float]:
+    """Element-wise sums of ``values`` over the ranks (float64; ``values`` as given in a world of one)."""
+    if not _WORLD.distributed:
+        return list(values)
+    import torch.distributed as dist
+
+    t = torch.tensor(list(values), dtype=torch.float64)
+    dist.all_reduce(t)
+    return t.tolist()
+
+
+def every_rank(flag: bool) -> bool:
+    """True when ``flag`` holds on every rank (``flag`` in a world of one)."""
+    if not _WORLD.distributed:
+        return flag
+    return all_sum([0.0 if flag else 1.0])[0] == 0
+
+
+def loss_share(local_weight: float) -> float:
+    """The factor that makes a rank's loss, a weighted mean over its rows with total weight
+    ``local_weight``, its part of the mean over the whole minibatch: ``size * w_rank / w_total``
+    (FSDP averages gradients over the ranks). 1.0 in a world of one; 0.0 on a rank without rows."""
+    if not _WORLD.distributed:
+        return 1.0
+    (total,) = all_sum([local_weight])
+    return _WORLD.size * local_weight / total if total > 0 else 0.0
+
+
+def minibatch_share(rows: Sequence[T], weight: Callable[[T], float]) -> tuple[list[T], float]:
+    """This rank's rows of a global minibatch (``rank_slice``) and the factor its loss takes
+    (``loss_share`` of their total ``weight``, the weight the loss's mean divides by). A rank
+    left without rows gets the first row with factor 0: it still runs the forward and backward
+    passes whose collectives the other ranks wait on. ``(rows, 1.0)`` in a world of one."""
+    if not _WORLD.distributed:
+        return list(rows), 1.0
+    mine = rank_slice(rows)
+    share = loss_share(float(sum(weight(r) for r in mine)))
+    return (mine, share) if mine else ([rows[0]], 0.0)
+
+
+def global_mean_and_tokens(local_loss: float, share: float, local_tokens: int) -> tuple[float, int]:
+    """A minibatch's loss over all ranks (each rank's loss times its ``share``, averaged) and
+    its tokens summed over the ranks; the local values in a world of one."""
+    if not _WORLD.distributed:
+        return local_loss, local_tokens
+    loss, tokens = all_sum([local_loss * share, float(local_tokens)])
+    return loss / _WORLD.size, int(tokens)
+
+
+def share_weighted(values: Sequence[float], share: float) -> list[float]:
+    """Per-minibatch figures (a loss, a clip fraction) over all ranks: each rank's value times its
+    ``share``, averaged; ``values`` as given in a world of one."""
+    if not _WORLD.distributed:
+        return list(values)
+    return [x / _WORLD.size for x in all_sum([v * share for v in values])]
+
+
+def gather(obj: T) -> list[T]:
+    """Every rank's ``obj``, in rank order, on every rank (``[obj]`` in a world of one)."""
+    if not _WORLD.distributed:
+        return [obj]
+    import torch.distributed as dist
+
+    out: list[Any] = [None] * _WORLD.size
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def broadcast(obj: T, src: int = 0) -> T:
+    """Rank ``src``'s ``obj`` on every rank."""
+    if not _WORLD.distributed:
+        return obj
+    import torch.distributed as dist
+
+    box = [obj]
+    dist.broadcast_object_list(box, src)
+    return box[0]
+
+
+def barrier() -> None:
+    if _WORLD.distributed:
+        import torch.distributed as dist
+
+        dist.barrier()
+
+
+# --- where ranks write --------------------------------------------------------------------------
+
+
+def scratch_dir(run_dir: Path, w: World | None = None) -> Path:
+    """Where this rank writes: the run directory on rank 0; on the others a fresh scratch
+    directory (removed by ``remove_scratch``), so every rank runs the same program and only
+    rank 0's files are the run."""
+    w = w or _WORLD
+    if w.main:
+        return run_dir
+    return Path(tempfile.mkdtemp(prefix=f"turnforge-rank{w.rank}-"))
+
+
+def remove_scratch(path: Path, run_dir: Path) -> None:
+    if path != run_dir:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def report_failure(message: str) -> None:
+    """Leave this rank's one-line failure for the launcher to print (``ERRORS_ENV``)."""
+    where = os.environ.get(ERRORS_ENV)
+    path = Path(where, f"rank{_WORLD.rank}.txt") if where and _WORLD.distributed else None
+    if path is not None and not path.exists():  # the first report is the cause
+        cause = message.strip().splitlines()[-1] if message.strip() else "failed"
+        path.write_text(f"rank {_WORLD.rank}: {cause}")
+
+
+# --- launching -----------------------------------------------------------------------------------
+
+
+def launch(nproc: int, argv: Sequence[str], *, threads: int) -> int:
+    """Run ``turnforge <argv>`` on ``nproc`` local ranks through torch's launcher
+    (``python -m torch.distributed.run --standalone``), each rank with ``threads`` intra-op
+    threads; returns the exit status. A failed run prints one line per failed rank, its cause
+    first (the launcher's own report follows on stderr)."""
+    errors = Path(tempfile.mkdtemp(prefix="turnforge-ranks-"))
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), **{ERRORS_ENV: str(errors)})
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+           "-m", "turnforge.cli", *argv]
+    try:
+        code = subprocess.run(cmd, env=env).returncode
+        if code != 0:
+            for report in sorted(errors.glob("rank*.txt")):
+                print(report.read_text().strip(), file=sys.stderr)
+        return code
+    finally:
+        shutil.rmtree(errors, ignore_errors=True)
+
+
+def attach_trainer(policy) -> None:
+    """On several ranks: ``policy.trainer`` becomes a fresh copy of ``policy.model`` sharded with
+    FSDP2 (``shard``), the module the next stage optimizes; in a world of one, nothing (updates
+    run through ``policy.model``). Called again when the model's structure changes (a LoRA
+    adapter merged and a new one added after BC)."""
+    import copy
+
+    if not _WORLD.distributed:
+        return
+    policy.trainer = None
+    policy.trainer = shard(copy.deepcopy(policy.model))
+
+
+# --- optimizer state across world sizes ---------------------------------------------------------
+
+#: Key of a checkpoint's optimizer state saved by name (on several ranks), not by position.
+BY_NAME = "by_name"
+
+
+def optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """The optimizer state a checkpoint keeps. A world of one: ``optimizer.state_dict()`` as
+    always. Several ranks: the full (unsharded) state keyed by parameter name, gathered to rank 0
+    (``torch.distributed.checkpoint.state_dict``; a collective), under ``BY_NAME``: a run saved
+    at any world size resumes at any other (``load_optimizer_state``)."""
+    if not _WORLD.distributed:
+        return optimizer.state_dict()
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    full = get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return {BY_NAME: full}
+
+
+def load_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, saved: dict[str, Any]) -> None:
+    """Restore ``optimizer_state``'s result, whichever world size saved it: by position into a
+    world of one's own format, by name otherwise (a positional state is renamed first: the
+    optimizer's parameters are the model's trainable ones, in order)."""
+    if BY_NAME not in saved and not _WORLD.distributed:
+        optimizer.load_state_dict(saved)
+        return
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    by_name = saved[BY_NAME] if BY_NAME in saved else _named(model, saved)
+    set_optimizer_state_dict(model, optimizer, by_name, options=StateDictOptions(full_state_dict=True))
+
+
+def _named(model: torch.nn.Module, saved: dict[str, Any]) -> dict[str, Any]:
+    """A positional ``optimizer.state_dict()`` keyed by the names of ``model``'s trainable parameters."""
+    names = [n for n, p in model.named_parameters() if p.requires_grad]
+    return {
+        "state": {names[i]: v for i, v in saved["state"].items()},
+        "param_groups": [dict(g, params=[names[i] for i in g["params"]]) for g in saved["param_groups"]],
+    }
