@@ -113,7 +113,9 @@ def _new_run(args: list[str], out: Path | None, rounds: int | None = None, nproc
         check_out_dir(out, "--out")
     from turnforge.config import load_config  # imports torch: after the checks above, which are quick
 
-    cfg = _with_world(load_config(recipe, args + ([f"flywheel.rounds={rounds}"] if rounds is not None else [])), nproc)
+    world = _world_size(nproc)
+    cfg = load_config(recipe, args + ([f"flywheel.rounds={rounds}"] if rounds is not None else [])
+                      + ([f"dist.nproc={world}"] if world is not None else []))
     if out is None:
         out = Path("runs") / f"{cfg.recipe}-{time.strftime('%Y%m%d-%H%M%S')}"
         check_out_dir(out, "run directory")
@@ -121,17 +123,23 @@ def _new_run(args: list[str], out: Path | None, rounds: int | None = None, nproc
     _start(cfg, out, argv, resume=False)
 
 
-def _with_world(cfg, nproc: int | None):
-    """``cfg`` with ``dist.nproc`` set from ``--nproc``, or from the world size of torch's launcher
-    when this process is one of its ranks (``torchrun ... -m turnforge.cli train``)."""
-    from turnforge.config import config_from_dict
+def _world_size(nproc: int | None) -> int | None:
+    """The run's ``dist.nproc``: ``--nproc``, or the world size of torch's launcher when this
+    process is one of its ranks (``torchrun ... -m turnforge.cli train``); None: the config's."""
     from turnforge.dist import launched_size
 
     launched = launched_size()
     if nproc is not None and launched > 1 and nproc != launched:
         raise UserError(f"--nproc {nproc} under a launcher that started {launched} ranks; leave out --nproc under torchrun")
-    size = launched if launched > 1 else nproc if nproc is not None else cfg.dist.nproc
-    if size == cfg.dist.nproc:
+    return launched if launched > 1 else nproc
+
+
+def _with_world(cfg, nproc: int | None):
+    """``cfg`` (a run's saved config, ``--resume``) with ``dist.nproc`` of ``_world_size``."""
+    from turnforge.config import config_from_dict
+
+    size = _world_size(nproc)
+    if size is None or size == cfg.dist.nproc:
         return cfg
     data = cfg.model_dump()
     data["dist"]["nproc"] = size

@@ -238,6 +238,12 @@ class RolloutConfig(Section):
     max_context_tokens: int = Field(1024, ge=16, description="Prompt + generation budget per sample")
     include_instructions: bool = Field(True, description="Put the env's instructions (and a tool env's tool schemas) in the system prompt")
     temperature: float = Field(1.0, gt=0, description="Sampling temperature of training rollouts")
+    noise: Literal["auto", "batch", "episode"] = Field(
+        "auto", description="Where RL rollouts' sampling draws come from. 'batch': one generator per iteration for its "
+        "whole decoding batch (an episode's tokens depend on which episodes share it); 'episode': a seed per "
+        "(episode, turn), so an episode's tokens do not depend on its batch nor on which trainer rank plays it; "
+        "'auto': batch with dist.nproc=1, episode on several ranks"
+    )
     truncation_marker: str = Field(" ...[truncated]", description="Text appended where an observation was cut")
     example_turns: int = Field(
         0, ge=0, le=8, description="Worked turns of the env's expert on train task 0, shown as user and assistant "

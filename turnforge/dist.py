@@ -16,9 +16,9 @@ process group, no wrapper, no extra copy. With ``size > 1``:
   loss is its share of a global weighted mean (``loss_share``: ``size * w_rank / w_total``,
   with ``w`` the minibatch's token weights), so FSDP's mean over ranks gives the gradient
   of 1 rank with the whole minibatch, token-weighted as before.
-- **Data.** Rank 0 holds the run directory; the other ranks write a scratch copy of it that
-  is removed at exit (``scratch_dir``). Objects (trajectories, counters) travel with
-  ``gather``/``broadcast``.
+- **Data.** Every rank runs the same program; only rank 0 writes the run directory (the
+  others read it: a checkpoint to resume from, rank 0's base model). Objects (an iteration's
+  trajectories, counters) travel with ``gather``/``broadcast``.
 
 Every collective has the process group's timeout (``dist.timeout_s``): a rank that dies or
 hangs stops the others within it. The launcher is torch's own (``torch.distributed.run``,
@@ -260,22 +260,7 @@ def barrier() -> None:
         dist.barrier()
 
 
-# --- where ranks write --------------------------------------------------------------------------
-
-
-def scratch_dir(run_dir: Path, w: World | None = None) -> Path:
-    """Where this rank writes: the run directory on rank 0; on the others a fresh scratch
-    directory (removed by ``remove_scratch``), so every rank runs the same program and only
-    rank 0's files are the run."""
-    w = w or _WORLD
-    if w.main:
-        return run_dir
-    return Path(tempfile.mkdtemp(prefix=f"turnforge-rank{w.rank}-"))
-
-
-def remove_scratch(path: Path, run_dir: Path) -> None:
-    if path != run_dir:
-        shutil.rmtree(path, ignore_errors=True)
+# --- failures and launching ---------------------------------------------------------------------
 
 
 def report_failure(message: str) -> None:
@@ -285,9 +270,6 @@ def report_failure(message: str) -> None:
     if path is not None and not path.exists():  # the first report is the cause
         cause = message.strip().splitlines()[-1] if message.strip() else "failed"
         path.write_text(f"rank {_WORLD.rank}: {cause}")
-
-
-# --- launching -----------------------------------------------------------------------------------
 
 
 def launch(nproc: int, argv: Sequence[str], *, threads: int) -> int:

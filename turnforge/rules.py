@@ -167,6 +167,14 @@ def _dist(cfg: TrainConfig) -> str | None:
     """What runs on several trainer ranks so far (``turnforge.dist``): BC and synchronous RL
     without a critic or Monte-Carlo values; the other stages are refused by name."""
     n = cfg.dist.nproc
+    if cfg.rollout.noise == "episode" and cfg.rollout.backend == "vllm":
+        return "rollout.noise=episode is the built-in sampler's; vLLM draws its own noise (use rollout.noise=auto)"
+    if cfg.rollout.noise == "episode" and (cfg.cluster == "ray" or cfg.agent.entrypoint is not None):
+        what = "cluster=ray" if cfg.cluster == "ray" else "agent.entrypoint"
+        return f"rollout.noise=episode is for env rollouts in the trainer's processes, not with {what} (use rollout.noise=auto)"
+    if n > 1 and cfg.rollout.noise == "batch":
+        return (f"dist.nproc={n} with rollout.noise=batch: an episode's tokens would depend on which rank plays it; "
+                "use rollout.noise=episode (or auto)")
     if n == 1:
         if cfg.dist.backend == "nccl":
             return "dist.backend=nccl is for several ranks on GPUs; with dist.nproc=1 there is no process group"

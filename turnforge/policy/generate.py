@@ -74,9 +74,57 @@ class _Noise:
             return q[lo:hi]
         return torch.empty((hi, vocab), dtype=torch.float32).exponential_(1, generator=self.gen)[lo:]
 
+    def draw_rows(self, step: int, lo: int, hi: int, vocab: int, active: torch.Tensor) -> torch.Tensor:
+        """``draw`` (``active`` is unused: every row of the batch draws at every step)."""
+        return self.draw(step, lo, hi, vocab)
+
     def finish(self, steps: int) -> None:
         """Leave the generator as sampling the whole batch for ``steps`` steps would."""
         self.gen.set_state(self.states[steps])
+
+
+class _RowNoise:
+    """Per-row random draws (``row_seeds``): row ``i``'s noise at its ``k``-th decoding step is
+    the ``k``-th ``[vocab]`` ``Exp(1)`` draw of ``torch.Generator().manual_seed(row_seeds[i])``.
+
+    Where it departs from ``_Noise``: a row's draws do not depend on the other rows of its
+    batch, their number or lengths, nor on chunking; a row that has stopped draws nothing
+    more; no shared generator is read or advanced."""
+
+    def __init__(self, row_seeds: Sequence[int]) -> None:
+        self.gens = [torch.Generator().manual_seed(int(s)) for s in row_seeds]
+        self.drawn = [0] * len(self.gens)  # draws made per row
+
+    def draw_rows(self, step: int, lo: int, hi: int, vocab: int, active: torch.Tensor) -> torch.Tensor:
+        """The noise of rows ``[lo, hi)`` at decoding step ``step``, ``[hi - lo, vocab]``: their own
+        next draw for the ``active`` ones (bool ``[hi - lo]``), ones for the others."""
+        q = torch.ones((hi - lo, vocab), dtype=torch.float32)
+        for j in torch.nonzero(active.cpu()).flatten().tolist():
+            i = lo + j
+            if self.drawn[i] != step:
+                raise RuntimeError(f"row {i} drew {self.drawn[i]} times before step {step}")
+            q[j] = torch.empty(vocab, dtype=torch.float32).exponential_(1, generator=self.gens[i])
+            self.drawn[i] += 1
+        return q
+
+    def finish(self, steps: int) -> None:
+        """Nothing to restore (no shared generator)."""
+
+
+def _make_noise(temperature: float, generator: torch.Generator | None, row_seeds: Sequence[int] | None,
+                rows: int) -> _Noise | _RowNoise | None:
+    if temperature <= 0:
+        return None
+    return _Noise(generator, rows) if row_seeds is None else _RowNoise(row_seeds)
+
+
+def _check_seeds(generator: torch.Generator | None, row_seeds: Sequence[int] | None, rows: int) -> None:
+    if row_seeds is None:
+        return
+    if generator is not None:
+        raise ValueError("pass either generator or row_seeds, not both")
+    if len(row_seeds) != rows:
+        raise ValueError(f"row_seeds has {len(row_seeds)} seeds for {rows} prompts")
 
 
 @torch.no_grad()
@@ -92,17 +140,21 @@ def sample(
     max_batch: int = 256,
     prefills: PrefillCache | None = None,
     vision: dict[str, torch.Tensor] | None = None,
+    row_seeds: Sequence[int] | None = None,
 ) -> list[Generation]:
     """Sample continuations of ``prompts`` (lists of ids), ``max_batch`` prompts per batch.
     ``temperature == 0`` is greedy (its logprobs are then those of the temperature-1 distribution).
     ``prefills``: prompts already prefilled at the same padded width (by the same weights) are
     not prefilled again; the result is the same bit for bit. ``vision``: the pixel inputs of
     the prompts' image blocks (``Vision.inputs``), passed to the prefill; all prompts are then
-    one batch and no prefill is reused."""
+    one batch and no prefill is reused. ``row_seeds`` (one per prompt; not with ``generator``):
+    each row draws from its own generator (``_RowNoise``), so its tokens do not depend on the
+    other rows; without them the batch draws from ``generator`` (``_Noise``)."""
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    _check_seeds(generator, row_seeds, len(prompts))
     if vision:
-        noise = _Noise(generator, len(prompts)) if temperature > 0 else None
+        noise = _make_noise(temperature, generator, row_seeds, len(prompts))
         gens, _, steps = _sample_rows(model, prompts, max_new_tokens, stop_ids, pad_id, temperature, noise, vision=vision)
         if noise is not None:
             noise.finish(steps)
@@ -110,7 +162,8 @@ def sample(
     out: list[Generation] = []
     for start in range(0, len(prompts), max_batch):
         block = prompts[start:start + max_batch]
-        noise = _Noise(generator, len(block)) if temperature > 0 else None
+        seeds = None if row_seeds is None else row_seeds[start:start + max_batch]
+        noise = _make_noise(temperature, generator, seeds, len(block))
         gens, _, steps = _sample_rows(model, block, max_new_tokens, stop_ids, pad_id, temperature, noise,
                                       prefills=prefills)
         if noise is not None:
@@ -198,7 +251,7 @@ class PrefixCache:
     ``budget_bytes`` (default ``kvcache.default_budget_bytes()``). Entries over it are evicted
     least recently used first (those episodes prefill again), and a call whose rows do not fit
     at once is sampled in chunks of rows that do, with the random draws the whole batch would
-    get (``_Noise``), so the same tokens come out. A single row that does not fit alone is
+    get (``_Noise``, or each row's own: ``row_seeds``), so the same tokens come out. A single row that does not fit alone is
     sampled anyway. Not counted: activations, and the rows' shared prefix broadcast inside
     one layer at a time.
 
@@ -288,8 +341,10 @@ class PrefixCache:
     @torch.no_grad()
     def sample(self, model: torch.nn.Module, keys: Sequence[str], prompts: Sequence[Sequence[int]], version: int, *,
                max_new_tokens: int, stop_ids: Sequence[int], pad_id: int, temperature: float = 1.0,
-               generator: torch.Generator | None = None) -> list[Generation]:
-        """Sample one continuation per prompt (``keys[i]``: the episode prompt ``i`` belongs to)."""
+               generator: torch.Generator | None = None, row_seeds: Sequence[int] | None = None) -> list[Generation]:
+        """Sample one continuation per prompt (``keys[i]``: the episode prompt ``i`` belongs to);
+        ``row_seeds``: per-row draws, as in ``sample``."""
+        _check_seeds(generator, row_seeds, len(prompts))
         for key in [k for k, e in self.entries.items() if e.version != version]:
             del self.entries[key]
         if self.base is not None and self.base.version != version:
@@ -300,7 +355,7 @@ class PrefixCache:
         matched = [self._match(k, p) for k, p in zip(keys, prompts)]
         shared = self._shared(model, prompts, matched, version)
         per_token = kv_bytes_per_token(model)
-        noise = _Noise(generator, len(prompts)) if temperature > 0 else None
+        noise = _make_noise(temperature, generator, row_seeds, len(prompts))
         gens: list[Generation] = []
         lo = steps = 0
         while lo < len(prompts):
@@ -437,8 +492,9 @@ def _decode(model, device, cache, logits, mask, next_pos, max_new_tokens, stop_i
     fed = 0  # sampled tokens fed back through the model (their KV is in the cache)
     for t in range(max_new_tokens):
         logp_full = F.log_softmax(logits / temperature if temperature > 0 else logits, dim=-1)  # [B, V]
-        if noise is not None:  # torch.multinomial(probs, 1), with the batch's draws for these rows
-            tok = (logp_full.exp() / noise.draw(t, first_row, first_row + batch, logits.shape[-1]).to(device)).argmax(-1)
+        if noise is not None:  # torch.multinomial(probs, 1), with the batch's (or each row's) draws for these rows
+            q = noise.draw_rows(t, first_row, first_row + batch, logits.shape[-1], ~done)
+            tok = (logp_full.exp() / q.to(device)).argmax(-1)
         else:
             tok = logp_full.argmax(-1)
         tok = torch.where(done, torch.full_like(tok, pad_id), tok)

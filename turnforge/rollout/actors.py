@@ -9,8 +9,10 @@ request, wherever the env runs (this process, a worker process, a Ray actor).
 
 Actors hold no per-episode state that changes what they do (a ``PolicyActor`` may keep KV
 caches, which only save compute): every draw is a function of the actor's seed, the episode
-and the turn (or of a shared generator for the LM), so what they do does not depend on how
-many episodes play at once or in which order they finish.
+and the turn (or, for the LM, of a shared generator unless ``PolicyActor.episode_seed`` is set),
+so what they do does not depend on how many episodes play at once or in which order they
+finish. (With ``episode_seed``, ``PolicyActor.generate`` calls without turns, the gateway's,
+count the calls per key.)
 """
 
 from __future__ import annotations
@@ -63,16 +65,26 @@ class Actor(Protocol):
 
 class PolicyActor:
     """Samples actions from the policy LM (temperature 0 = greedy), with the built-in sampler
-    or the policy's other backend (``Policy.sampler``, e.g. vLLM)."""
+    or the policy's other backend (``Policy.sampler``, e.g. vLLM).
+
+    ``episode_seed`` (opt-in; built-in sampler only): each input draws from its own generator,
+    seeded ``stable_hash(episode_seed, trajectory_id, turn)`` (a summary request adds
+    ``"summary"``), instead of the batch sharing ``generator`` (then unused). An episode's
+    tokens then depend on the seed, its trajectory id, the turn and the weights only, not on
+    which episodes are sampled with it (up to float rounding of the batched forward pass)."""
 
     needs_tokens = True
 
-    def __init__(self, policy: Policy, max_new_tokens: int, temperature: float, generator: torch.Generator, *,
-                 prefills: PrefillCache | None = None) -> None:
+    def __init__(self, policy: Policy, max_new_tokens: int, temperature: float, generator: torch.Generator | None, *,
+                 prefills: PrefillCache | None = None, episode_seed: int | None = None) -> None:
         self.policy, self.max_new_tokens, self.temperature, self.generator = policy, max_new_tokens, temperature, generator
         budget = None if policy.kv_cache_gib is None else int(policy.kv_cache_gib * 2**30)
         self.cache = PrefixCache(budget) if policy.prefix_cache else None
         self.prefills = prefills  # prefills shared with other actors of the same weights (built-in plain sampler only)
+        self.episode_seed = episode_seed
+        self.calls: dict[str, int] = {}  # generate() calls per key without turns (episode_seed only)
+        if episode_seed is not None and policy.sampler is not None:
+            raise ValueError("episode_seed is not supported with the policy's sampler backend (vLLM)")
 
     @property
     def version(self) -> int:
@@ -87,18 +99,43 @@ class PolicyActor:
         if len(budgets) > 1:
             raise ValueError(f"one act() call must share max_new_tokens; got {sorted(budgets, key=str)}")
         images = [x.images for x in inputs] if any(x.images for x in inputs) else None
+        turns = [(int(x.turn), "summary") if x.summary else int(x.turn) for x in inputs]
         return self.generate([x.prompt for x in inputs], [x.trajectory_id for x in inputs],
-                             max_new_tokens=budgets.pop() if budgets else None, images=images)
+                             max_new_tokens=budgets.pop() if budgets else None, images=images, turns=turns)
+
+    def row_seeds(self, keys: Sequence[str], turns: Sequence[object] | None = None) -> list[int] | None:
+        """Each row's seed, ``stable_hash(episode_seed, key, turn)``; without ``turns``, a key's
+        turn is the number of earlier turn-less calls for it (a key twice in one call counts
+        twice). None without ``episode_seed``."""
+        if self.episode_seed is None:
+            return None
+        if turns is None:
+            turns = []
+            for key in keys:
+                turns.append(self.calls.get(key, 0))
+                self.calls[key] = turns[-1] + 1
+        elif len(turns) != len(keys):
+            raise ValueError(f"{len(turns)} turns for {len(keys)} keys")
+        return [stable_hash(self.episode_seed, key, *(turn if isinstance(turn, tuple) else (turn,)))
+                for key, turn in zip(keys, turns)]
 
     def generate(self, prompts: Sequence[Sequence[int]], keys: Sequence[str], *, max_new_tokens: int | None = None,
-                 temperature: float | None = None, images: Sequence[Sequence[bytes]] | None = None) -> list[Generation]:
+                 temperature: float | None = None, images: Sequence[Sequence[bytes]] | None = None,
+                 turns: Sequence[object] | None = None) -> list[Generation]:
         """Sample one continuation per prompt (``keys``: the episode each belongs to, for the
-        prefix cache); ``max_new_tokens`` and ``temperature`` default to the actor's. The one
-        sampling path of env episodes and of the gateway's requests. ``images``: per prompt, the
-        images of its blocks (vision policies; the id-keyed caches are bypassed, since equal ids
-        may hold different images)."""
+        prefix cache and the row seeds); ``max_new_tokens`` and ``temperature`` default to the
+        actor's. The one sampling path of env episodes and of the gateway's requests. ``images``:
+        per prompt, the images of its blocks (vision policies; the id-keyed caches are bypassed,
+        since equal ids may hold different images). ``turns``: per prompt, its turn in its
+        episode (with ``episode_seed``; see ``row_seeds``)."""
         n = self.max_new_tokens if max_new_tokens is None else max_new_tokens
         t = self.temperature if temperature is None else temperature
+        if self.episode_seed is not None and self.policy.sampler is not None:
+            raise ValueError("episode_seed is not supported with the policy's sampler backend (vLLM)")
+        if self.episode_seed is not None and images is not None:
+            raise ValueError("episode_seed is not supported for prompts with images")
+        seeds = self.row_seeds(keys, turns)
+        generator = self.generator if seeds is None else None
         if images is not None:
             if self.policy.vision is None:
                 raise ValueError("prompts with images need a vision policy")
@@ -111,11 +148,12 @@ class PolicyActor:
         if self.cache is not None:
             return self.cache.sample(self.policy.model, keys, prompts, self.policy.version, max_new_tokens=n,
                                      stop_ids=self.policy.stop_ids, pad_id=self.policy.pad_id, temperature=t,
-                                     generator=self.generator)
+                                     generator=generator, row_seeds=seeds)
         if self.prefills is not None:
             self.prefills.check(self.policy.version)
         return sample(self.policy.model, prompts, max_new_tokens=n, stop_ids=self.policy.stop_ids,
-                      pad_id=self.policy.pad_id, temperature=t, generator=self.generator, prefills=self.prefills)
+                      pad_id=self.policy.pad_id, temperature=t, generator=generator, prefills=self.prefills,
+                      row_seeds=seeds)
 
 
 class ExpertActor:

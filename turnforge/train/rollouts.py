@@ -91,6 +91,12 @@ class GroupMaker:
                    rl.tasks_per_iteration, rl.group_size, start_iteration * rl.tasks_per_iteration // w.size, w.rank, w.size)
 
 
+def episode_noise(cfg) -> bool:
+    """Whether RL rollouts draw each episode's sampling noise from its own seed (``rollout.noise``):
+    'episode', or 'auto' on several trainer ranks, where which rank plays a group must not change it."""
+    return cfg.rollout.noise == "episode" or (cfg.rollout.noise == "auto" and cfg.dist.nproc > 1)
+
+
 def env_slots(cfg) -> int:
     """Envs the asynchronous rollout worker keeps busy: ``engine.env_slots``, or enough for
     every trajectory the staleness bound lets run at once, ``(eta + 1)`` iterations' worth."""
@@ -154,11 +160,13 @@ class LocalRollouts(_Source):
             policy.model.eval()
             self.engine = make_engine(cfg, policy, env_slots(cfg))
             actor = PolicyActor(policy, cfg.rollout.max_new_tokens, cfg.rollout.temperature,
-                                generator(cfg.seed, "rl-engine", start_it))
+                                generator(cfg.seed, "rl-engine", start_it),
+                                episode_seed=stable_hash(cfg.seed, "rl-episode") if episode_noise(cfg) else None)
         else:
             self.engine = s.rollout_engine
             actor = PolicyActor(s.policy, cfg.rollout.max_new_tokens, cfg.rollout.temperature,
-                                _IterationGenerator(cfg.seed, start_it, world().rank)(0))  # reseeded per batch by generator_for
+                                _IterationGenerator(cfg.seed, start_it, world().rank)(0),  # reseeded per batch by generator_for
+                                episode_seed=stable_hash(cfg.seed, "rl-episode") if episode_noise(cfg) else None)
         self.stream = GroupStream(
             self.engine, actor, groups, group_size=rl.group_size, groups_per_batch=rl.tasks_per_iteration // world().size,
             eta=eng.eta, lockstep=not self.is_async, partial_rollouts=eng.partial_rollouts, keep_snapshots=keep_snapshots,

@@ -1,0 +1,135 @@
+"""The trainer on two CPU ranks (gloo, FSDP2): the same run as one process within float32
+tolerance, the same episodes whichever rank plays them, rank 0's run directory alone, checkpoints
+that cross world sizes, and bad input refused before any rank starts."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from helpers import NO_FLYWHEEL, TINY_TEST_SHAPE
+from turnforge.config import load_config
+from turnforge.train.metrics import read_metrics, read_summary
+from turnforge.train.run import train
+from turnforge.train.setup import load_run_config
+
+JOB = Path(__file__).with_name("job.py")
+RUN = [
+    *[f"model.tiny.{k}={v}" for k, v in TINY_TEST_SHAPE.items()], *NO_FLYWHEEL,
+    "bc.num_demos=16", "bc.epochs=3", "bc.batch_size=6", "rl.iterations=3", "rl.tasks_per_iteration=4",
+    "rl.group_size=3", "rl.minibatch_size=7", "rl.epochs=2", "rl.entropy_coef=0.01", "rl.kl_coef=0.02",
+    "rollout.max_turns=5", "rollout.max_new_tokens=6", "eval.episodes=4", "checkpoint_every=1", "threads=1",
+    "rollout.noise=episode",
+]
+# float32 rounding order differs between one rank's whole minibatch and two half ones
+# (gloo's averaging, other matmul shapes); the largest difference measured over these runs is
+# noted where each bound is used
+ATOL = 1e-4
+
+
+def _cli(*args, timeout=300):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).parents[2]), os.environ.get("PYTHONPATH", "")]))
+    return subprocess.run([sys.executable, "-m", "turnforge.cli", *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout, env=env)
+
+
+def _launch(n, out, stop, overrides, timeout=300):
+    env = dict(os.environ, OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join([str(Path(__file__).parents[1]), str(Path(__file__).parents[2]),
+                                           os.environ.get("PYTHONPATH", "")]))
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}", str(JOB),
+                           str(out), str(stop), *overrides, f"dist.nproc={n}"], capture_output=True, text=True,
+                          timeout=timeout, env=env)
+
+
+def _weights(path):
+    return load_file(str(path / "model.safetensors"))
+
+
+def _largest_difference(a: Path, b: Path) -> float:
+    wa, wb = _weights(a), _weights(b)
+    assert wa.keys() == wb.keys()
+    return max(float((wa[k] - wb[k]).abs().max()) for k in wa)
+
+
+def _tokens(run: Path, name: str) -> dict[str, list]:
+    rows = pq.read_table(run / "trajectories" / name, columns=["trajectory_id", "turn_index", "token_ids"]).to_pylist()
+    return {f"{r['trajectory_id']}/{r['turn_index']}": r["token_ids"] for r in rows}
+
+
+@pytest.fixture(scope="module")
+def one_and_two(tmp_path_factory):
+    root = tmp_path_factory.mktemp("scale")
+    train(load_config("sokoban-tiny", RUN), root / "one", live=False)
+    proc = _cli("train", "sokoban-tiny", *RUN, "--out", root / "two", "--nproc", 2)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return root / "one", root / "two", proc
+
+
+@pytest.mark.slow
+def test_two_ranks_train_as_one_process(one_and_two):
+    one, two, proc = one_and_two
+    # BC: the same demonstrations, minibatches split over the ranks: the same weights
+    assert _largest_difference(one / "checkpoints" / "bc", two / "checkpoints" / "bc") < ATOL
+    # RL: every episode the same tokens (each rank played half the groups), the same final weights
+    for it in range(3):
+        name = f"rl_{it:05d}.parquet"
+        assert _tokens(one, name) == _tokens(two, name), name
+    assert _largest_difference(one / "base_model", one / "checkpoints" / "final") > 100 * ATOL  # it did learn
+    assert _largest_difference(one / "checkpoints" / "final", two / "checkpoints" / "final") < ATOL
+    m1, m2 = read_metrics(one), read_metrics(two)
+    assert [m.iteration for m in m2.iterations] == [1, 2, 3]
+    for a, b in zip(m1.iterations, m2.iterations):
+        assert (a.reward, a.success, a.samples, a.rollout, a.update.tokens) == (b.reward, b.success, b.samples, b.rollout, b.update.tokens)
+        np.testing.assert_allclose([a.update.loss, a.update.entropy, a.update.grad_norm],
+                                   [b.update.loss, b.update.entropy, b.update.grad_norm], rtol=1e-3, atol=1e-5)
+    s1, s2 = read_summary(one), read_summary(two)
+    assert (s1.env_steps, s1.train_tokens, s1.rl_iterations) == (s2.env_steps, s2.train_tokens, s2.rl_iterations)
+    assert load_run_config(two).dist.nproc == 2
+
+
+@pytest.mark.slow
+def test_only_rank_zero_writes_and_speaks(one_and_two):
+    one, two, proc = one_and_two
+    assert sorted(p.name for p in one.iterdir()) == sorted(p.name for p in two.iterdir())
+    assert sorted(p.name for p in (two / "trajectories").iterdir()) == sorted(p.name for p in (one / "trajectories").iterdir())
+    assert proc.stderr.count("eval after-rl:") == 1  # one display, rank 0's
+
+
+@pytest.mark.slow
+def test_a_checkpoint_of_two_ranks_resumes_on_one_and_back(one_and_two, tmp_path):
+    one, _, _ = one_and_two
+    proc = _launch(2, tmp_path / "a", 1, RUN)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert not (tmp_path / "a" / "summary.json").exists()
+    train(load_run_config(tmp_path / "a"), tmp_path / "a", resume=True, live=False)  # on one process
+    assert _largest_difference(one / "checkpoints" / "final", tmp_path / "a" / "checkpoints" / "final") < ATOL
+    # one process stopped after 2 iterations, resumed on two ranks
+    train(load_config("sokoban-tiny", RUN), tmp_path / "b", live=False, stop_after=2)
+    proc = _cli("train", "--resume", tmp_path / "b", "--nproc", 2)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert _largest_difference(one / "checkpoints" / "final", tmp_path / "b" / "checkpoints" / "final") < ATOL
+    assert [m.iteration for m in read_metrics(tmp_path / "b").iterations] == [1, 2, 3]
+
+
+@pytest.mark.parametrize("args, says", [
+    (["flywheel.rounds=0", "--nproc", 100000], "--nproc 100000 is more than the"),
+    (["flywheel.rounds=0", "rl.iterations=2", "rl.tasks_per_iteration=3", "--nproc", 2], "dist.nproc=2 does not divide rl.tasks_per_iteration=3"),
+    (["flywheel.rounds=1", "--nproc", 2], "dist.nproc=2 with flywheel.rounds>0"),
+    (["flywheel.rounds=0", "rollout.noise=batch", "--nproc", 2], "rollout.noise=batch"),
+    (["flywheel.rounds=0", "dist.backend=nccl", "--nproc", 2], "dist.backend=nccl needs model.device=cuda"),
+])
+def test_bad_world_is_one_line_before_any_work(tmp_path, args, says):
+    proc = _cli("train", "sokoban-tiny", *args, "--out", tmp_path / "run", timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and says in lines[0], proc.stderr
+    assert not (tmp_path / "run").exists()
