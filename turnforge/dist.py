@@ -223,6 +223,22 @@ def global_mean_and_tokens(local_loss: float, share: float, local_tokens: int) -
     return loss / _WORLD.size, int(tokens)
 
 
+def masked_mean_over_ranks(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """The masked mean of ``x`` over the whole minibatch, every rank's rows (a world of one:
+    ``masked_mean``). Its value is the global mean on every rank; its gradient on a rank is
+    ``size`` times its own rows' part (``d S_rank / C``), so FSDP's mean over the ranks gives
+    the gradient of the global mean. For a loss that is not a plain sum over rows (the entropy
+    floor's hinge on the mean)."""
+    from turnforge.algos import masked_mean
+
+    if not _WORLD.distributed:
+        return masked_mean(x, mask)
+    local = (x * mask).sum()
+    total, count = all_sum([float(local.detach()), float(mask.sum())])
+    count = max(count, 1e-12)
+    return _WORLD.size * (local - local.detach()) / count + total / count
+
+
 def share_weighted(values: Sequence[float], share: float) -> list[float]:
     """Per-minibatch figures (a loss, a clip fraction) over all ranks: each rank's value times its
     ``share``, averaged; ``values`` as given in a world of one."""

@@ -135,11 +135,13 @@ def weighted_nll(logprobs: torch.Tensor, mask: torch.Tensor, weights: torch.Tens
     return -(logprobs * (mask * weights[:, None])).sum() / mask.sum().clamp(min=1)
 
 
-def entropy_floor_penalty(entropy: torch.Tensor, mask: torch.Tensor, floor: float, coef: float) -> torch.Tensor:
+def entropy_floor_penalty(entropy: torch.Tensor, mask: torch.Tensor, floor: float, coef: float,
+                          mean=masked_mean) -> torch.Tensor:
     """The entropy guard of fine-tuning on the policy's own successes: ``coef * max(0, floor - H)``
     with ``H`` the token-level mean entropy over the masked positions; zero (and no gradient)
-    while the batch's entropy is at or above ``floor``."""
-    return coef * torch.relu(floor - masked_mean(entropy, mask.to(entropy.dtype)))
+    while the batch's entropy is at or above ``floor``. ``mean``: how ``H`` is taken (on several
+    trainer ranks, over the whole minibatch: ``turnforge.dist.masked_mean_over_ranks``)."""
+    return coef * torch.relu(floor - mean(entropy, mask.to(entropy.dtype)))
 
 
 def value_loss(

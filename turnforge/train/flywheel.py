@@ -48,6 +48,7 @@ from turnforge.algos import entropy_floor_penalty, weighted_nll
 from turnforge.config import TrainConfig
 from turnforge.data.filters import Candidate, FilterCount, FilterParams, apply_filters, kept_samples
 from turnforge.data.store import write_trajectories
+from turnforge.dist import global_mean_and_tokens, masked_mean_over_ranks, minibatch_share, sync_sampler, world
 from turnforge.errors import RunStopped
 from turnforge.policy.generate import token_logprobs
 from turnforge.policy.model import Policy
@@ -135,7 +136,7 @@ def run_flywheel(s: Session, optimizer: torch.optim.Optimizer, resumed: Flywheel
         for m in mechs:
             m.open(s.policy)
             opened.callback(m.close)
-        step = GuardedStep(s.policy.model, optimizer, cfg.rl.max_grad_norm, cfg.rl.max_bad_steps)
+        step = GuardedStep(s.policy.train_model, optimizer, cfg.rl.max_grad_norm, cfg.rl.max_bad_steps)
         s.progress.stage("flywheel", fw.rounds)
         for r in range(s.state.flywheel_rounds_done, fw.rounds):
             records.append(_round(s, state, mechs, optimizer, step, r))
@@ -187,11 +188,13 @@ def _round(s: Session, st: FlywheelState, mechs: list[Mechanism], optimizer: tor
             _rft(s, step, samples, weights, r, fw.entropy_floor * (st.start_entropy or 0.0))
         else:
             _grpo(s, optimizer, step, [t for v in plain.values() for t in v], replayed, r)
+        sync_sampler(s.policy)  # on several ranks: the sharded trainer's new weights into the sampling model
         s.policy.version += 1
 
     # 5. record, evaluate
-    write_trajectories(s.run_dir / "trajectories" / f"flywheel_{r:05d}.parquet", [t for t, _ in col.played],
-                       stage="flywheel", iteration=r, sources={t.trajectory_id: src for t, src in col.played})
+    if world().main:  # (on several ranks every rank played the round alike; rank 0 writes it)
+        write_trajectories(s.run_dir / "trajectories" / f"flywheel_{r:05d}.parquet", [t for t, _ in col.played],
+                           stage="flywheel", iteration=r, sources={t.trajectory_id: src for t, src in col.played})
     s.state.env_steps += col.steps
     prefills = s.prefills()
     result = s.evaluate(f"flywheel-{r + 1}", episodes=fw.eval_episodes, prefills=prefills)
@@ -315,27 +318,33 @@ def _rft(s: Session, step: GuardedStep, samples: list[Sample], weights: list[flo
     entropy ``floor`` > 0 (the guard), a batch whose mean action entropy is below it adds
     ``entropy_guard_coef x (floor - entropy)`` to the loss: fine-tuning on the policy's own
     successes then sharpens it only down to the floor (an entropy-targeting hinge, in the spirit
-    of clip-higher and Clip-Cov, which act on the PPO ratio instead)."""
+    of clip-higher and Clip-Cov, which act on the PPO ratio instead). On several trainer ranks
+    each takes its share of every minibatch (``turnforge.dist``), the floor on the whole
+    minibatch's entropy."""
     fw, policy = s.cfg.flywheel, s.policy
     set_lr(step.optimizer, fw.rft_lr)
     w_all = torch.tensor(weights, dtype=torch.float32)
-    policy.model.train()
+    model = policy.train_model
+    model.train()
     per_epoch = -(-len(samples) // fw.rft_batch_size)
     with s.progress.activity(f"flywheel round {r + 1}: fine-tune", fw.rft_epochs * per_epoch, "steps") as report:
         for epoch in range(fw.rft_epochs):
             order = rng(s.cfg.seed, "flywheel-rft", r, epoch).permutation(len(samples))
             for k, b in enumerate(range(0, len(samples), fw.rft_batch_size)):
-                idx = order[b:b + fw.rft_batch_size]
+                idx, share = minibatch_share(order[b:b + fw.rft_batch_size].tolist(), lambda i: samples[i].num_action_tokens)
                 batch = collate([samples[i] for i in idx], policy.pad_id, vision=policy.vision)
-                lp, ent = token_logprobs(policy.model, batch.ids, batch.attention, with_entropy=floor > 0,
+                lp, ent = token_logprobs(model, batch.ids, batch.attention, with_entropy=floor > 0,
                                          positions=batch.mask, vision=batch.vision)
                 loss = weighted_nll(lp, batch.mask, w_all[idx])
+                if share != 1.0:
+                    loss = loss * share
                 if floor > 0:
-                    loss = loss + entropy_floor_penalty(ent, batch.mask, floor, fw.entropy_guard_coef)
+                    loss = loss + entropy_floor_penalty(ent, batch.mask * (share > 0), floor, fw.entropy_guard_coef,
+                                                        mean=masked_mean_over_ranks)
                 step(loss)
-                s.state.train_tokens += batch.num_tokens
+                s.state.train_tokens += global_mean_and_tokens(0.0, share, batch.num_tokens if share else 0)[1]
                 report(epoch * per_epoch + k + 1)
-    policy.model.eval()
+    model.eval()
 
 
 def _grpo(s: Session, optimizer: torch.optim.Optimizer, step: GuardedStep, trajs: list[Trajectory],
