@@ -160,7 +160,7 @@ def _start(cfg, run_dir: Path, argv: list[str], *, resume: bool) -> None:
     from turnforge.train.setup import preflight
 
     preflight(cfg, run_dir, resume)  # every bad input is one line here, before any rank starts
-    sys.exit(launch(n, argv, threads=max(1, cfg.threads // n)))
+    sys.exit(launch(n, argv, threads=max(1, cfg.threads // n), run_dir=run_dir))
 
 
 def _check_world(cfg, n: int) -> None:
@@ -876,7 +876,7 @@ def _fail(line: str, code: int) -> NoReturn:
 
     w = world()
     if w.distributed:  # one of several trainer ranks: say which, and leave the line for the launcher
-        report_failure(line)
+        report_failure(line, code)
         line = f"rank {w.rank}: {line}"
     print(line, file=sys.stderr)
     sys.exit(code)
@@ -941,11 +941,15 @@ def main() -> None:
 
 
 def _internal_error() -> NoReturn:
-    """A bug: the traceback, then where the run's logs are."""
-    traceback.print_exc()
-    from turnforge.dist import report_failure
+    """A bug: the traceback, then where the run's logs are. (On several trainer ranks, a collective
+    whose peer went away is not a bug here: one line, the cause is the other rank's.)"""
+    from turnforge.dist import LOST_PEER, report_failure, world
 
-    report_failure(traceback.format_exc())  # on several ranks: the exception's line, for the launcher
+    err = sys.exc_info()[1]
+    if world().distributed and any(k in str(err) for k in LOST_PEER):
+        _fail(f"error: another trainer rank went away ({type(err).__name__}: {str(err).strip().splitlines()[0][:300]})", 1)
+    traceback.print_exc()
+    report_failure(traceback.format_exc(), 1)  # on several ranks: the exception's line, for the launcher
     run_dir = errors.current_run_dir
     _fail("turnforge: internal error" + (f"; run directory: {run_dir[-1]} (config.yaml, metrics.jsonl)" if run_dir else ""), 1)
 

@@ -41,6 +41,9 @@ import torch
 
 T = TypeVar("T")
 
+#: What a rank reports when another rank went away under it (a collective's peer closed or timed out).
+LOST_PEER = ("Connection reset by peer", "Connection closed by peer", "timed out", "Timed out", "Timeout", "Broken pipe")
+
 #: Per-rank one-line failure reports: a directory the launcher names, each rank writes ``rank<R>.txt``.
 ERRORS_ENV = "TURNFORGE_RANK_ERRORS"
 
@@ -279,20 +282,23 @@ def barrier() -> None:
 # --- failures and launching ---------------------------------------------------------------------
 
 
-def report_failure(message: str) -> None:
-    """Leave this rank's one-line failure for the launcher to print (``ERRORS_ENV``)."""
+def report_failure(message: str, code: int = 1) -> None:
+    """Leave this rank's one-line failure and exit status for the launcher to print (``ERRORS_ENV``;
+    the first report of a rank is its cause)."""
     where = os.environ.get(ERRORS_ENV)
     path = Path(where, f"rank{_WORLD.rank}.txt") if where and _WORLD.distributed else None
-    if path is not None and not path.exists():  # the first report is the cause
+    if path is not None and not path.exists():
         cause = message.strip().splitlines()[-1] if message.strip() else "failed"
         path.write_text(f"rank {_WORLD.rank}: {cause}")
+        Path(where, f"code.{int(code)}").touch()
 
 
-def launch(nproc: int, argv: Sequence[str], *, threads: int) -> int:
+def launch(nproc: int, argv: Sequence[str], *, threads: int, run_dir: Path | None = None) -> int:
     """Run ``turnforge <argv>`` on ``nproc`` local ranks through torch's launcher
     (``python -m torch.distributed.run --standalone``), each rank with ``threads`` intra-op
-    threads; returns the exit status. A failed run prints one line per failed rank, its cause
-    first (the launcher's own report follows on stderr)."""
+    threads; returns the exit status. When a rank fails, the launcher stops the others; then one
+    line per rank that reported its cause (``report_failure``), or one line saying a rank stopped
+    without one (killed: the launcher's summary above names it), and where to resume."""
     errors = Path(tempfile.mkdtemp(prefix="turnforge-ranks-"))
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), **{ERRORS_ENV: str(errors)})
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
@@ -300,8 +306,18 @@ def launch(nproc: int, argv: Sequence[str], *, threads: int) -> int:
     try:
         code = subprocess.run(cmd, env=env).returncode
         if code != 0:
-            for report in sorted(errors.glob("rank*.txt")):
-                print(report.read_text().strip(), file=sys.stderr)
+            reports = {int(p.stem[4:]): p.read_text().strip() for p in errors.glob("rank*.txt")}
+            lost = all(any(k in line for k in LOST_PEER) for line in reports.values())  # only "the other side went away"
+            if lost:  # the ranks without a report are the cause: killed (a signal, the OOM killer) before saying anything
+                for rank in sorted(set(range(nproc)) - set(reports)):
+                    print(f"rank {rank}: went silent before it could report (killed, hung, or out of memory); "
+                          "torch.distributed.run's summary above has its exit code", file=sys.stderr)
+            for rank in sorted(reports):
+                print(reports[rank], file=sys.stderr)
+            if run_dir is not None and code not in (2,) and (Path(run_dir) / "checkpoints").is_dir():
+                print(f"the run's last checkpoint is intact; resume with: turnforge train --resume {run_dir}", file=sys.stderr)
+            codes = [int(p.name.split(".")[1]) for p in errors.glob("code.*")]
+            return min(codes) if codes else code
         return code
     finally:
         shutil.rmtree(errors, ignore_errors=True)

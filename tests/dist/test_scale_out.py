@@ -5,8 +5,10 @@ that cross world sizes, and bad input refused before any rank starts."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -139,3 +141,68 @@ def test_bad_world_is_one_line_before_any_work(tmp_path, args, says):
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and says in lines[0], proc.stderr
     assert not (tmp_path / "run").exists()
+
+
+def _rank_pid(root: int, rank: int) -> int | None:
+    """The pid of trainer rank ``rank`` among the descendants of process ``root`` (found by its environment)."""
+    parents = {}
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                parents[int(proc.name)] = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                pass
+    for pid in parents:
+        p = pid
+        while p in parents and p != root and p > 1:
+            p = parents[p]
+        if p != root or pid == root:
+            continue
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"RANK={rank}".encode() in env and any(e.startswith(b"TURNFORGE_RANK_ERRORS=") for e in env):
+            return pid
+    return None
+
+
+def _start_and_wait_for_rl(out: Path, extra: list[str]) -> tuple[subprocess.Popen, int]:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).parents[2]), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.Popen([sys.executable, "-m", "turnforge.cli", "train", "sokoban-tiny", *RUN, "rl.iterations=10",
+                             *extra, "--out", str(out), "--nproc", "2"], stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.time() + 240
+    while time.time() < deadline:
+        metrics = out / "metrics.jsonl"
+        if metrics.exists() and '"event": "rl_iter"' in metrics.read_text() and (pid := _rank_pid(proc.pid, 1)) is not None:
+            return proc, pid
+        time.sleep(0.5)
+    proc.kill()
+    raise AssertionError("the run did not reach its first RL iteration")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["dies", "hangs"])
+def test_a_rank_that_dies_or_hangs_stops_every_rank_and_the_run_resumes(tmp_path, how):
+    out = tmp_path / "run"
+    proc, pid = _start_and_wait_for_rl(out, ["dist.timeout_s=10"])
+    os.kill(pid, signal.SIGKILL if how == "dies" else signal.SIGSTOP)
+    try:
+        _, stderr = proc.communicate(timeout=180)  # the hang: within dist.timeout_s and the launcher's shutdown
+    finally:
+        if how == "hangs":
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+    assert proc.returncode != 0
+    lines = stderr.splitlines()
+    said = [i for i, line in enumerate(lines) if line.startswith("rank 1: went silent before it could report")]
+    assert said, stderr[-3000:]  # the launcher names the cause first, then what the others saw
+    assert lines[said[0] + 1].startswith("rank 0: error: another trainer rank went away"), stderr[-3000:]
+    assert "Traceback" not in "\n".join(line for line in lines if line.startswith("rank 0"))
+    assert f"resume with: turnforge train --resume {out}" in stderr, stderr[-3000:]
+    assert _rank_pid(proc.pid, 0) is None and _rank_pid(proc.pid, 1) is None  # nothing left running
+    resumed = _cli("train", "--resume", out, timeout=600)  # on two ranks again, as saved
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert [m.iteration for m in read_metrics(out).iterations] == list(range(1, 11))
