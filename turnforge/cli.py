@@ -156,10 +156,15 @@ def _start(cfg, run_dir: Path, argv: list[str], *, resume: bool) -> None:
     if n == 1 or launched_size() > 1:
         run_train(cfg, run_dir, resume=resume)
         return
-    _check_world(cfg, n)
     from turnforge.train.setup import preflight
 
-    preflight(cfg, run_dir, resume)  # every bad input is one line here, before any rank starts
+    if cfg.cluster == "ray":  # the ranks are Ray actors on the cluster (turnforge.ray_ranks)
+        preflight(cfg, run_dir, resume)  # every bad input is one line here, before any rank starts
+        from turnforge.ray_ranks import launch_on_ray
+
+        sys.exit(launch_on_ray(cfg, run_dir, resume=resume))
+    _check_world(cfg, n)
+    preflight(cfg, run_dir, resume)
     sys.exit(launch(n, argv, threads=max(1, cfg.threads // n), run_dir=run_dir))
 
 

@@ -449,6 +449,10 @@ class EngineConfig(Section):
     ray_cpus_per_env_worker: float = Field(
         0.0, ge=0, description="cluster=ray: CPUs Ray reserves per env worker actor (0: envs mostly wait, any number fit)"
     )
+    ray_env_resources: dict[str, float] = Field(
+        default_factory=dict, description="cluster=ray: custom Ray resources each env worker actor asks for "
+        "(e.g. {envs: 1}: env workers only on nodes started with --resources '{\"envs\": N}')"
+    )
 
 
 class DistConfig(Section):
@@ -465,6 +469,10 @@ class DistConfig(Section):
     timeout_s: float = Field(
         1800.0, gt=0, description="Seconds a collective may wait for another rank: a rank that dies or hangs stops "
         "the others within it (keep it above the longest evaluation)"
+    )
+    ray_resources: dict[str, float] = Field(
+        default_factory=dict, description="cluster=ray: custom Ray resources each trainer rank asks for besides its "
+        "CPUs (threads / nproc) and, with model.device=cuda, one GPU (e.g. {trainer: 1})"
     )
 
 

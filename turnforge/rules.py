@@ -164,17 +164,22 @@ def _ray(cfg: TrainConfig) -> str | None:
 
 
 def _dist(cfg: TrainConfig) -> str | None:
-    """What runs on several trainer ranks so far (``turnforge.dist``): BC, the flywheel and
-    synchronous RL without a critic or Monte-Carlo values; the other stages are refused by name."""
+    """What runs on several trainer ranks so far (``turnforge.dist``; with ``cluster=ray`` the ranks
+    are Ray actors, ``turnforge.ray_ranks``): BC, the flywheel and synchronous RL without a critic
+    or Monte-Carlo values; the other stages are refused by name."""
     n = cfg.dist.nproc
     if cfg.rollout.noise == "episode" and cfg.rollout.backend == "vllm":
         return "rollout.noise=episode is the built-in sampler's; vLLM draws its own noise (use rollout.noise=auto)"
-    if cfg.rollout.noise == "episode" and (cfg.cluster == "ray" or cfg.agent.entrypoint is not None):
-        what = "cluster=ray" if cfg.cluster == "ray" else "agent.entrypoint"
+    if cfg.rollout.noise == "episode" and ((cfg.cluster == "ray" and n == 1) or cfg.agent.entrypoint is not None):
+        what = "cluster=ray (its rollout worker)" if cfg.agent.entrypoint is None else "agent.entrypoint"
         return f"rollout.noise=episode is for env rollouts in the trainer's processes, not with {what} (use rollout.noise=auto)"
     if n > 1 and cfg.rollout.noise == "batch":
         return (f"dist.nproc={n} with rollout.noise=batch: an episode's tokens would depend on which rank plays it; "
                 "use rollout.noise=episode (or auto)")
+    if cfg.dist.ray_resources and cfg.cluster != "ray":
+        return f"dist.ray_resources places trainer ranks on a Ray cluster; set cluster=ray (got cluster={cfg.cluster})"
+    if cfg.engine.ray_env_resources and cfg.cluster != "ray":
+        return f"engine.ray_env_resources places env workers on a Ray cluster; set cluster=ray (got cluster={cfg.cluster})"
     if n == 1:
         if cfg.dist.backend == "nccl":
             return "dist.backend=nccl is for several ranks on GPUs; with dist.nproc=1 there is no process group"
@@ -188,7 +193,7 @@ def _dist(cfg: TrainConfig) -> str | None:
         ("critic.enabled=true", cfg.critic.enabled),
         (f"rl.advantage={cfg.rl.advantage} (Monte-Carlo values)", ESTIMATORS[cfg.rl.advantage].monte_carlo(cfg)),
         ("rl.rehearsal_coef>0", cfg.rl.rehearsal_coef > 0), ("engine.mode=async", cfg.engine.mode == "async"),
-        ("cluster=ray", cfg.cluster == "ray"), ("rollout.backend=vllm", cfg.rollout.backend == "vllm"),
+        ("rollout.backend=vllm", cfg.rollout.backend == "vllm"),
         ("agent.entrypoint", cfg.agent.entrypoint is not None), ("reward.judge.enabled=true", cfg.reward.judge.enabled),
         ("memory.enabled=true", cfg.memory.enabled),
     ]

@@ -59,7 +59,7 @@ def make_backend(env_id: str, env_kwargs: dict, num_envs: int, engine: Any, *, o
         from turnforge.envpool.ray_pool import RayEnvPool
 
         return RayEnvPool(env_id, num_envs, workers, env_kwargs, address=engine.ray_address,
-                          num_cpus=engine.ray_cpus_per_env_worker, **kwargs)
+                          num_cpus=engine.ray_cpus_per_env_worker, resources=dict(engine.ray_env_resources), **kwargs)
     return EnvPool(env_id, num_envs, workers, env_kwargs, **kwargs)
 
 
