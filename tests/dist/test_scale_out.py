@@ -14,7 +14,6 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-import torch
 from safetensors.torch import load_file
 
 from helpers import NO_FLYWHEEL, TINY_TEST_SHAPE
