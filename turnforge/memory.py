@@ -23,6 +23,7 @@ class PeakMemory:
     process_mib: float  # the run's own process (ru_maxrss)
     children_mib: float  # its child processes, an upper bound: the sum of the live ones' peaks plus the largest ended one's
     children: int  # child processes alive when measured
+    ranks_mib: tuple[float, ...] = ()  # on several trainer ranks (turnforge.dist): each rank's process_mib, rank order
 
 
 def _hwm_mib(pid: int) -> float:

@@ -102,6 +102,8 @@ def test_two_ranks_train_as_one_process(one_and_two):
     s1, s2 = read_summary(one), read_summary(two)
     assert (s1.env_steps, s1.train_tokens, s1.rl_iterations) == (s2.env_steps, s2.train_tokens, s2.rl_iterations)
     assert load_run_config(two).dist.nproc == 2
+    assert s1.peak_memory.ranks_mib == () and len(s2.peak_memory.ranks_mib) == 2  # each rank's peak RSS
+    assert min(s2.peak_memory.ranks_mib) > 100
 
 
 @pytest.mark.slow

@@ -24,6 +24,7 @@ from rich.progress import Progress as RichProgress
 from rich.table import Table
 
 from turnforge.config import TrainConfig
+from turnforge.dist import gather, world
 from turnforge.memory import peak_memory
 from turnforge.plots import save_figure, subplots
 from turnforge.policy.lora import trainable_parameters
@@ -260,6 +261,14 @@ def start_name(cfg: TrainConfig) -> str:
     return "BC policy" if cfg.bc.enabled else "starting policy (no BC)"
 
 
+def _peak_memory():
+    """``peak_memory()`` of this process, with every trainer rank's own peak on several ranks (a collective)."""
+    peak = peak_memory()
+    if not world().distributed:
+        return peak
+    return dataclasses.replace(peak, ranks_mib=tuple(gather(peak.process_mib)))
+
+
 def run_summary(cfg: TrainConfig, state: TrainerState, policy: Policy, engine: Engine, run_dir: Path, after: EvalResult,
                 rl_seconds: float | None, boundary_after: BoundaryReport | None = None) -> RunSummary:
     """The ``RunSummary`` of a finished run: its evaluations before and after RL, the gains
@@ -280,7 +289,7 @@ def run_summary(cfg: TrainConfig, state: TrainerState, policy: Policy, engine: E
         model=f"gguf:{cfg.model.gguf}" if cfg.model.gguf else cfg.model.path,
         num_parameters=sum(p.numel() for p in policy.model.parameters()),
         trainable_parameters=sum(p.numel() for p in trainable_parameters(policy.model)), torch_threads=cfg.threads,
-        env_pool=engine.pool_stats(), software=Software.current(), peak_memory=peak_memory(),
+        env_pool=engine.pool_stats(), software=Software.current(), peak_memory=_peak_memory(),
         eval_bc_best_temperature=best, flywheel_rounds=cfg.flywheel.rounds,
         gain_over_bc_best_points=None if best is None else round(100 * (after.success_rate - best.eval.success_rate), 2),
         expert_queries=ExpertQueries(demos, state.hints, demos + state.hints + state.anchor_moves, state.anchor_moves),
