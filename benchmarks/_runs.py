@@ -170,3 +170,21 @@ def cpu() -> str:
     """``cpu_info()`` as one line for a report: 'NAME (family F model M, C cores)'."""
     c = cpu_info()
     return f"{c['model_name']} (family {c['family']} model {c['model']}, {c['cores']} cores)"
+
+
+def random_samples(vocab: int, rows: int, tokens: int, action: int, seed: int = 0) -> list:
+    """``rows`` training samples of ``tokens`` random ids each, the last ``action`` of them the
+    action (loss mask 1): a fixed batch for timing and memory benchmarks of the trainers' loss path."""
+    import numpy as np
+
+    from turnforge.types import Sample
+
+    gen = np.random.default_rng(seed)
+    out = []
+    for i in range(rows):
+        ids = gen.integers(0, vocab, tokens)
+        mask = np.zeros(tokens, np.int8)
+        mask[-action:] = 1
+        out.append(Sample(token_ids=ids.astype(np.int64), loss_mask=mask, logprobs=np.full(tokens, np.nan, np.float32),
+                          versions=np.full(tokens, -1, np.int32), trajectory_id=f"t{i}", turn_index=0))
+    return out

@@ -309,7 +309,6 @@ def memory_worker(args) -> None:
     """One rank of the memory part (started by torch's launcher)."""
     import resource
 
-    import numpy as np
     import torch
 
     from turnforge.algos import sft_loss
@@ -324,7 +323,8 @@ def memory_worker(args) -> None:
     from turnforge.policy.lora import trainable_parameters
     from turnforge.policy.model import load_policy, quiet_hf
     from turnforge.train.common import GuardedStep, collate
-    from turnforge.types import Sample
+
+    from _runs import random_samples
 
     quiet_hf()
     w = init_world("auto", 600)
@@ -333,15 +333,7 @@ def memory_worker(args) -> None:
     policy = load_policy(args.model_path)
     attach_trainer(policy)
     model = policy.train_model
-    gen = np.random.default_rng(0)
-    vocab = policy.model.config.get_text_config().vocab_size
-    samples = []
-    for i in range(args.batch):
-        ids = gen.integers(0, vocab, args.tokens)
-        mask = np.zeros(args.tokens, np.int8)
-        mask[-ACTION:] = 1
-        samples.append(Sample(token_ids=ids.astype(np.int64), loss_mask=mask, logprobs=np.full(args.tokens, np.nan, np.float32),
-                              versions=np.full(args.tokens, -1, np.int32), trajectory_id=f"t{i}", turn_index=0))
+    samples = random_samples(policy.model.config.get_text_config().vocab_size, args.batch, args.tokens, ACTION)
     mine, share = minibatch_share(samples, lambda x: x.num_action_tokens)
     batch = collate(mine, policy.pad_id)
     optimizer = torch.optim.AdamW(trainable_parameters(model), lr=1e-5, weight_decay=0.0)

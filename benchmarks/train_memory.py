@@ -30,16 +30,14 @@ ACTION = 24
 
 
 def one_mode(args) -> dict:
-    import numpy as np
     import torch
 
-    from _runs import model_dir
+    from _runs import model_dir, random_samples
     from turnforge.config import LoraConfig
     from turnforge.policy.generate import token_logprobs
     from turnforge.policy.lora import add_lora, trainable_parameters
     from turnforge.policy.model import load_policy, quiet_hf, use_gradient_checkpointing
     from turnforge.train.common import collate
-    from turnforge.types import Sample
 
     quiet_hf()
     torch.set_num_threads(args.threads)
@@ -49,15 +47,7 @@ def one_mode(args) -> dict:
         add_lora(policy, LoraConfig(r=args.lora, alpha=2.0 * args.lora), 0, "bc")
     if args.mode == "checkpointed":
         use_gradient_checkpointing(policy.model)
-    gen = np.random.default_rng(0)
-    vocab = policy.model.config.get_text_config().vocab_size
-    samples = []
-    for i in range(args.batch):
-        ids = gen.integers(0, vocab, args.tokens)
-        mask = np.zeros(args.tokens, np.int8)
-        mask[-ACTION:] = 1
-        samples.append(Sample(token_ids=ids.astype(np.int64), loss_mask=mask, logprobs=np.full(args.tokens, np.nan, np.float32),
-                              versions=np.full(args.tokens, -1, np.int32), trajectory_id=f"t{i}", turn_index=0))
+    samples = random_samples(policy.model.config.get_text_config().vocab_size, args.batch, args.tokens, ACTION)
     batch = collate(samples, policy.pad_id)
     optimizer = torch.optim.AdamW(trainable_parameters(policy.model), lr=1e-4)
     times = []
