@@ -181,7 +181,12 @@ def scaling_workload(name: str, args, work: Path) -> dict:
     recipe, overrides = workload_overrides(name, iterations)
     overrides += args.set
     if name == "tiny":
-        overrides += tiny_bc_start(work / name, args.set)
+        if args.bc_checkpoint:  # a BC checkpoint of sokoban-tiny made before (e.g. the default job's RUN/checkpoints/bc)
+            from _runs import from_bc
+
+            overrides += from_bc(args.bc_checkpoint)
+        else:
+            overrides += tiny_bc_start(work / name, args.set)
     runs: list[dict] = []
     order = list(ARMS)
     for r in range(args.repeats):
@@ -445,6 +450,8 @@ def main() -> None:
     parser.add_argument("--part", choices=("scaling", "memory", "all"), default="all")
     parser.add_argument("--workload", choices=("tiny", "smollm2-lora", "both"), default="both", help="scaling part's workloads")
     parser.add_argument("--repeats", type=int, default=3, help="scaling: rounds of both arms")
+    parser.add_argument("--bc-checkpoint", help="scaling, tiny: start both arms from this sokoban-tiny BC checkpoint "
+                        "instead of training one")
     parser.add_argument("--iterations", type=int, default=None, help="scaling: rl.iterations (default 8 tiny, 2 smollm2-lora)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="scaling: an extra override for every run (the tiny BC start's too); repeatable")
