@@ -13,7 +13,7 @@ process group, no wrapper, no extra copy. With ``size > 1``:
   HF model itself (a CPU run has no vLLM), at the cost of one full copy of the parameters per
   rank beside the shards.
 - **Reductions.** A minibatch's rows are split over the ranks (``rank_slice``); each rank's
-  loss is its share of a global weighted mean (``loss_share``: ``size * w_rank / w_total``,
+  loss is its share of a global weighted mean (``minibatch_share``: ``size * w_rank / w_total``,
   with ``w`` the minibatch's token weights), so FSDP's mean over ranks gives the gradient
   of 1 rank with the whole minibatch, token-weighted as before.
 - **Data.** Every rank runs the same program; only rank 0 writes the run directory (the
@@ -188,32 +188,18 @@ def all_sum(values: Sequence[float]) -> list[float]:
     return t.tolist()
 
 
-def every_rank(flag: bool) -> bool:
-    """True when ``flag`` holds on every rank (``flag`` in a world of one)."""
-    if not _WORLD.distributed:
-        return flag
-    return all_sum([0.0 if flag else 1.0])[0] == 0
-
-
-def loss_share(local_weight: float) -> float:
-    """The factor that makes a rank's loss, a weighted mean over its rows with total weight
-    ``local_weight``, its part of the mean over the whole minibatch: ``size * w_rank / w_total``
-    (FSDP averages gradients over the ranks). 1.0 in a world of one; 0.0 on a rank without rows."""
-    if not _WORLD.distributed:
-        return 1.0
-    (total,) = all_sum([local_weight])
-    return _WORLD.size * local_weight / total if total > 0 else 0.0
-
-
 def minibatch_share(rows: Sequence[T], weight: Callable[[T], float]) -> tuple[list[T], float]:
-    """This rank's rows of a global minibatch (``rank_slice``) and the factor its loss takes
-    (``loss_share`` of their total ``weight``, the weight the loss's mean divides by). A rank
-    left without rows gets the first row with factor 0: it still runs the forward and backward
-    passes whose collectives the other ranks wait on. ``(rows, 1.0)`` in a world of one."""
+    """This rank's rows of a global minibatch (``rank_slice``) and the factor its loss takes:
+    ``size * w_rank / w_total``, with ``w`` the rows' ``weight`` (the weight the loss's mean
+    divides by), so that FSDP's mean of the ranks' gradients is the gradient of the mean over
+    the whole minibatch. Every rank holds the whole minibatch's rows, so no message is needed.
+    A rank left without rows gets the first row with factor 0: it still runs the forward and
+    backward passes whose collectives the other ranks wait on. ``(rows, 1.0)`` in a world of one."""
     if not _WORLD.distributed:
         return list(rows), 1.0
     mine = rank_slice(rows)
-    share = loss_share(float(sum(weight(r) for r in mine)))
+    total = float(sum(weight(r) for r in rows))
+    share = _WORLD.size * float(sum(weight(r) for r in mine)) / total if total > 0 else 0.0
     return (mine, share) if mine else ([rows[0]], 0.0)
 
 
@@ -242,12 +228,15 @@ def masked_mean_over_ranks(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return _WORLD.size * (local - local.detach()) / count + total / count
 
 
-def share_weighted(values: Sequence[float], share: float) -> list[float]:
-    """Per-minibatch figures (a loss, a clip fraction) over all ranks: each rank's value times its
-    ``share``, averaged; ``values`` as given in a world of one."""
+def share_weighted(values: Sequence[Sequence[float]], shares: Sequence[float]) -> list[list[float]]:
+    """Per-minibatch figures (a loss, a clip fraction; one row per minibatch) over all ranks: each
+    rank's row times its minibatch ``share``, averaged over the ranks, in one message for all the
+    rows; ``values`` as given in a world of one."""
     if not _WORLD.distributed:
-        return list(values)
-    return [x / _WORLD.size for x in all_sum([v * share for v in values])]
+        return [list(v) for v in values]
+    flat = all_sum([x * sh for row, sh in zip(values, shares) for x in row])
+    width = len(values[0]) if values else 0
+    return [[x / _WORLD.size for x in flat[i * width:(i + 1) * width]] for i in range(len(values))]
 
 
 def gather(obj: T) -> list[T]:

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from turnforge.batching import SCORING_BATCH, batches
-from turnforge.dist import every_rank
+from turnforge.dist import world
 from turnforge.errors import RunStopped
 from turnforge.policy.generate import pad_right, token_logprobs
 from turnforge.policy.model import Policy
@@ -87,7 +87,9 @@ class GuardedStep:
     def __call__(self, loss: torch.Tensor) -> float | None:
         """Backward + clip + step; returns the grad norm, or None if the step was skipped."""
         self.optimizer.zero_grad(set_to_none=True)
-        if every_rank(bool(torch.isfinite(loss))):  # on several ranks all step or all skip (turnforge.dist)
+        # on several ranks every rank runs its backward pass (FSDP's collectives): a non-finite loss on any
+        # rank makes the gradient norm, taken over all shards, non-finite on all, and all skip alike
+        if world().distributed or torch.isfinite(loss):
             loss.backward()
             norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
             if hasattr(norm, "full_tensor"):  # FSDP2-sharded gradients (turnforge.dist): the norm over all shards

@@ -48,7 +48,7 @@ from turnforge.algos import entropy_floor_penalty, weighted_nll
 from turnforge.config import TrainConfig
 from turnforge.data.filters import Candidate, FilterCount, FilterParams, apply_filters, kept_samples
 from turnforge.data.store import write_trajectories
-from turnforge.dist import global_mean_and_tokens, masked_mean_over_ranks, minibatch_share, sync_sampler, world
+from turnforge.dist import masked_mean_over_ranks, minibatch_share, sync_sampler, world
 from turnforge.errors import RunStopped
 from turnforge.policy.generate import token_logprobs
 from turnforge.policy.model import Policy
@@ -331,7 +331,9 @@ def _rft(s: Session, step: GuardedStep, samples: list[Sample], weights: list[flo
         for epoch in range(fw.rft_epochs):
             order = rng(s.cfg.seed, "flywheel-rft", r, epoch).permutation(len(samples))
             for k, b in enumerate(range(0, len(samples), fw.rft_batch_size)):
-                idx, share = minibatch_share(order[b:b + fw.rft_batch_size].tolist(), lambda i: samples[i].num_action_tokens)
+                idx = order[b:b + fw.rft_batch_size].tolist()
+                s.state.train_tokens += sum(len(samples[i]) for i in idx)
+                idx, share = minibatch_share(idx, lambda i: samples[i].num_action_tokens)
                 batch = collate([samples[i] for i in idx], policy.pad_id, vision=policy.vision)
                 lp, ent = token_logprobs(model, batch.ids, batch.attention, with_entropy=floor > 0,
                                          positions=batch.mask, vision=batch.vision)
@@ -342,7 +344,6 @@ def _rft(s: Session, step: GuardedStep, samples: list[Sample], weights: list[flo
                     loss = loss + entropy_floor_penalty(ent, batch.mask * (share > 0), floor, fw.entropy_guard_coef,
                                                         mean=masked_mean_over_ranks)
                 step(loss)
-                s.state.train_tokens += global_mean_and_tokens(0.0, share, batch.num_tokens if share else 0)[1]
                 report(epoch * per_epoch + k + 1)
     model.eval()
 

@@ -15,7 +15,7 @@ from turnforge.algos import (
     PolicyLossOutput, aggregation_weights, decoupled_ppo_loss, importance_weights, masked_mean, ppo_clip_loss,
 )
 from turnforge.config import RLConfig
-from turnforge.dist import global_mean_and_tokens, minibatch_share, share_weighted
+from turnforge.dist import minibatch_share, share_weighted
 from turnforge.policy.generate import token_logprobs
 from turnforge.policy.model import Policy
 from turnforge.train.common import Batch, GuardedStep, collate, score_samples
@@ -59,9 +59,10 @@ def ppo_update(
     model.train()
     order = shuffle.permutation(len(rows)).tolist()
     rehearsal_order = shuffle.permutation(len(rehearsal.samples)) if rehearsal is not None else None
-    losses, clip_fracs, kls, norms, entropies, ref_kls, tokens, nlls = [], [], [], [], [], [], 0, []
+    figures, shares, norms, tokens, nlls = [], [], [], 0, []
     for _ in range(rl.epochs):
         for idx in minibatches(rows, order, rl.minibatch_size):
+            tokens += sum(len(rows[i].sample) * rows[i].count for i in idx)
             # on several ranks each takes its share of the minibatch's rows, its loss weighted by its
             # share of the loss's token weights (turnforge.dist): the update of one rank with all of them
             idx, share = minibatch_share(idx, lambda i: rows[i].weight * rows[i].sample.num_action_tokens)
@@ -72,19 +73,19 @@ def ppo_update(
                                           prox=None if prox is None else [prox[i] for i in idx], is_cap=is_cap)
             loss = out.loss
             if rehearsal is not None:
-                nll = rehearsal_loss(model, rehearsal.batch(len(losses), rl.minibatch_size, rehearsal_order),
+                nll = rehearsal_loss(model, rehearsal.batch(len(figures), rl.minibatch_size, rehearsal_order),
                                      policy.pad_id, rehearsal.temperature)
                 loss = loss + rehearsal.coef * nll
                 nlls.append(float(nll.detach()))
             norm = step(loss if share == 1.0 else loss * share)
             if norm is not None:
                 norms.append(norm)
-            figures = share_weighted([loss.item(), out.clip_fraction, out.approx_kl, out.kl_ref,
-                                      float(masked_mean(entropy.detach(), batch.mask * counts[:, None]))], share)
-            for xs, x in zip((losses, clip_fracs, kls, ref_kls, entropies), figures):
-                xs.append(x)
-            tokens += global_mean_and_tokens(0.0, share, int((batch.attention.sum(dim=1) * counts).sum()) if share else 0)[1]
+            figures.append([loss.item(), out.clip_fraction, out.approx_kl, out.kl_ref,
+                            float(masked_mean(entropy.detach(), batch.mask * counts[:, None]))])
+            shares.append(share)
     model.eval()
+    losses, clip_fracs, kls, ref_kls, entropies = (list(col) for col in zip(*share_weighted(figures, shares))) if figures \
+        else ([], [], [], [], [])
 
     def mean(xs: list[float]) -> float:
         return sum(xs) / max(len(xs), 1)
