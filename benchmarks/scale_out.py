@@ -315,21 +315,20 @@ def memory_worker(args) -> None:
     import resource
 
     import torch
+    from _runs import random_samples
 
     from turnforge.algos import sft_loss
     from turnforge.dist import (
         attach_trainer,
-        global_mean_and_tokens,
         init_world,
         minibatch_share,
+        share_weighted,
         shutdown,
     )
     from turnforge.policy.generate import token_logprobs
     from turnforge.policy.lora import trainable_parameters
     from turnforge.policy.model import load_policy, quiet_hf
     from turnforge.train.common import GuardedStep, collate
-
-    from _runs import random_samples
 
     quiet_hf()
     w = init_world("auto", 600)
@@ -351,7 +350,7 @@ def memory_worker(args) -> None:
         loss = sft_loss(lp, batch.mask)
         step(loss if share == 1.0 else loss * share)
         times.append(time.perf_counter() - t0)
-        losses.append(global_mean_and_tokens(loss.item(), share, batch.num_tokens)[0])
+        losses.append(share_weighted([[loss.item()]], [share])[0][0])
     params = list(model.parameters())
     seen: dict[int, int] = {}
     p_held, p_logical = held_bytes(params, seen)

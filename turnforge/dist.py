@@ -203,15 +203,6 @@ def minibatch_share(rows: Sequence[T], weight: Callable[[T], float]) -> tuple[li
     return (mine, share) if mine else ([rows[0]], 0.0)
 
 
-def global_mean_and_tokens(local_loss: float, share: float, local_tokens: int) -> tuple[float, int]:
-    """A minibatch's loss over all ranks (each rank's loss times its ``share``, averaged) and
-    its tokens summed over the ranks; the local values in a world of one."""
-    if not _WORLD.distributed:
-        return local_loss, local_tokens
-    loss, tokens = all_sum([local_loss * share, float(local_tokens)])
-    return loss / _WORLD.size, int(tokens)
-
-
 def masked_mean_over_ranks(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """The masked mean of ``x`` over the whole minibatch, every rank's rows (a world of one:
     ``masked_mean``). Its value is the global mean on every rank; its gradient on a rank is

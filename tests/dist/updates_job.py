@@ -12,12 +12,19 @@ import sys
 import numpy as np
 import torch
 
+from turnforge.algos import sft_loss
 from turnforge.config import LoraConfig
-from turnforge.dist import attach_trainer, global_mean_and_tokens, init_world, minibatch_share, shutdown, sync_sampler
+from turnforge.dist import (
+    attach_trainer,
+    init_world,
+    minibatch_share,
+    share_weighted,
+    shutdown,
+    sync_sampler,
+)
 from turnforge.policy.generate import token_logprobs
 from turnforge.policy.lora import add_lora, trainable_parameters
 from turnforge.policy.model import load_policy, quiet_hf
-from turnforge.algos import sft_loss
 from turnforge.train.common import GuardedStep, collate
 from turnforge.types import Sample
 
@@ -52,7 +59,7 @@ for _ in range(5):
     lp, _ = token_logprobs(model, batch.ids, batch.attention, positions=batch.mask)
     loss = sft_loss(lp, batch.mask)
     assert step(loss if share == 1.0 else loss * share) is not None
-    losses.append(global_mean_and_tokens(loss.item(), share, 0)[0])
+    losses.append(share_weighted([[loss.item()]], [share])[0][0])
 sync_sampler(policy)
 if w.main:
     torch.save({"lr": LR, "steps": 5, "losses": losses, "weights": {k: v.detach().clone() for k, v in policy.model.named_parameters()

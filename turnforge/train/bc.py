@@ -15,7 +15,7 @@ import torch
 
 from turnforge.algos import sft_loss
 from turnforge.data.store import write_trajectories
-from turnforge.dist import attach_trainer, global_mean_and_tokens, minibatch_share, sync_sampler, world
+from turnforge.dist import attach_trainer, minibatch_share, share_weighted, sync_sampler, world
 from turnforge.policy.generate import token_logprobs
 from turnforge.policy.lora import trainable_parameters
 from turnforge.rollout.actors import ExpertActor
@@ -73,16 +73,16 @@ def run_bc(s: Session) -> BCStats:
     for epoch in range(bc.epochs):
         order = rng(cfg.seed, "bc", epoch).permutation(len(samples))
         for b in range(steps_per_epoch):
-            mine, share = minibatch_share([samples[i] for i in order[b * bc.batch_size:(b + 1) * bc.batch_size]],
-                                          lambda x: x.num_action_tokens)
+            chunk = [samples[i] for i in order[b * bc.batch_size:(b + 1) * bc.batch_size]]
+            s.state.train_tokens += sum(len(x) for x in chunk)
+            mine, share = minibatch_share(chunk, lambda x: x.num_action_tokens)
             batch = collate(mine, policy.pad_id, vision=policy.vision)
             logprobs, _ = token_logprobs(model, batch.ids, batch.attention, positions=batch.mask, vision=batch.vision)
             loss = sft_loss(logprobs, batch.mask)
             step(loss if share == 1.0 else loss * share)
             scheduler.step()
             n += 1
-            loss_value, tokens = global_mean_and_tokens(loss.item(), share, batch.num_tokens if share else 0)
-            s.state.train_tokens += tokens
+            ((loss_value,),) = share_weighted([[loss.item()]], [share])  # the minibatch's loss over all ranks
             s.progress.update(n, loss=loss_value, tokens_per_s=s.state.train_tokens / (time.time() - t0))
         s.metrics.log(BCEpoch(epoch, loss_value), s.state.env_steps)
     model.eval()
