@@ -143,18 +143,23 @@ def shard(model: torch.nn.Module, w: World | None = None) -> torch.nn.Module:
 
 
 @torch.no_grad()
-def sync_sampler(policy) -> None:
-    """Copy the trainer's updated weights into the policy's plain model, one tensor at a time
-    (each rank gathers a parameter's shards, copies, frees them: never a second full model).
-    Only the trainable tensors move (a LoRA run: the adapter). Nothing to do in a world of one."""
-    trainer = getattr(policy, "trainer", None)
+def sync_weights(trainer: torch.nn.Module | None, plain: torch.nn.Module) -> None:
+    """Copy a sharded ``trainer``'s (``sharded_copy``) updated weights into its ``plain`` model, one
+    tensor at a time (each rank gathers a parameter's shards, copies, frees them: never a second
+    full model). Only the trainable tensors move (a LoRA run: the adapter). Nothing to do without
+    a trainer (a world of one, where updates run through ``plain`` itself)."""
     if trainer is None:
         return
-    plain = dict(policy.model.named_parameters())
+    named = dict(plain.named_parameters())
     for name, p in trainer.named_parameters():
         if p.requires_grad:
             full = p.full_tensor() if hasattr(p, "full_tensor") else p
-            plain[name].copy_(full)
+            named[name].copy_(full)
+
+
+def sync_sampler(policy) -> None:
+    """The policy's trainer's new weights into the model it samples with (``sync_weights``)."""
+    sync_weights(getattr(policy, "trainer", None), policy.model)
 
 
 @torch.no_grad()
@@ -219,14 +224,16 @@ def masked_mean_over_ranks(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return _WORLD.size * (local - local.detach()) / count + total / count
 
 
-def share_weighted(values: Sequence[Sequence[float]], shares: Sequence[float]) -> list[list[float]]:
+def share_weighted(values: Sequence[Sequence[float]], shares: Sequence[float | Sequence[float]]) -> list[list[float]]:
     """Per-minibatch figures (a loss, a clip fraction; one row per minibatch) over all ranks: each
-    rank's row times its minibatch ``share``, averaged over the ranks, in one message for all the
-    rows; ``values`` as given in a world of one."""
+    rank's row times its minibatch ``share`` (one per row, or one per figure of the row when the
+    figures are means over different weights: a loss over its weights, an entropy over tokens),
+    averaged over the ranks, in one message for all the rows; ``values`` as given in a world of one."""
     if not _WORLD.distributed:
         return [list(v) for v in values]
-    flat = all_sum([x * sh for row, sh in zip(values, shares) for x in row])
     width = len(values[0]) if values else 0
+    per_figure = [sh if isinstance(sh, Sequence) else [sh] * width for sh in shares]
+    flat = all_sum([x * sh for row, row_shares in zip(values, per_figure) for x, sh in zip(row, row_shares)])
     return [[x / _WORLD.size for x in flat[i * width:(i + 1) * width]] for i in range(len(values))]
 
 
@@ -303,17 +310,21 @@ def launch(nproc: int, argv: Sequence[str], *, threads: int, run_dir: Path | Non
         shutil.rmtree(errors, ignore_errors=True)
 
 
-def attach_trainer(policy) -> None:
-    """On several ranks: ``policy.trainer`` becomes a fresh copy of ``policy.model`` sharded with
-    FSDP2 (``shard``), the module the next stage optimizes; in a world of one, nothing (updates
-    run through ``policy.model``). Called again when the model's structure changes (a LoRA
-    adapter merged and a new one added after BC)."""
+def sharded_copy(model: torch.nn.Module) -> torch.nn.Module | None:
+    """On several ranks: a fresh copy of ``model`` sharded with FSDP2 (``shard``), the module its
+    updates run through (``sync_weights`` copies them back); in a world of one, None (updates run
+    through ``model`` itself)."""
     import copy
 
-    if not _WORLD.distributed:
-        return
-    policy.trainer = None
-    policy.trainer = shard(copy.deepcopy(policy.model))
+    return shard(copy.deepcopy(model)) if _WORLD.distributed else None
+
+
+def attach_trainer(policy) -> None:
+    """``policy.trainer`` becomes ``sharded_copy(policy.model)``, the module the next stage
+    optimizes (None in a world of one). Called again when the model's structure changes (a LoRA
+    adapter merged and a new one added after BC)."""
+    policy.trainer = None  # the old copy freed before the new one is made
+    policy.trainer = sharded_copy(policy.model)
 
 
 # --- optimizer state across world sizes ---------------------------------------------------------

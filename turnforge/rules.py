@@ -165,8 +165,8 @@ def _ray(cfg: TrainConfig) -> str | None:
 
 def _dist(cfg: TrainConfig) -> str | None:
     """What runs on several trainer ranks so far (``turnforge.dist``; with ``cluster=ray`` the ranks
-    are Ray actors, ``turnforge.ray_ranks``): BC, the flywheel and synchronous RL without a critic
-    or Monte-Carlo values; the other stages are refused by name."""
+    are Ray actors, ``turnforge.ray_ranks``): BC, the flywheel, synchronous RL with or without the
+    learned critic (and its value pretraining) and rehearsal; the other stages are refused by name."""
     n = cfg.dist.nproc
     if cfg.rollout.noise == "episode" and cfg.rollout.backend == "vllm":
         return "rollout.noise=episode is the built-in sampler's; vLLM draws its own noise (use rollout.noise=auto)"
@@ -190,9 +190,8 @@ def _dist(cfg: TrainConfig) -> str | None:
         return (f"dist.nproc={n} does not divide rl.tasks_per_iteration={cfg.rl.tasks_per_iteration}: each rank plays "
                 f"whole groups; use a multiple of {n}")
     unsupported = [
-        ("critic.enabled=true", cfg.critic.enabled),
         (f"rl.advantage={cfg.rl.advantage} (Monte-Carlo values)", ESTIMATORS[cfg.rl.advantage].monte_carlo(cfg)),
-        ("rl.rehearsal_coef>0", cfg.rl.rehearsal_coef > 0), ("engine.mode=async", cfg.engine.mode == "async"),
+        ("engine.mode=async", cfg.engine.mode == "async"),
         ("rollout.backend=vllm", cfg.rollout.backend == "vllm"),
         ("agent.entrypoint", cfg.agent.entrypoint is not None), ("reward.judge.enabled=true", cfg.reward.judge.enabled),
         ("memory.enabled=true", cfg.memory.enabled),
@@ -200,7 +199,7 @@ def _dist(cfg: TrainConfig) -> str | None:
     for key, on in unsupported:
         if on:
             return (f"dist.nproc={n} with {key}: that stage does not run on several trainer ranks yet "
-                    "(BC, the flywheel and synchronous RL without a critic do); use dist.nproc=1 or turn it off")
+                    "(BC, the flywheel, synchronous RL, the critic and rehearsal do); use dist.nproc=1 or turn it off")
     return None
 
 

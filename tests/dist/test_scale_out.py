@@ -26,10 +26,13 @@ from turnforge.train.setup import load_run_config
 JOB = Path(__file__).with_name("job.py")
 RUN = [
     *[f"model.tiny.{k}={v}" for k, v in TINY_TEST_SHAPE.items()], *NO_FLYWHEEL,
-    # one flywheel round that trains on every episode (this BC policy solves none), under the entropy floor
+    # one flywheel round that trains on every episode (filtered for infrastructure failures only), under the entropy floor
     "flywheel.rounds=1", "flywheel.filters=[infra]", "flywheel.env_steps_per_round=60", "flywheel.eval_episodes=4",
     "flywheel.entropy_floor=1.0", "flywheel.entropy_guard_coef=0.5",
-    "bc.num_demos=16", "bc.epochs=3", "bc.batch_size=6", "rl.iterations=3", "rl.tasks_per_iteration=4",
+    # RL with the learned critic (value pretraining first) and rehearsal: every stage that updates weights
+    "rl.advantage=gae", "critic.enabled=true", "critic.pretrain_episodes=8", "critic.pretrain_max_steps=20",
+    "rl.rehearsal_coef=1.0", "rl.rehearsal_episodes=6", "rl.rehearsal_temperature=0.5",
+    "bc.num_demos=48", "bc.epochs=6", "bc.batch_size=6", "rl.iterations=3", "rl.tasks_per_iteration=4",
     "rl.group_size=3", "rl.minibatch_size=7", "rl.epochs=2", "rl.entropy_coef=0.01", "rl.kl_coef=0.02",
     "rollout.max_turns=5", "rollout.max_new_tokens=6", "eval.episodes=4", "checkpoint_every=1", "threads=1",
     "rollout.noise=episode",
@@ -133,7 +136,7 @@ def test_a_checkpoint_of_two_ranks_resumes_on_one_and_back(one_and_two, tmp_path
 @pytest.mark.parametrize("args, says", [
     (["flywheel.rounds=0", "--nproc", 100000], "--nproc 100000 is more than the"),
     (["flywheel.rounds=0", "rl.iterations=2", "rl.tasks_per_iteration=3", "--nproc", 2], "dist.nproc=2 does not divide rl.tasks_per_iteration=3"),
-    (["flywheel.rounds=0", "rl.iterations=2", "rl.rehearsal_coef=0.1", "--nproc", 2], "dist.nproc=2 with rl.rehearsal_coef>0"),
+    (["flywheel.rounds=0", "rl.iterations=2", "engine.mode=async", "--nproc", 2], "dist.nproc=2 with engine.mode=async"),
     (["flywheel.rounds=0", "rollout.noise=batch", "--nproc", 2], "rollout.noise=batch"),
     (["flywheel.rounds=0", "dist.backend=nccl", "--nproc", 2], "dist.backend=nccl needs model.device=cuda"),
 ])

@@ -21,6 +21,7 @@ arrives per turn, so per-token values would add positions with nothing to learn.
 from __future__ import annotations
 
 import copy
+import sys
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -30,8 +31,10 @@ from torch import nn
 
 from turnforge.algos import explained_variance, value_loss
 from turnforge.batching import SCORING_BATCH, batches
+from turnforge.dist import minibatch_share, share_weighted
 from turnforge.policy.generate import pad_right
 from turnforge.seeding import stable_hash
+from turnforge.train.common import GuardedStep
 from turnforge.types import Sample, Trajectory
 
 
@@ -49,7 +52,8 @@ class ValueModel(nn.Module):
         """Values ``[B, T]``, computed on the critic's device, returned on ``ids``' device."""
         device = self.head.weight.device
         hidden = self.trunk(input_ids=ids.to(device), attention_mask=attention.to(device)).last_hidden_state
-        return self.head(hidden.to(self.head.weight.dtype)).squeeze(-1).to(ids.device)
+        # a fresh tensor, not a view: FSDP2 (turnforge.dist) hooks the output of a sharded critic
+        return self.head(hidden.to(self.head.weight.dtype)).squeeze(-1).clone().to(ids.device)
 
 
 def build_value_model(policy_model: nn.Module, init: str, seed: int) -> ValueModel:
@@ -165,26 +169,29 @@ def update_critic(
     max_steps: int | None = None,
 ) -> CriticUpdate:
     """Clipped value-loss updates on ``(sample, targets, old_values)`` triples (at most
-    ``max_steps`` optimizer steps when given)."""
+    ``max_steps`` optimizer steps when given). A step with a non-finite loss or gradient is
+    skipped. On several trainer ranks ``critic`` is the sharded copy (``turnforge.dist``): each
+    rank takes its share of every minibatch, weighted by its value positions, so the step is the
+    one a single process takes on the whole minibatch."""
+    step = GuardedStep(critic, optimizer, max_grad_norm, max_bad=sys.maxsize)  # skipped steps are not fatal here
     critic.train()
-    losses, steps, tokens = [], 0, 0
+    figures, shares, steps, tokens = [], [], 0, 0
     for _ in range(epochs):
         order = order_rng.permutation(len(data)).tolist()
         for b in range(0, len(order), minibatch_size):
             if max_steps is not None and steps >= max_steps:
                 break
             chunk = [data[i] for i in order[b:b + minibatch_size]]
+            tokens += sum(len(x) for x, _, _ in chunk)
+            chunk, share = minibatch_share(chunk, lambda row: len(value_positions(row[0])))
             batch = collate_values([x for x, _, _ in chunk], pad_id, [t for _, t, _ in chunk], [o for _, _, o in chunk])
             values = critic(batch.ids, batch.attention)
             loss = value_loss(values, batch.old, batch.targets, batch.where, clip)
-            optimizer.zero_grad(set_to_none=True)
-            if torch.isfinite(loss):
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(critic.parameters(), max_grad_norm)
-                optimizer.step()
-            losses.append(float(loss.detach()))
+            step(loss if share == 1.0 else loss * share)
+            figures.append([float(loss.detach())])
+            shares.append(share)
             steps += 1
-            tokens += int(batch.attention.sum())
+    losses = [row[0] for row in share_weighted(figures, shares)]
     critic.eval()
     old = np.concatenate([o for _, _, o in data]) if data else np.zeros(0)
     tgt = np.concatenate([t for _, t, _ in data]) if data else np.zeros(0)

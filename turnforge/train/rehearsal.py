@@ -29,6 +29,7 @@ import pyarrow.parquet as pq
 import torch
 
 from turnforge.algos import sft_loss
+from turnforge.dist import broadcast, world
 from turnforge.errors import RunStopped
 from turnforge.policy.generate import token_logprobs
 from turnforge.rollout.actors import PolicyActor
@@ -72,7 +73,7 @@ def load_or_play(s: Session) -> Rehearsal:
     cfg, rl = s.cfg, s.cfg.rl
     temperature = rl.rehearsal_temperature or cfg.rollout.temperature
     path = s.run_dir / FILE
-    if path.exists():
+    if broadcast(path.exists()):  # rank 0's answer: on several ranks it alone writes the cache
         samples, meta = read_cache(path)
         return Rehearsal(samples, rl.rehearsal_coef, temperature, **meta)
     ids = rng(cfg.seed, "rehearsal-tasks").integers(0, 2**31 - 1, rl.rehearsal_episodes)
@@ -90,7 +91,8 @@ def load_or_play(s: Session) -> Rehearsal:
         raise RunStopped(f"rehearsal cache: no action of the starting policy's {len(ok)} episodes at temperature "
                          f"{temperature:g} was well formed (valid); lower rl.rehearsal_temperature or set rl.rehearsal_coef=0")
     out = Rehearsal(samples, rl.rehearsal_coef, temperature, len(kept), len(ok), stats.turns)
-    write_cache(path, out)
+    if world().main:
+        write_cache(path, out)
     s.progress.message(f"rehearsal cache: {len(samples)} well-formed samples from {len(kept)} of the starting policy's "
                        f"{len(ok)} episodes at T={temperature:g}")
     return out

@@ -35,7 +35,7 @@ from turnforge.algos import explained_variance
 from turnforge.config import TrainConfig
 from turnforge.critic.value import ValueModel, pretrain_critic, sample_targets, update_critic
 from turnforge.data.store import write_trajectories
-from turnforge.dist import optimizer_state, sync_sampler, world
+from turnforge.dist import optimizer_state, sync_sampler, sync_weights, world
 from turnforge.errors import RunStopped
 from turnforge.policy.model import Policy
 from turnforge.rollout.actors import PolicyActor
@@ -58,10 +58,20 @@ from turnforge.types import Trajectory
 
 @dataclass
 class Critic:
-    """The learned value model and its optimizer (``critic.enabled``)."""
+    """The learned value model and its optimizer (``critic.enabled``). ``model`` predicts; on
+    several trainer ranks updates run through ``trainer``, a copy sharded with FSDP2 that the
+    optimizer holds (``turnforge.dist.sharded_copy``), and ``sync`` copies its new weights back."""
 
     model: ValueModel
     optimizer: torch.optim.Optimizer
+    trainer: torch.nn.Module | None = None
+
+    @property
+    def train_model(self) -> torch.nn.Module:
+        return self.model if self.trainer is None else self.trainer
+
+    def sync(self) -> None:
+        sync_weights(self.trainer, self.model)
 
 
 def run_rl(
@@ -197,10 +207,11 @@ def critic_update(ok: list[Trajectory], credit: Credit, cfg: TrainConfig, it: in
         data = [(x, tgt, old) for (x, tgt), (_, old) in
                 zip(sample_targets(ok, credit.targets), sample_targets(ok, credit.critic_values))]
         upd = update_critic(
-            critic.model, critic.optimizer, data, pad_id, epochs=cfg.critic.epochs,
+            critic.train_model, critic.optimizer, data, pad_id, epochs=cfg.critic.epochs,
             minibatch_size=cfg.critic.minibatch_size, clip=cfg.critic.value_clip, max_grad_norm=cfg.rl.max_grad_norm,
             order_rng=rng(cfg.seed, "critic-shuffle", it),
         )
+        critic.sync()
     used = None
     if credit.values is not None and credit.targets is not None and ok:
         v = np.concatenate([credit.values[t.trajectory_id] for t in ok])
@@ -283,10 +294,11 @@ def pretrain_values(s: Session, critic: Critic) -> ValuePretrainStats:
     s.progress.message(f"value pretraining on {len(trajs)} BC episodes ({sum(t.num_turns for t in trajs)} states)"
                        + (f", {failed} infrastructure failures left out" if failed else ""))
     stats = pretrain_critic(
-        critic.model, critic.optimizer, sample_targets(trajs, monte_carlo_returns(trajs, cfg.rl)), policy.pad_id,
+        critic.train_model, critic.optimizer, sample_targets(trajs, monte_carlo_returns(trajs, cfg.rl)), policy.pad_id,
         max_steps=c.pretrain_max_steps, target_ev=c.pretrain_target_ev, minibatch_size=c.minibatch_size,
         max_grad_norm=cfg.rl.max_grad_norm, seed=cfg.seed,
     )
+    critic.sync()
     result = s.metrics.log(ValuePretrainStats(**stats, episodes=len(trajs), infra_failures=failed), s.state.env_steps)
     s.progress.message(f"value pretraining: explained variance {result.explained_variance:.3f} after {result.steps} steps")
     return result
@@ -299,7 +311,7 @@ def training_state(policy: Policy, optimizer: torch.optim.Optimizer | None, crit
     return TrainingState(
         version=policy.version, optimizer=optimizer_state(policy.train_model, optimizer) if optimizer is not None else None,
         critic=critic.model.state_dict() if critic is not None else None,
-        critic_optimizer=critic.optimizer.state_dict() if critic is not None else None,
+        critic_optimizer=optimizer_state(critic.train_model, critic.optimizer) if critic is not None else None,
         memory=memory.state() if memory is not None else None, flywheel=flywheel,
     )
 

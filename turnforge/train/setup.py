@@ -26,7 +26,7 @@ import yaml
 from turnforge import errors
 from turnforge.config import TrainConfig, config_from_dict
 from turnforge.critic.value import build_value_model
-from turnforge.dist import attach_trainer, broadcast, broadcast_weights, world
+from turnforge.dist import attach_trainer, broadcast, broadcast_weights, load_optimizer_state, sharded_copy, world
 from turnforge.envs.base import Env
 from turnforge.envs.checker import check_action_lengths
 from turnforge.envs.registry import build_env
@@ -319,10 +319,13 @@ def make_critic(s: Session, training: TrainingState | None) -> Critic | None:
     if not cfg.critic.enabled:
         return None
     model = build_value_model(s.policy.model, cfg.critic.init, cfg.seed)
-    critic = Critic(model, torch.optim.AdamW(model.parameters(), lr=cfg.critic.lr, weight_decay=0.0))
-    if training is not None and training.critic is not None:
-        critic.model.load_state_dict(training.critic)
-        critic.optimizer.load_state_dict(training.critic_optimizer)
+    resumed = training is not None and training.critic is not None
+    if resumed:
+        model.load_state_dict(training.critic)
+    trainer = sharded_copy(model)  # on several ranks the updates' sharded copy (turnforge.dist)
+    critic = Critic(model, torch.optim.AdamW((model if trainer is None else trainer).parameters(), lr=cfg.critic.lr, weight_decay=0.0), trainer)
+    if resumed:
+        load_optimizer_state(critic.train_model, critic.optimizer, training.critic_optimizer)
     elif cfg.critic.pretrain_episodes > 0:
         s.state.value_pretrain = pretrain_values(s, critic)
     return critic

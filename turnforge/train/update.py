@@ -59,33 +59,39 @@ def ppo_update(
     model.train()
     order = shuffle.permutation(len(rows)).tolist()
     rehearsal_order = shuffle.permutation(len(rehearsal.samples)) if rehearsal is not None else None
-    figures, shares, norms, tokens, nlls = [], [], [], 0, []
+    figures, shares, norms, tokens = [], [], [], 0
     for _ in range(rl.epochs):
         for idx in minibatches(rows, order, rl.minibatch_size):
             tokens += sum(len(rows[i].sample) * rows[i].count for i in idx)
             # on several ranks each takes its share of the minibatch's rows, its loss weighted by its
             # share of the loss's token weights (turnforge.dist): the update of one rank with all of them
+            # (the logged clip fraction, KL and entropy are means over tokens, so they take the share of the tokens)
+            _, tshare = minibatch_share(idx, lambda i: rows[i].count * rows[i].sample.num_action_tokens)
             idx, share = minibatch_share(idx, lambda i: rows[i].weight * rows[i].sample.num_action_tokens)
             chunk = [rows[i] for i in idx]
             batch = collate([r.sample for r in chunk], policy.pad_id, [r.advantage for r in chunk], vision=policy.vision)
             counts = torch.tensor([r.count for r in chunk], dtype=torch.float32)
             out, entropy = minibatch_loss(policy, batch, chunk, counts, rl, temperature, reference=reference,
                                           prox=None if prox is None else [prox[i] for i in idx], is_cap=is_cap)
-            loss = out.loss
-            if rehearsal is not None:
-                nll = rehearsal_loss(model, rehearsal.batch(len(figures), rl.minibatch_size, rehearsal_order),
-                                     policy.pad_id, rehearsal.temperature)
-                loss = loss + rehearsal.coef * nll
-                nlls.append(float(nll.detach()))
-            norm = step(loss if share == 1.0 else loss * share)
+            loss = out.loss if share == 1.0 else out.loss * share
+            if rehearsal is not None:  # the rehearsal rows split over the ranks the same way, by their action tokens
+                cached, rshare = minibatch_share(rehearsal.batch(len(figures), rl.minibatch_size, rehearsal_order),
+                                                 lambda x: x.num_action_tokens)
+                nll = rehearsal_loss(model, cached, policy.pad_id, rehearsal.temperature)
+                loss = loss + rehearsal.coef * (nll if rshare == 1.0 else nll * rshare)
+            norm = step(loss)
             if norm is not None:
                 norms.append(norm)
-            figures.append([loss.item(), out.clip_fraction, out.approx_kl, out.kl_ref,
-                            float(masked_mean(entropy.detach(), batch.mask * counts[:, None]))])
-            shares.append(share)
+            figures.append([out.loss.item(), out.clip_fraction, out.approx_kl, out.kl_ref,
+                            float(masked_mean(entropy.detach(), batch.mask * counts[:, None]))]
+                           + ([float(nll.detach())] if rehearsal is not None else []))
+            shares.append([share, tshare, tshare, share, tshare] + ([rshare] if rehearsal is not None else []))
     model.eval()
-    losses, clip_fracs, kls, ref_kls, entropies = (list(col) for col in zip(*share_weighted(figures, shares))) if figures \
-        else ([], [], [], [], [])
+    columns = [list(col) for col in zip(*share_weighted(figures, shares))] if figures else [[]] * (5 + (rehearsal is not None))
+    losses, clip_fracs, kls, ref_kls, entropies = columns[:5]
+    rehearsal_nlls = columns[5] if rehearsal is not None else []
+    if rehearsal is not None:  # the logged loss is the whole objective's
+        losses = [x + rehearsal.coef * nll for x, nll in zip(losses, rehearsal_nlls)]
 
     def mean(xs: list[float]) -> float:
         return sum(xs) / max(len(xs), 1)
@@ -94,7 +100,7 @@ def ppo_update(
         loss=mean(losses), clip_fraction=mean(clip_fracs), approx_kl=mean(kls), kl_ref=mean(ref_kls),
         entropy=mean(entropies), grad_norm=mean(norms), tokens=tokens,
         merged_row_fraction=len(rows) / max(len(samples), 1), offpolicy=offpolicy,
-        rehearsal_nll=mean(nlls) if rehearsal is not None else None,
+        rehearsal_nll=mean(rehearsal_nlls) if rehearsal is not None else None,
     )
 
 
