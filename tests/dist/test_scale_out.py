@@ -98,6 +98,8 @@ def test_two_ranks_train_as_one_process(one_and_two):
     assert _largest_difference(one / "checkpoints" / "final", two / "checkpoints" / "final") < ATOL
     m1, m2 = read_metrics(one), read_metrics(two)
     assert [m.iteration for m in m2.iterations] == [1, 2, 3]
+    # BC's logged loss per epoch (the epoch's mean per action token) is the whole minibatches', on either world size
+    np.testing.assert_allclose([e.loss for e in m1.bc_epochs], [e.loss for e in m2.bc_epochs], rtol=1e-3)
     for a, b in zip(m1.iterations, m2.iterations):
         assert (a.reward, a.success, a.samples, a.rollout, a.update.tokens) == (b.reward, b.success, b.samples, b.rollout, b.update.tokens)
         np.testing.assert_allclose([a.update.loss, a.update.entropy, a.update.grad_norm],

@@ -22,13 +22,14 @@ from view_bench import CHROMIUM, CHROMIUM_ARGS, synthesize_run  # noqa: E402
 
 #: A tiny run with every stage the overview shows: BC (2 temperatures), a flywheel round and 2
 #: RL iterations, on the echo test env, whose tasks with index % 4 == 0 crash on their second
-#: step: infrastructure failures in every stage.
+#: step: infrastructure failures in every stage. The flywheel evaluates on 3 episodes, the run on
+#: 4: evaluations of two sizes (and, BC's, of two temperatures).
 RUN_OVERRIDES = [
     "env.id=test-echo", "env.kwargs={crash_on: 2, episode_len: 3, max_obs_words: 8}", "check_env=false",
     "max_failure_share=0.9", "bc.num_demos=8", "bc.expert_noise=0", "bc.epochs=1", "bc.batch_size=8",
     "rollout.max_turns=4", "eval.episodes=4", "eval.every=1", "eval.bc_temperatures=[1.0,0.5]",
     "rl.iterations=2", "rl.tasks_per_iteration=2", "rl.group_size=3",
-    "flywheel.rounds=1", "flywheel.env_steps_per_round=20", "flywheel.tasks_per_wave=4", "flywheel.eval_episodes=4",
+    "flywheel.rounds=1", "flywheel.env_steps_per_round=20", "flywheel.tasks_per_wave=4", "flywheel.eval_episodes=3",
     "flywheel.mechanisms=[replay]", "flywheel.filters=[infra,loops,dedup]", "flywheel.group_size=2",
     "flywheel.replay_max_success=1.0",
 ]

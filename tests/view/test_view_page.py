@@ -122,34 +122,36 @@ def test_judge_verdict_and_gateway_splits(page, judged_run, tmp_path):
 
 
 def test_pass_at_k_and_diagnostics_are_shown(page, judged_run, tmp_path):
+    """A summary's report with pass@k as a {k: value} map is a curve too, its never-solved share
+    a labelled figure; evaluation records' pass@k columns get charts of their own."""
     out = build([judged_run], tmp_path / "diag.html")
     goto(page, out.as_uri(), "overview")
-    note = page.locator(".panel[data-run='0'] .note").first.inner_text()
-    for key, value in (("pass_at_k.1", "0.25"), ("pass_at_k.8", "0.5"), ("never_solved_share", "0.125")):
-        assert f"diagnostics.{key} = {value}" in note
+    points = page.locator(".chart[data-kind=pass_at_k] g.series[data-series=diagnostics] .pt").evaluate_all(
+        "ps => ps.map(p => [+p.dataset.x, +p.dataset.y])")
+    assert points == [[0, 0.25], [3, 0.5]]  # log2 k
+    assert page.locator("[data-key='diagnostics.never_solved_share']").inner_text() == "12.5%"
     chart = page.locator(".chart[data-kind=eval]", has_text="pass@k: result.pass_at_8")
-    assert chart.locator("circle.pt").count() == 2
+    assert chart.locator(".pt").count() == 2
     assert page.locator("[data-testid=summary-after]").inner_text().startswith("50.0%")
 
 
-def test_the_runs_boundary_reports_are_shown(page, page_file, view_run):
-    """summary.json's boundary_start and boundary_after (pass@k, never-solved share, distinct
-    successes, entropy, I(A; O), malformed turns; issue 31) in the overview's diagnostics line."""
-    import json
-
-    summary = json.loads((view_run / "summary.json").read_text())
-    goto(page, page_file.as_uri(), "overview")
-    note = page.locator(".panel[data-run='0'] .note", has_text="pass@k and diagnostics").inner_text()
-    shown = dict(item.split(" = ") for item in note.split(": ", 1)[1].split(" · "))
-    for tag in ("boundary_start", "boundary_after"):
-        report = summary[tag]
-        assert report is not None and report["pass_at_k"]
-        for p in report["pass_at_k"]:
-            assert float(shown[f"{tag}.pass_at_k@{p['k']}"].replace(",", "")) == pytest.approx(p["value"], abs=1e-3)
-        assert report["infra_failures"] > 0  # task 0 of the echo env crashes: left out and counted
-        for key in ("never_solved_at_8", "entropy", "malformed_rate", "eval_malformed_rate", "samples_per_task", "infra_failures"):
-            assert float(shown[f"{tag}.{key}"].replace(",", "")) == pytest.approx(report[key], abs=1e-3, rel=1e-3)
-        assert f"{tag}.time" not in shown and f"{tag}.action_mi" not in shown  # a stamp; an open-text env (None)
+def test_group_diff_shows_the_best_attempts_actions_green_and_the_worsts_red(page, judged_run, tmp_path):
+    group = duck(judged_run, "SELECT iteration, group_id FROM trajectories WHERE stage = 'rl' GROUP BY ALL "
+                             "HAVING max(reward) > min(reward) ORDER BY iteration, group_id LIMIT 1")[0]
+    out = build([judged_run], tmp_path / "group.html")
+    goto(page, out.as_uri() + f"#group?run=0&stage=rl&iteration={group['iteration']}&group={group['group_id']}", "group")
+    actions = page.evaluate("""[...document.querySelectorAll('.attempt')].map(a => [...a.querySelectorAll('.act')].map(x => x.textContent))""")
+    best, worst = actions[0], actions[-1]
+    lines = page.evaluate("""[...document.querySelectorAll('[data-testid=diff] > div')].map(d =>
+        [d.className, d.textContent, getComputedStyle(d).backgroundColor])""")
+    only_best = [t for c, t, _ in lines if c == "only-best"]
+    only_worst = [t for c, t, _ in lines if c == "only-worst"]
+    assert only_best and only_worst
+    assert all(t in best and t not in worst for t in only_best) and all(t in worst and t not in best for t in only_worst)
+    green, red = (lambda rgb: rgb[1] > rgb[0]), (lambda rgb: rgb[0] > rgb[1])  # noqa: E731
+    rgb = lambda text: [int(v) for v in text[text.index("(") + 1:text.index(")")].split(",")[:3]]  # noqa: E731
+    assert all(green(rgb(bg)) for c, _, bg in lines if c == "only-best")
+    assert all(red(rgb(bg)) for c, _, bg in lines if c == "only-worst")
 
 
 def test_the_runs_cpu_and_kernel_path_are_shown(page, page_file, view_run):
@@ -203,6 +205,10 @@ def served(view_run, view_run_b):
 def test_served_page_pages_the_same_data(page, browser, served, page_file, view_run, view_run_b, tmp_path):
     goto(page, served + "#overview", "overview")
     assert page.locator(".panel[data-run]").count() == 2
+    # two runs side by side: every table of a run's section whole in its panel (none clipped)
+    clipped = page.evaluate("""[...document.querySelectorAll('.runs > .panel table')].filter(t =>
+        t.scrollWidth > t.closest('.panel').clientWidth + 1).map(t => t.className + ' ' + t.closest('.runs').previousElementSibling.textContent)""")
+    assert page.locator("table.stages").count() == 2 and clipped == []
     assert cards(page, 0) == cards(page, 1)
     served_cards = cards(page, 0)
     # filters answered by the server's DuckDB queries give the counts the file page computes itself

@@ -72,6 +72,7 @@ def run_bc(s: Session) -> BCStats:
     n, loss_value, t0 = 0, float("nan"), time.time()
     for epoch in range(bc.epochs):
         order = rng(cfg.seed, "bc", epoch).permutation(len(samples))
+        loss_sum, loss_tokens = 0.0, 0  # the epoch's loss: its minibatches' losses weighted by their action tokens
         for b in range(steps_per_epoch):
             chunk = [samples[i] for i in order[b * bc.batch_size:(b + 1) * bc.batch_size]]
             s.state.train_tokens += sum(len(x) for x in chunk)
@@ -83,8 +84,10 @@ def run_bc(s: Session) -> BCStats:
             scheduler.step()
             n += 1
             ((loss_value,),) = share_weighted([[loss.item()]], [share])  # the minibatch's loss over all ranks
+            tokens = sum(x.num_action_tokens for x in chunk)  # the whole minibatch's (every rank holds its rows)
+            loss_sum, loss_tokens = loss_sum + loss_value * tokens, loss_tokens + tokens
             s.progress.update(n, loss=loss_value, tokens_per_s=s.state.train_tokens / (time.time() - t0))
-        s.metrics.log(BCEpoch(epoch, loss_value), s.state.env_steps)
+        s.metrics.log(BCEpoch(epoch, loss_sum / loss_tokens if loss_tokens else float("nan")), s.state.env_steps)
     model.eval()
     sync_sampler(policy)
 

@@ -36,7 +36,7 @@ class BCEpoch:
     """One epoch of behaviour cloning."""
 
     epoch: int
-    loss: float  # the loss of the epoch's last minibatch (mean over its action tokens)
+    loss: float  # the epoch's mean loss per action token (its minibatches' losses weighted by their action tokens)
     env_steps: int = 0
     time: float = 0.0
 
@@ -82,6 +82,7 @@ class EvalRecord:
     iteration: int  # RL iterations done when it ran
     result: EvalResult
     env_events: dict[str, int] = field(default_factory=dict)  # event counters (``n_*`` info keys) of its scored episodes
+    temperature: float | None = None  # the sampling temperature it ran at (None in runs written before it was kept)
     env_steps: int = 0
     time: float = 0.0
 

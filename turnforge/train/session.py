@@ -92,7 +92,7 @@ class Session:
                 max_failure_share=self.cfg.max_failure_share, stage=f"eval {tag}",
                 prefills=prefills if prefills is not None else self.prefills(), on_progress=advance)
         events = event_counts([t for t in trajectories if t.infra_failure is None])
-        self.metrics.log(EvalRecord(tag, self.state.iteration, result, events), self.state.env_steps)
+        self.metrics.log(EvalRecord(tag, self.state.iteration, result, events, temperature), self.state.env_steps)
         failures = f", {result.infra_failures} infrastructure failures left out" if result.infra_failures else ""
         self.progress.message(
             f"eval {tag}: success {result.success_rate:.3f}  return {result.mean_return:.2f}  "

@@ -7,7 +7,9 @@ adds one table, ``episodes`` (``EPISODES``: one row per episode, light columns o
 
 - ``overview()``: config, ``summary.json``, status, counts, stages with their failures and
   truncations, rounds (the store's ``success_by_round``), sources (``success_by_source``), the
-  records of ``metrics.jsonl`` as series, BC at each temperature, warnings;
+  records of ``metrics.jsonl`` as series (``page_series``: rounds and iterations numbered as the
+  store numbers them, evaluations told apart by temperature and size), BC at each temperature,
+  warnings;
 - ``groups(BrowseQuery)``: a page of groups of the episodes that pass the filters;
 - ``group(...)``, ``trajectory(...)``: episodes with their samples' recorded tokens (ids, loss
   mask, sampling logprobs, policy versions), the bytes of each token id (``TokenPieces``), judge
@@ -36,7 +38,7 @@ from turnforge.data.store import SAMPLE_SPANS
 from turnforge.errors import UserError
 from turnforge.view.records import (BrowseQuery, Detail, GroupPage, Overview, SampleTokens, StageStats, Table,
                                     TokenArrays, Totals, TrajectoryDetail, json_value)
-from turnforge.view.rundir import locate_run, read_config, read_json, read_series, stage_iterations
+from turnforge.view.rundir import locate_run, page_series, read_config, read_json, read_series, stage_iterations
 from turnforge.view.tokens import TokenPieces, find_tokenizer_dir
 
 #: Stages in the order a run plays them (others follow, by name).
@@ -165,6 +167,7 @@ class RunView:
         summary = read_json(self.path / "summary.json")
         status = "finished" if summary is not None else "running" if self.files.live else "stopped"
         series, notes = read_series(self.path / "metrics.jsonl", self.files.live)
+        series = page_series(series, self.config)
         t = self.sql("""
             SELECT count(*) AS episodes, count(*) FILTER (WHERE infra_failure IS NULL) AS scored,
                    count(*) FILTER (WHERE infra_failure IS NULL AND success) AS successes,

@@ -105,7 +105,7 @@ class Overview:
     stages: list[StageStats]
     rounds: Table  # the store's success_by_round
     sources: Table  # the store's success_by_source
-    series: dict[str, Table]  # metrics.jsonl by event kind (read_series)
+    series: dict[str, Table]  # metrics.jsonl by event kind, as the page draws them (page_series)
     metrics_notes: list[str]  # metrics.jsonl lines left out (a line being written)
     warnings: list[str]
     bc_temperatures: list[dict[str, Any]]  # summary.json: the BC policy at each temperature

@@ -1,12 +1,14 @@
 """The files of a run directory as ``turnforge view`` reads them: which trajectory files are
 complete (``locate_run``; a live run's file being written is skipped), whether a run is live
-(``run_is_live``), its config, summary and ``metrics.jsonl`` records (``read_series``)."""
+(``run_is_live``), its config, summary and ``metrics.jsonl`` records (``read_series``), and
+those records as the page draws them (``page_series``)."""
 
 from __future__ import annotations
 
 import fcntl
 import json
 import os
+import re
 import struct
 from pathlib import Path
 from typing import Any
@@ -162,3 +164,61 @@ def _flatten(value: Any, prefix: str, out: dict[str, Any]) -> None:
                 out[f"{prefix}{i}"] = json_value(v)
     else:
         out[prefix[:-1]] = json_value(value)
+
+
+#: metrics.jsonl's records that count the iterations or rounds done, and the column that counts
+#: them: ``rl_iter`` N is about the store's RL iteration N - 1, ``flywheel_round`` R about its
+#: flywheel round R - 1 (``turnforge.train.rl``, ``turnforge.train.flywheel``).
+COUNTED: dict[str, str] = {"rl_iter": "iteration", "flywheel_round": "round"}
+#: Tags of ``eval`` records written after an iteration or round, N counting them as ``COUNTED`` does.
+_COUNTED_TAG = re.compile(r"^(rl|flywheel)-(\d+)$")
+
+
+def page_series(series: dict[str, Table], config: dict[str, Any]) -> dict[str, Table]:
+    """The records of ``read_series`` as the page draws them. One numbering everywhere, the
+    store's (from 0): ``COUNTED``'s columns less one. ``eval`` records get the columns that
+    tell their series apart (``eval_series``)."""
+    out = dict(series)
+    for kind, column in COUNTED.items():
+        if kind in out and column in out[kind].columns:
+            j = out[kind].columns.index(column)
+            out[kind] = Table(out[kind].columns, [[v - 1 if k == j and isinstance(v, int) else v for k, v in enumerate(row)]
+                                                  for row in out[kind].rows])
+    if "eval" in out:
+        out["eval"] = eval_series(out["eval"], config)
+    return out
+
+
+def eval_series(table: Table, config: dict[str, Any]) -> Table:
+    """``eval`` records with the columns the page groups them by, one series per sampling
+    temperature and size (never a line through evaluations of different ones):
+
+    - ``temperature``: the record's own; runs written before records kept it: ``evaluate_start``
+      plays the records tagged ``bc`` at the config's ``eval.bc_temperatures`` other than
+      ``eval.temperature``, in order, and every other evaluation at ``eval.temperature``;
+    - ``size``: episodes asked (``result.episodes`` counts the scored ones; infrastructure
+      failures are the rest);
+    - ``series``: their label; ``main``: true for the run's evaluations (``eval.temperature``,
+      ``eval.episodes``; every one where the config does not say), against which the others (BC
+      at other temperatures, the flywheel's ``flywheel.eval_episodes``) are drawn as series of
+      their own;
+    - ``point``: the tag, a round or iteration numbered as the store numbers it
+      (``flywheel-2`` -> ``flywheel round 1``)."""
+    ev = config.get("eval") if isinstance(config.get("eval"), dict) else {}
+    temperature, size = ev.get("temperature"), ev.get("episodes")
+    others = iter([t for t in ev.get("bc_temperatures") or [] if t != temperature])
+    col = {c: j for j, c in enumerate(table.columns)}
+    get = lambda row, name: row[col[name]] if name in col else None  # noqa: E731
+    rows = []
+    for row in table.rows:
+        tag, scored = get(row, "tag"), get(row, "result.episodes")
+        inferred = next(others, None) if tag == "bc" else temperature
+        temp = get(row, "temperature") if get(row, "temperature") is not None else inferred
+        n = scored + (get(row, "result.infra_failures") or 0) if isinstance(scored, int) else None
+        label = ", ".join(x for x in ("" if temp is None else f"T={temp:g}", "" if n is None else f"{n} episodes") if x)
+        counted = _COUNTED_TAG.match(tag) if isinstance(tag, str) else None
+        point = f"{'RL iteration' if counted[1] == 'rl' else 'flywheel round'} {int(counted[2]) - 1}" if counted else tag
+        rows.append((row, [temp, n, label or "evaluations", temp == temperature and size in (None, n), point]))
+    kept = [c for c in table.columns if c != "temperature"]
+    return Table([*kept, "temperature", "size", "series", "main", "point"],
+                 [[v for c, v in zip(table.columns, row) if c != "temperature"] + extra for row, extra in rows])

@@ -11,11 +11,11 @@ const EPISODE_COLUMNS = ["ord", "stage", "iteration", "source", "trajectory_id",
   "success", "num_turns", "truncation_reason", "infra_failure", "policy_version", "judge_score", "verifier_reward", "n_samples"];
 const GROUP_COLUMNS = ["stage", "iteration", "group_id", "task_id", "env", "n", "successes", "infra_failures",
   "mean_reward", "best", "worst", "ord", "members"];
-// metrics.jsonl records that name a set of stored episodes: rl_iter N wrote stage rl iteration N-1,
-// flywheel_round R wrote stage flywheel iteration R-1 (turnforge.train.rl, turnforge.train.flywheel)
+// metrics.jsonl records that name a set of stored episodes; their iterations and rounds come
+// numbered as the store numbers them, from 0 (turnforge.view.rundir.page_series)
 const CURVE_LINKS = {
-  rl_iter: (row) => ({ stage: "rl", iteration: row.iteration - 1 }),
-  flywheel_round: (row) => ({ stage: "flywheel", iteration: row.round - 1 }),
+  rl_iter: (row) => ({ stage: "rl", iteration: row.iteration }),
+  flywheel_round: (row) => ({ stage: "flywheel", iteration: row.round }),
   bc_epoch: () => ({ stage: "bc" }),
 };
 
@@ -324,20 +324,55 @@ function table(columns, rows, opts = {}) {
   t.append(body);
   return t;
 }
-function findDiagnostics(obj, prefix = "", out = [], within = false) {
-  // summary.json numbers about what the policy can solve (pass@k, never-solved share, the
-  // boundary reports boundary_start/boundary_after, ...), whatever their exact names: a matching
-  // key, or any number under one (but the event stamps time and env_steps); a list of {k, value}
-  // under one as KEY@k (BoundaryReport.pass_at_k)
-  if (!obj || typeof obj !== "object") return out;
-  for (const [k, v] of Object.entries(obj)) {
-    const key = prefix + k, match = within || /pass|never_solved|distinct_succ|boundary/i.test(k);
-    if (Array.isArray(v)) {
-      if (match) for (const x of v) if (x && typeof x.k === "number" && typeof x.value === "number") out.push([`${key}@${x.k}`, x.value]);
-    } else if (v && typeof v === "object") findDiagnostics(v, key + ".", out, match);
-    else if (match && typeof v === "number" && !(within && /^(time|env_steps)$/.test(k))) out.push([key, v]);
-  }
+function boundaryReports(summary) {
+  // summary.json's reports of what the policy can solve (BoundaryReport: boundary_start,
+  // boundary_after; any object with a pass_at_k), each with its pass@k as [k, value] pairs (from a
+  // list of {k, value} or a {k: value} map), k ascending
+  const out = [];
+  const visit = (obj, path) => {
+    for (const [key, v] of Object.entries(obj || {})) {
+      if (!v || typeof v !== "object" || Array.isArray(v)) continue;
+      if (!v.pass_at_k) { visit(v, path + key + "."); continue; }
+      const pairs = Array.isArray(v.pass_at_k) ? v.pass_at_k.map((p) => [p && p.k, p && p.value]) : Object.entries(v.pass_at_k).map(([k, x]) => [+k, x]);
+      const name = path + key;
+      out.push({ name, label: { start: "at the start", after: "after training" }[v.tag] || name, report: v,
+        points: pairs.filter(([k, x]) => typeof k === "number" && k > 0 && typeof x === "number").sort((a, b) => a[0] - b[0]) });
+    }
+  };
+  visit(summary, "");
   return out;
+}
+
+function boundaryPanel(o) {
+  // pass@k against k, the start against the end, and the report's figures (BoundaryReport's fields)
+  const reports = boundaryReports(o.summary);
+  const ks = [...new Set(reports.flatMap((r) => r.points.map(([k]) => k)))].sort((a, b) => a - b);
+  const series = reports.map((r, i) => ({ label: r.label, run: o.index, main: i === reports.length - 1,
+    color: i === reports.length - 1 ? RUN_COLORS[o.index] : SERIES_COLORS[i % SERIES_COLORS.length],
+    mark: i === reports.length - 1 ? "circle" : MARKS[1 + (i % (MARKS.length - 1))],
+    points: r.points.map(([k, v]) => ({ x: Math.log2(k), y: v, title: `${o.name} · ${r.label} · pass@${k} ${num(v, 4)}` })) }));
+  const box = el("div", { class: "chart", "data-kind": "pass_at_k", "data-run": o.index },
+    el("div", { class: "head" }, el("span", {}, "pass@k: the share of tasks solved in k samples")));
+  const plot = el("div", { class: "plot" });
+  box.append(plot, seriesLegend(series) || "", el("div", { class: "hint" }, "k (log scale)"));
+  drawSeries(plot, series, { yRange: [0, 1], xTicks: ks.map((k) => [Math.log2(k), k]) });
+  // the figures, one row each, one column per report
+  const never = [...new Set(reports.flatMap((r) => Object.keys(r.report).filter((k) => /^never_solved/.test(k) && typeof r.report[k] === "number")))];
+  const temp = (t) => (t != null ? ` at T=${t}` : "");
+  const figures = [
+    { key: "tasks", label: "tasks × samples", text: (x) => `${num(x.tasks)} × ${num(x.samples_per_task)}${temp(x.temperature)}` },
+    ...never.map((key) => ({ key, label: key === "never_solved_share" ? "never solved" : `never solved in ${key.replace(/^never_solved_(at_)?/, "")} samples`,
+      text: (x) => pct(x[key]) })),
+    { key: "solved_tasks", label: "tasks solved", text: (x) => `${num(x.solved_tasks)} / ${num(x.tasks)}` },
+    { key: "distinct_successes", label: "distinct successes per solved task", text: (x) => num(x.distinct_successes, 2) },
+    { key: "entropy", label: "entropy on action tokens (nats)", text: (x) => num(x.entropy) },
+    { key: "malformed_rate", label: "malformed actions in the samples", text: (x) => pct(x.malformed_rate) },
+    { key: "eval_malformed_rate", label: "malformed actions in the evaluation", text: (x) => `${pct(x.eval_malformed_rate)}${temp(x.eval_temperature)}` },
+    { key: "infra_failures", label: "samples lost to infrastructure failures", text: (x) => num(x.infra_failures) },
+  ].filter((f) => reports.some((r) => typeof r.report[f.key] === "number"));
+  const columns = [{ label: "", get: (f) => f.label }, ...reports.map((r) => ({ label: r.label, n: 1,
+    get: (f) => (typeof r.report[f.key] === "number" ? el("span", { "data-key": `${r.name}.${f.key}` }, f.text(r.report)) : "–") }))];
+  return el("div", { class: "boundary" }, box, table(columns, figures, { cls: "boundary-figures" }));
 }
 
 // where the run's figures repeat bit for bit: the CPU, torch's kernel path, threads, versions (summary.json's software)
@@ -376,8 +411,6 @@ function runPanel(o) {
       card("wall time", `${num(s.wall_seconds / 60, 1)} min`, "summary-wall", `${num(s.env_steps)} env steps`));
     panel.append(line);
   }
-  const diags = findDiagnostics(s);
-  if (diags.length) panel.append(el("div", { class: "note" }, el("b", {}, "pass@k and diagnostics: "), diags.map(([k, v]) => `${k} = ${num(v)}`).join(" · ")));
   for (const f of o.skipped) panel.append(el("div", { class: "note" }, `${f.name} left out: ${f.why}`));
   for (const n of o.metrics_notes) panel.append(el("div", { class: "note" }, n));
   return panel;
@@ -429,7 +462,8 @@ function seriesRows(o, kind) {
 function chartSpecs(os) {
   const has = (kind, col) => os.some((o) => o.series[kind] && o.series[kind].columns.includes(col));
   const specs = [
-    { kind: "eval", x: "env_steps", y: "result.success_rate", title: "Held-out evaluations (success vs env steps)", label: "tag" },
+    { kind: "eval", x: "env_steps", y: "result.success_rate", title: "Held-out evaluations (success vs env steps)", label: "point",
+      group: "series", main: "main", skip: ["temperature", "size"] },
     { kind: "rl_iter", x: "iteration", y: "reward", title: "RL: batch reward per iteration" },
     { kind: "rl_iter", x: "iteration", y: "success", title: "RL: batch success per iteration" },
     { kind: "rl_iter", x: "iteration", y: "update.entropy", title: "RL: policy entropy on action tokens" },
@@ -440,7 +474,8 @@ function chartSpecs(os) {
   ];
   for (const kind of ["rl_iter", "eval", "flywheel_round"]) {
     const cols = new Set(os.flatMap((o) => (o.series[kind] ? o.series[kind].columns : [])));
-    for (const c of cols) if (/pass/i.test(c)) specs.push({ kind, x: kind === "eval" ? "env_steps" : kind === "rl_iter" ? "iteration" : "round", y: c, title: `pass@k: ${c}` });
+    const base = specs.find((s) => s.kind === kind);
+    for (const c of cols) if (/pass/i.test(c)) specs.push({ ...base, y: c, title: `pass@k: ${c}` });
   }
   return specs.filter((s) => has(s.kind, s.y));
 }
@@ -454,57 +489,114 @@ function niceTicks(lo, hi, n = 5) {
   return out;
 }
 
+// the marks of a chart's series: a run's own curve (its evaluations) as circles in the run's colour,
+// each other series in a colour and mark of its own (the second run's dashed, its marks hollow)
+const MARKS = ["circle", "square", "triangle", "diamond"];
+const SERIES_COLORS = ["#2b8a3e", "#7048e8", "#c2255c", "#0c8599", "#8d6e63", "#e8590c", "#868e96"];
+
+function markSvg(shape, x, y, color, hollow, attrs) {
+  const paint = hollow ? `fill="#fff" stroke="${color}" stroke-width="1.6"` : `fill="${color}"`;
+  const at = (v) => v.toFixed(2);
+  if (shape === "square") return `<rect ${attrs} x="${at(x - 3.3)}" y="${at(y - 3.3)}" width="6.6" height="6.6" ${paint}`;
+  if (shape === "triangle") return `<path ${attrs} d="M${at(x)},${at(y - 4.4)}L${at(x + 4.2)},${at(y + 3.2)}L${at(x - 4.2)},${at(y + 3.2)}Z" ${paint}`;
+  if (shape === "diamond") return `<path ${attrs} d="M${at(x)},${at(y - 4.8)}L${at(x + 4.6)},${at(y)}L${at(x)},${at(y + 4.8)}L${at(x - 4.6)},${at(y)}Z" ${paint}`;
+  return `<circle ${attrs} cx="${at(x)}" cy="${at(y)}" r="3.5" ${paint}`;
+}
+
+function drawSeries(plot, series, opts = {}) {
+  // series: [{label, run, main, color, mark, points: [{x, y, title, link}]}]; a line joins the points
+  // of one series only. opts: yRange (the least y range shown), xTicks ([value, label] pairs)
+  const W = 560, H = 210, L = 46, R = 10, Tp = 8, B = 24;
+  const pts = series.flatMap((s) => s.points);
+  const svg = ['<svg viewBox="0 0 ' + W + " " + H + '" preserveAspectRatio="none" role="img">'];
+  if (!pts.length) {
+    svg.push(`<text x="${W / 2}" y="${H / 2}" text-anchor="middle" fill="#999" font-size="12">no data</text></svg>`);
+    plot.innerHTML = svg.join("");
+    return;
+  }
+  let [x0, x1] = [Math.min(...pts.map((p) => p.x)), Math.max(...pts.map((p) => p.x))];
+  let [y0, y1] = [Math.min(...pts.map((p) => p.y), ...(opts.yRange || [])), Math.max(...pts.map((p) => p.y), ...(opts.yRange || []))];
+  if (x0 === x1) { x0 -= 1; x1 += 1; }
+  if (y0 === y1) { y0 -= Math.abs(y0) * 0.1 || 1; y1 += Math.abs(y1) * 0.1 || 1; }
+  const yt = niceTicks(y0, y1), xt = opts.xTicks || niceTicks(x0, x1).map((t) => [t, t]);
+  y0 = Math.min(y0, yt[0]); y1 = Math.max(y1, yt[yt.length - 1]);
+  const pad = opts.xTicks ? 0.04 * (x1 - x0) : 0;  // marks at the ends stay whole
+  x0 -= pad; x1 += pad;
+  const sx = (v) => L + ((v - x0) / (x1 - x0)) * (W - L - R), sy = (v) => H - B - ((v - y0) / (y1 - y0)) * (H - B - Tp);
+  svg.push('<g class="grid axis">');
+  for (const t of yt) svg.push(`<line x1="${L}" x2="${W - R}" y1="${sy(t)}" y2="${sy(t)}"/><text x="${L - 4}" y="${sy(t) + 3}" text-anchor="end">${esc(num(t))}</text>`);
+  for (const [t, label] of xt) if (t >= x0 && t <= x1) svg.push(`<text x="${sx(t)}" y="${H - 8}" text-anchor="middle">${esc(num(label))}</text>`);
+  svg.push("</g>");
+  for (const s of series) {
+    const dash = s.run === 1 ? ' stroke-dasharray="5 3"' : "";
+    svg.push(`<g class="series" data-series="${esc(s.label)}" data-run="${s.run}" data-main="${s.main ? 1 : 0}">`);
+    if (s.points.length > 1) svg.push(`<polyline fill="none" stroke="${s.color}" stroke-width="${s.main ? 1.8 : 1.4}"${dash} points="${s.points.map((p) => `${sx(p.x)},${sy(p.y)}`).join(" ")}"/>`);
+    s.points.forEach((p, j) => {
+      const attrs = `class="pt${p.link ? " link" : ""}" data-run="${s.run}" data-row="${j}" data-x="${p.x}" data-y="${p.y}"${p.link ? ` data-link="${esc(p.link)}"` : ""}`;
+      svg.push(markSvg(s.mark, sx(p.x), sy(p.y), s.color, s.run === 1, attrs) + `><title>${esc(p.title)}</title></${s.mark === "circle" ? "circle" : s.mark === "square" ? "rect" : "path"}>`);
+    });
+    svg.push("</g>");
+  }
+  svg.push("</svg>");
+  plot.innerHTML = svg.join("");
+  plot.querySelectorAll(".pt.link").forEach((c) => c.addEventListener("click", () => { location.hash = c.dataset.link; }));
+}
+
+function seriesLegend(series) {
+  // one entry per series label (the first series of that label shows its colour and mark); none for a single series
+  const seen = new Map();
+  for (const s of series) if (!seen.has(s.label)) seen.set(s.label, s);
+  if (seen.size < 2) return null;
+  return el("div", { class: "series-legend" }, [...seen.values()].map((s) => el("span", { "data-series": s.label },
+    el("span", { class: "mk", html: `<svg viewBox="0 0 22 10" width="22" height="10"><line x1="0" x2="22" y1="5" y2="5" stroke="${s.color}" stroke-width="1.6"/>` +
+      markSvg(s.mark, 11, 5, s.color, false, "") + "/></svg>" }), s.label)));
+}
+
+function chartSeries(os, spec, y) {
+  // each run's series of the chart: one, or with spec.group one per value of that column (held-out
+  // evaluations: per sampling temperature and size, turnforge.view.rundir.eval_series), the run's
+  // own (spec.main true) first; a label keeps its colour and mark in both runs
+  const groups = os.map((o) => {
+    const by = new Map();
+    for (const r of seriesRows(o, spec.kind)) {
+      if (typeof r[y] !== "number" || typeof r[spec.x] !== "number") continue;
+      const label = spec.group ? String(r[spec.group] ?? "") : "";
+      if (!by.has(label)) by.set(label, { label, main: !spec.group || r[spec.main] !== false, rows: [] });
+      by.get(label).rows.push(r);
+    }
+    return [...by.values()].sort((a, b) => b.main - a.main);
+  });
+  const others = [...new Set(groups.flat().filter((g) => !g.main).map((g) => g.label))];
+  return groups.flatMap((gs, i) => gs.map((g) => {
+    const k = others.indexOf(g.label), o = os[i];
+    return { label: g.label || o.name, run: o.index, main: g.main, color: g.main ? RUN_COLORS[o.index] : SERIES_COLORS[k % SERIES_COLORS.length],
+      mark: g.main ? "circle" : MARKS[1 + (k % (MARKS.length - 1))],
+      points: g.rows.map((r) => {
+        const link = CURVE_LINKS[spec.kind] ? hashOf("browse", { run: o.index, ...CURVE_LINKS[spec.kind](r) }) : null;
+        return { x: r[spec.x], y: r[y], link, title: `${o.name} · ${g.label ? g.label + " · " : ""}${spec.x} ${num(r[spec.x])}` +
+          `${spec.label ? " · " + r[spec.label] : ""} · ${y} ${num(r[y], 4)}` };
+      }) };
+  }));
+}
+
 function chart(os, spec) {
+  const skip = new Set([spec.x, "time", ...(spec.skip || [])]);
   const numericCols = [...new Set(os.flatMap((o) => {
     const s = o.series[spec.kind];
     if (!s) return [];
-    return s.columns.filter((c, j) => c !== spec.x && c !== "time" && s.rows.some((r) => typeof r[j] === "number"));
+    return s.columns.filter((c, j) => !skip.has(c) && s.rows.some((r) => typeof r[j] === "number"));
   }))];
   const box = el("div", { class: "chart", "data-kind": spec.kind });
   const select = el("select", { "aria-label": "metric" }, numericCols.map((c) => el("option", { value: c, selected: c === spec.y }, c)));
   const hint = CURVE_LINKS[spec.kind] ? "click a point: its episodes" : "";
+  const plot = el("div", { class: "plot" }), legend = el("div");
   const draw = () => {
-    const y = select.value;
-    const W = 560, H = 210, L = 46, R = 10, Tp = 8, B = 24;
-    const series = os.map((o) => seriesRows(o, spec.kind).filter((r) => typeof r[y] === "number" && typeof r[spec.x] === "number"));
-    const pts = series.flat();
-    const svg = ['<svg viewBox="0 0 ' + W + " " + H + '" preserveAspectRatio="none" role="img">'];
-    if (!pts.length) {
-      svg.push(`<text x="${W / 2}" y="${H / 2}" text-anchor="middle" fill="#999" font-size="12">no data</text></svg>`);
-      plot.innerHTML = svg.join("");
-      return;
-    }
-    let [x0, x1] = [Math.min(...pts.map((p) => p[spec.x])), Math.max(...pts.map((p) => p[spec.x]))];
-    let [y0, y1] = [Math.min(...pts.map((p) => p[y])), Math.max(...pts.map((p) => p[y]))];
-    if (x0 === x1) { x0 -= 1; x1 += 1; }
-    if (y0 === y1) { y0 -= Math.abs(y0) * 0.1 || 1; y1 += Math.abs(y1) * 0.1 || 1; }
-    const yt = niceTicks(y0, y1), xt = niceTicks(x0, x1);
-    y0 = Math.min(y0, yt[0]); y1 = Math.max(y1, yt[yt.length - 1]);
-    const sx = (v) => L + ((v - x0) / (x1 - x0)) * (W - L - R), sy = (v) => H - B - ((v - y0) / (y1 - y0)) * (H - B - Tp);
-    svg.push('<g class="grid axis">');
-    for (const t of yt) svg.push(`<line x1="${L}" x2="${W - R}" y1="${sy(t)}" y2="${sy(t)}"/><text x="${L - 4}" y="${sy(t) + 3}" text-anchor="end">${esc(num(t))}</text>`);
-    for (const t of xt) if (t >= x0 && t <= x1) svg.push(`<text x="${sx(t)}" y="${H - 8}" text-anchor="middle">${esc(num(t))}</text>`);
-    svg.push("</g>");
-    series.forEach((rows, i) => {
-      const color = RUN_COLORS[os[i].index];
-      const dash = os[i].index === 1 ? ' stroke-dasharray="5 3"' : "";
-      if (rows.length > 1) svg.push(`<polyline fill="none" stroke="${color}" stroke-width="1.8"${dash} points="${rows.map((r) => `${sx(r[spec.x])},${sy(r[y])}`).join(" ")}"/>`);
-      rows.forEach((r, j) => {
-        const link = CURVE_LINKS[spec.kind] ? CURVE_LINKS[spec.kind](r) : null;
-        const label = `${os[i].name} · ${spec.x} ${num(r[spec.x])}${spec.label ? " · " + r[spec.label] : ""} · ${y} ${num(r[y], 4)}`;
-        svg.push(`<circle class="pt${link ? " link" : ""}" data-run="${os[i].index}" data-row="${j}" cx="${sx(r[spec.x])}" cy="${sy(r[y])}" r="3.5" fill="${color}"><title>${esc(label)}</title></circle>`);
-      });
-    });
-    svg.push("</svg>");
-    plot.innerHTML = svg.join("");
-    plot.querySelectorAll("circle.link").forEach((c) => c.addEventListener("click", () => {
-      const i = +c.dataset.run, row = series[os.findIndex((o) => o.index === i)][+c.dataset.row];
-      location.hash = hashOf("browse", { run: i, ...CURVE_LINKS[spec.kind](row) });
-    }));
+    const series = chartSeries(os, spec, select.value);
+    drawSeries(plot, series);
+    legend.replaceChildren((spec.group && seriesLegend(series)) || "");
   };
-  const plot = el("div", { class: "plot" });
   select.addEventListener("change", draw);
-  box.append(el("div", { class: "head" }, el("span", {}, spec.title), select), plot, el("div", { class: "hint" }, hint));
+  box.append(el("div", { class: "head" }, el("span", {}, spec.title), select), plot, legend, el("div", { class: "hint" }, hint));
   draw();
   return box;
 }
@@ -515,13 +607,15 @@ async function viewOverview() {
   root.append(el("div", { class: "runs" + (os.length > 1 ? " two" : "") }, os.map(runPanel)));
   const specs = chartSpecs(os);
   if (specs.length) root.append(el("h2", {}, "Learning curves"), el("div", { class: "charts" }, specs.map((s) => chart(os, s))));
-  const perRun = (title, make, when = () => true) => {
+  // a section per run, two runs side by side; a wide one (wide: true) one above the other, each whole
+  const perRun = (title, make, when = () => true, wide = false) => {
     const shown = os.filter(when);
     if (!shown.length) return;
-    root.append(el("h2", {}, title), el("div", { class: "runs" + (shown.length > 1 ? " two" : "") },
+    root.append(el("h2", {}, title), el("div", { class: "runs" + (shown.length > 1 && !wide ? " two" : "") },
       shown.map((o) => el("div", { class: "panel" }, os.length > 1 ? el("h3", {}, runTag(o.index)) : null, make(o)))));
   };
-  perRun("Failures and truncations by stage", stagesTable);
+  perRun("pass@k: what the policy can solve", boundaryPanel, (o) => boundaryReports(o.summary).length > 0);
+  perRun("Failures and truncations by stage", stagesTable, () => true, true);
   perRun("BC at each temperature", (o) => table([
     { label: "temperature", n: 1, get: (r) => r.temperature }, { label: "success", n: 1, get: (r) => pct(r.success_rate) },
     { label: "mean return", n: 1, get: (r) => num(r.mean_return) }, { label: "invalid actions", n: 1, get: (r) => pct(r.invalid_action_rate) },
@@ -534,7 +628,7 @@ async function viewOverview() {
     ...mechanismColumns(o),
     { label: "unsolved tasks", n: 1, get: (r) => r.unsolved_tasks }, { label: "RFT samples", n: 1, get: (r) => r.rft_samples },
     { label: "entropy", n: 1, get: (r) => num(r.entropy) },
-  ], seriesRows(o, "flywheel_round")), (o) => seriesRows(o, "flywheel_round").length > 0);
+  ], seriesRows(o, "flywheel_round")), (o) => seriesRows(o, "flywheel_round").length > 0, true);
   perRun("Success by round (stored episodes)", roundsTable);
   perRun("Success by source", (o) => table([
     { label: "source", get: (r) => el("a", { href: hashOf("browse", { run: o.index, source: r.source }) }, r.source) },
@@ -722,8 +816,8 @@ async function viewGroup(params) {
     const same = best.episode.reward === worst.episode.reward;
     root.append(el("h2", {}, same ? `${best.episode.trajectory_id} against ${worst.episode.trajectory_id} (the same reward, ${num(best.episode.reward)})`
       : `Best (${best.episode.trajectory_id}, ${num(best.episode.reward)}) against worst (${worst.episode.trajectory_id}, ${num(worst.episode.reward)})`),
-      el("p", { class: "muted small" }, `Action by action: − only in ${best.episode.trajectory_id}, + only in ${worst.episode.trajectory_id}.`),
-      el("div", { class: "diff", "data-testid": "diff" }, d.map((x) => el("div", { class: { same: "same", del: "del", add: "add" }[x.op] }, x.text))));
+      el("p", { class: "muted small" }, `Action by action: + only in ${best.episode.trajectory_id} (green), − only in ${worst.episode.trajectory_id} (red).`),
+      el("div", { class: "diff", "data-testid": "diff" }, d.map((x) => el("div", { class: { same: "same", del: "only-best", add: "only-worst" }[x.op] }, x.text))));
   }
   return root;
 }
