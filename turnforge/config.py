@@ -17,6 +17,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 from pydantic_core import PydanticCustomError
 
 from turnforge.errors import UserError, choices
+from turnforge.seeding import stable_hash
 from turnforge.train.estimators import ESTIMATORS
 from turnforge.train.estimators import description as estimators_description
 from turnforge.train.mechanisms import MECHANISMS, MEMORY_SOURCES
@@ -239,10 +240,11 @@ class RolloutConfig(Section):
     include_instructions: bool = Field(True, description="Put the env's instructions (and a tool env's tool schemas) in the system prompt")
     temperature: float = Field(1.0, gt=0, description="Sampling temperature of training rollouts")
     noise: Literal["auto", "batch", "episode"] = Field(
-        "auto", description="Where RL rollouts' sampling draws come from. 'batch': one generator per iteration for its "
-        "whole decoding batch (an episode's tokens depend on which episodes share it); 'episode': a seed per "
-        "(episode, turn), so an episode's tokens do not depend on its batch nor on which trainer rank plays it; "
-        "'auto': batch with dist.nproc=1, episode on several ranks"
+        "auto", description="Where the policy's sampling draws come from, in every episode a run plays (RL, the "
+        "flywheel, evaluations, pass@k, value pretraining, rehearsal). 'batch': one generator per decoding batch (an "
+        "episode's tokens depend on which episodes share it); 'episode': a seed per (episode, turn), so an episode's "
+        "tokens do not depend on its batch nor on which trainer rank plays it; 'auto': batch with dist.nproc=1, "
+        "episode on several ranks"
     )
     truncation_marker: str = Field(" ...[truncated]", description="Text appended where an observation was cut")
     example_turns: int = Field(
@@ -808,6 +810,14 @@ class TrainConfig(Section):
         0, ge=0, description="Also keep the weights of the last N saves (each RL checkpoint and each flywheel round's "
         "end) as RUN/checkpoints/kept-<NNN>-<stage>: the members of a checkpoint soup (turnforge merge --soup RUN); 0 = none")
     threads: int = Field(2, ge=1, description="torch intra-op threads (fixed for determinism)")
+
+    def episode_seed(self, *stream: Any) -> int | None:
+        """The ``episode_seed`` of a ``PolicyActor`` of stream ``stream`` (each episode's draws from
+        ``(seed, stream, episode, turn)``) when the run draws noise per episode (``rollout.noise``:
+        'episode', or 'auto' on several trainer ranks, where which rank plays an episode must not
+        change it); None: the actor's batch generator."""
+        per_episode = self.rollout.noise == "episode" or (self.rollout.noise == "auto" and self.dist.nproc > 1)
+        return stable_hash(self.seed, *stream) if per_episode else None
 
     @model_validator(mode="after")
     def _consistent(self) -> "TrainConfig":

@@ -248,6 +248,30 @@ def gather(obj: T) -> list[T]:
     return out
 
 
+def summed(parts: Sequence[T]) -> T:
+    """Dataclasses of counters (one per rank, from ``gather``) added field by field."""
+    import dataclasses
+
+    return type(parts[0])(**{f.name: sum(getattr(p, f.name) for p in parts) for f in dataclasses.fields(parts[0])})
+
+
+def ranked_play(play: Callable[[list[T], Callable[[int], None] | None], tuple[list[Any], Any]], items: Sequence[T],
+                on_progress: Callable[[int], None] | None = None) -> tuple[list[Any], Any]:
+    """``play(items, on_progress)`` (results in item order, and a dataclass of counters) with the
+    items dealt to the ranks: rank r plays items r, r + size, ...; every rank gets all the results
+    in item order and the counters summed (``summed``). ``on_progress`` hears this rank's count
+    times the ranks (rank 0 shows it). ``play(items, on_progress)`` itself in a world of one."""
+    if not _WORLD.distributed:
+        return play(list(items), on_progress)
+    size = _WORLD.size
+    progress = None if on_progress is None else (lambda n: on_progress(min(len(items), n * size)))
+    parts = gather(play(list(items[_WORLD.rank::size]), progress))
+    out: list[Any] = [None] * len(items)
+    for r, (results, _) in enumerate(parts):
+        out[r::size] = results
+    return out, summed([counters for _, counters in parts])
+
+
 def broadcast(obj: T, src: int = 0) -> T:
     """Rank ``src``'s ``obj`` on every rank."""
     if not _WORLD.distributed:

@@ -51,6 +51,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Protocol, Sequence
 
 from turnforge.config import RolloutConfig, TrainConfig
+from turnforge.dist import ranked_play, world
 from turnforge.envpool import EnvBackend, InlineEnvs, PoolStats, make_backend
 from turnforge.envpool.host import AfterState, EnvResult, Probe
 from turnforge.envs.base import Env, capabilities, close_env
@@ -58,7 +59,7 @@ from turnforge.envs.registry import build_env
 from turnforge.errors import UserError
 from turnforge.policy.generate import Generation
 from turnforge.policy.model import Policy
-from turnforge.rollout.actors import Actor, ActorInput
+from turnforge.rollout.actors import Actor, ActorInput, PolicyActor
 from turnforge.rollout.context import (FOLD_INSTRUCTIONS, ContextOverflow, EpisodeContext, PromptSpec, SummaryLimit,
                                        check_summary_budget, fold_meta)
 from turnforge.rollout.episodic import EpisodicMemory
@@ -272,7 +273,22 @@ class RolloutEngine:
         ``tokens=False`` no token context is kept, nor anchor keys and potentials (no samples;
         for text actors whose episodes are only scored, e.g. Monte-Carlo rollouts).
         ``on_wave(k)`` runs before wave ``k`` starts (e.g. to reseed the actor);
-        ``on_progress(n)`` after every scheduling round, with the requests finished so far."""
+        ``on_progress(n)`` after every scheduling round, with the requests finished so far.
+
+        On several trainer ranks (``turnforge.dist``) every rank calls it alike: each plays its
+        share of the requests on its own envs (``ranked_play``: rank r plays r, r + ranks, ...) and
+        every rank gets all the trajectories. The actor must then draw per episode (a
+        ``PolicyActor`` with ``episode_seed``; the expert and random actors do), so an episode
+        does not depend on the rank that plays it; waves (and ``on_wave``) are the rank's own."""
+        if world().distributed and isinstance(actor, PolicyActor) and actor.episode_seed is None:
+            raise RuntimeError("on several trainer ranks the policy must draw its noise per episode (PolicyActor's "
+                               "episode_seed): a batch generator would make an episode depend on the rank that plays it")
+        return ranked_play(lambda mine, progress: self._play(mine, actor, keep_snapshots, tokens, on_wave, progress),
+                           requests, on_progress)
+
+    def _play(self, requests: Sequence[EpisodeRequest], actor: Actor, keep_snapshots: bool, tokens: bool,
+              on_wave: Callable[[int], None] | None,
+              on_progress: Callable[[int], None] | None) -> tuple[list[Trajectory], RolloutStats]:
         if self._by_slot:
             raise RuntimeError("the rollout engine is busy (a group stream has episodes running)")
         trajectories: list[Trajectory] = []

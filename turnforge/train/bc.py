@@ -15,7 +15,7 @@ import torch
 
 from turnforge.algos import sft_loss
 from turnforge.data.store import write_trajectories
-from turnforge.dist import attach_trainer, minibatch_share, share_weighted, sync_sampler, world
+from turnforge.dist import all_sum, attach_trainer, minibatch_share, share_weighted, sync_sampler, world
 from turnforge.policy.generate import token_logprobs
 from turnforge.policy.lora import trainable_parameters
 from turnforge.rollout.actors import ExpertActor
@@ -46,12 +46,12 @@ def run_bc(s: Session) -> BCStats:
             got, _ = s.engine.play(requests[lo:hi], expert, on_progress=lambda n, lo=lo: advance(int(lo) + n))
             s.remember(((t, "demo") for t in got), "bc", 0)
             trajs += got
-    if world().main:  # (every rank plays the same demonstrations; rank 0 writes them)
+    if world().main:  # (each rank played its share of the demonstrations and holds them all; rank 0 writes them)
         write_trajectories(s.run_dir / "trajectories" / "bc_demos.parquet", trajs, stage="bc", iteration=0)
     failed = check_trajectories("bc", env.env_id, trajs, cfg.max_failure_share, kind="demonstration episodes")
     demos = [t for t in trajs if t.infra_failure is None]
     samples = [x for t in demos for x in t.samples]
-    demo_steps, random_actions = sum(t.num_turns for t in demos), expert.random_actions
+    demo_steps, random_actions = sum(t.num_turns for t in demos), int(all_sum([expert.random_actions])[0])  # (over the ranks)
     s.state.env_steps += demo_steps
     demo_success = sum(t.success for t in demos) / len(demos)
     s.progress.message(

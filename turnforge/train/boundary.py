@@ -50,6 +50,7 @@ class PassAtKPlan:
     temperature: float  # eval.pass_at_k_temperature, else rollout.temperature
     seed: int
     entropy_samples: int = 2048  # eval.pass_at_k_entropy_samples: the samples (evenly spread) the entropy is scored on
+    episode_seed: int | None = None  # each episode's sampling draws from its own seed (rollout.noise), not a batch generator
 
 
 def plan(cfg: TrainConfig) -> PassAtKPlan | None:
@@ -59,7 +60,8 @@ def plan(cfg: TrainConfig) -> PassAtKPlan | None:
         return None
     temperature = e.pass_at_k_temperature if e.pass_at_k_temperature is not None else cfg.rollout.temperature
     return PassAtKPlan(e.split, min(e.pass_at_k_tasks, e.episodes), e.pass_at_k_samples, tuple(e.pass_at_k_list()),
-                       temperature, cfg.seed, e.pass_at_k_entropy_samples)
+                       temperature, cfg.seed, e.pass_at_k_entropy_samples,
+                       cfg.episode_seed("pass-at-k", e.split, min(e.pass_at_k_tasks, e.episodes), e.pass_at_k_samples))
 
 
 def measure_boundary(engine: Engine, policy: Policy, p: PassAtKPlan, *, tag: str, evaluation: EvalResult,
@@ -115,7 +117,8 @@ def play_samples(engine: Engine, policy: Policy, p: PassAtKPlan, prefills: Prefi
     Monte-Carlo selector, which does not change the episodes)."""
     env = engine.env
     actor = PolicyActor(policy, engine.cfg.max_new_tokens, p.temperature,
-                        generator(p.seed, "pass-at-k", p.split, p.tasks, p.samples), prefills=prefills)
+                        generator(p.seed, "pass-at-k", p.split, p.tasks, p.samples), prefills=prefills,
+                        episode_seed=p.episode_seed)
     requests = [EpisodeRequest(env.task(p.split, i), stable_hash(p.seed, "pass-at-k", p.split, i, j), f"pass-at-k-{i}",
                                f"pass-at-k-{p.split}-{i}-{j}") for i in range(p.tasks) for j in range(p.samples)]
     trajectories, _ = engine.play(requests, actor, on_progress=on_progress, keep_snapshots=keep_snapshots)

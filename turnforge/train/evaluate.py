@@ -32,10 +32,13 @@ def evaluate(
     stage: str = "evaluation",
     prefills: PrefillCache | None = None,
     on_progress: Callable[[int], None] | None = None,
+    episode_seed: int | None = None,
 ) -> tuple[EvalResult, list[Trajectory]]:
     """Play ``episodes`` tasks of ``split`` with the policy (greedy when temperature is 0).
     ``prefills``: prompts other evaluations of these weights prefilled are not prefilled again
     (same result, bit for bit). ``on_progress(n)``: episodes finished so far, as they finish.
+    ``episode_seed``: each episode's sampling draws from its own seed (``PolicyActor``), not a
+    batch generator (a run's ``rollout.noise``).
 
     Raises ``RunStopped`` (named ``stage``) when more than ``max_failure_share`` of the
     episodes, or all of them, were infrastructure failures. The default 1.0 only refuses an
@@ -44,7 +47,8 @@ def evaluate(
     if episodes < 1:
         raise ValueError(f"evaluate needs episodes >= 1; got {episodes}")
     env = engine.env
-    actor = PolicyActor(policy, engine.cfg.max_new_tokens, temperature, generator(seed, "eval", split, episodes), prefills=prefills)
+    actor = PolicyActor(policy, engine.cfg.max_new_tokens, temperature, generator(seed, "eval", split, episodes), prefills=prefills,
+                        episode_seed=episode_seed)
     requests = [EpisodeRequest(env.task(split, i), i, f"eval-{i}", f"eval-{split}-{i}") for i in range(episodes)]
     trajectories, _ = engine.play(requests, actor, on_progress=on_progress)
     check_trajectories(stage, env.env_id, trajectories, max_failure_share, kind=f"{split} evaluation episodes")

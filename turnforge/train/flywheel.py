@@ -90,7 +90,8 @@ class Collection:
 
     def policy_actor(self, temperature: float, stream: str) -> PolicyActor:
         """The policy at ``temperature``, with the round's random stream ``stream``."""
-        return PolicyActor(self.policy, self.cfg.rollout.max_new_tokens, temperature, generator(self.cfg.seed, stream, self.r))
+        return PolicyActor(self.policy, self.cfg.rollout.max_new_tokens, temperature, generator(self.cfg.seed, stream, self.r),
+                           episode_seed=self.cfg.episode_seed(stream, self.r))
 
     def requests(self, tasks: list[Task], n: int, tag: str, offset: int = 0) -> list[EpisodeRequest]:
         """``n`` episodes of each task (group ``TAG-R-TASK``, rollouts ``offset`` on), seeded by the round."""

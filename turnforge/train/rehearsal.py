@@ -80,7 +80,7 @@ def load_or_play(s: Session) -> Rehearsal:
     requests = [EpisodeRequest(s.env.task("train", int(t)), stable_hash(cfg.seed, "rehearsal", i), f"rh-{i}", f"rh-{i}")
                 for i, t in enumerate(ids)]
     actor = PolicyActor(s.policy, cfg.rollout.max_new_tokens, temperature, generator(cfg.seed, "rehearsal", 0),
-                        prefills=s.prefills())
+                        prefills=s.prefills(), episode_seed=cfg.episode_seed("rehearsal"))
     with s.progress.activity("rehearsal cache: the starting policy plays", len(requests), "episodes"):
         trajs, stats = s.rollout_engine.play(requests, actor)
     check_trajectories("rehearsal cache", s.env.env_id, trajs, cfg.max_failure_share, kind="starting-policy episodes")

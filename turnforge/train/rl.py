@@ -282,7 +282,8 @@ def pretrain_values(s: Session, critic: Critic) -> ValuePretrainStats:
             EpisodeRequest(s.env.task("train", int(t)), stable_hash(cfg.seed, "value-pretrain", i), f"vp-{i}", f"vp-{i}")
             for i, t in zip(idx, task_ids)
         ]
-    actor = PolicyActor(policy, cfg.rollout.max_new_tokens, cfg.rollout.temperature, generator(cfg.seed, "value-pretrain", 0))
+    actor = PolicyActor(policy, cfg.rollout.max_new_tokens, cfg.rollout.temperature, generator(cfg.seed, "value-pretrain", 0),
+                        episode_seed=cfg.episode_seed("value-pretrain"))
 
     def reseed(wave: int) -> None:
         actor.generator = generator(cfg.seed, "value-pretrain", wave * chunk)

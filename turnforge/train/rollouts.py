@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from turnforge.dist import gather, world
+from turnforge.dist import gather, summed, world
 from turnforge.envpool import PoolStats
 from turnforge.rollout.actors import PolicyActor
 from turnforge.rollout.engine import EpisodeRequest, RolloutStats, make_engine
@@ -89,12 +89,6 @@ class GroupMaker:
         cfg, rl, w = s.cfg, s.cfg.rl, world()
         return cls(cfg.env.id, dict(cfg.env.kwargs), cfg.env.tasks, cfg.env.heldout_fraction, cfg.seed,
                    rl.tasks_per_iteration, rl.group_size, start_iteration * rl.tasks_per_iteration // w.size, w.rank, w.size)
-
-
-def episode_noise(cfg) -> bool:
-    """Whether RL rollouts draw each episode's sampling noise from its own seed (``rollout.noise``):
-    'episode', or 'auto' on several trainer ranks, where which rank plays a group must not change it."""
-    return cfg.rollout.noise == "episode" or (cfg.rollout.noise == "auto" and cfg.dist.nproc > 1)
 
 
 def env_slots(cfg) -> int:
@@ -161,12 +155,12 @@ class LocalRollouts(_Source):
             self.engine = make_engine(cfg, policy, env_slots(cfg))
             actor = PolicyActor(policy, cfg.rollout.max_new_tokens, cfg.rollout.temperature,
                                 generator(cfg.seed, "rl-engine", start_it),
-                                episode_seed=stable_hash(cfg.seed, "rl-episode") if episode_noise(cfg) else None)
+                                episode_seed=cfg.episode_seed("rl-episode"))
         else:
             self.engine = s.rollout_engine
             actor = PolicyActor(s.policy, cfg.rollout.max_new_tokens, cfg.rollout.temperature,
                                 _IterationGenerator(cfg.seed, start_it, world().rank)(0),  # reseeded per batch by generator_for
-                                episode_seed=stable_hash(cfg.seed, "rl-episode") if episode_noise(cfg) else None)
+                                episode_seed=cfg.episode_seed("rl-episode"))
         self.stream = GroupStream(
             self.engine, actor, groups, group_size=rl.group_size, groups_per_batch=rl.tasks_per_iteration // world().size,
             eta=eng.eta, lockstep=not self.is_async, partial_rollouts=eng.partial_rollouts, keep_snapshots=keep_snapshots,
@@ -315,8 +309,7 @@ class RankedRollouts(_Source):
     def next(self, it: int) -> RolloutBatch:
         parts = gather(self.inner.next(it))
         trajs = sorted((t for p in parts for t in p.trajectories), key=lambda t: int(t.group_id.split("-")[1]))
-        stats = type(parts[0].stats)(**{f.name: sum(getattr(p.stats, f.name) for p in parts)
-                                        for f in dataclasses.fields(parts[0].stats)})
+        stats = summed([p.stats for p in parts])
         env_steps = sum(p.env_steps for p in parts)
         stream = dataclasses.replace(parts[0].stream, env_steps_executed=sum(p.stream.env_steps_executed for p in parts))
         return RolloutBatch(trajs, stats, env_steps, stream)

@@ -90,7 +90,8 @@ class Session:
             result, trajectories = evaluate(
                 self.engine, self.policy, episodes=episodes, split=e.split, temperature=temperature, seed=self.cfg.seed,
                 max_failure_share=self.cfg.max_failure_share, stage=f"eval {tag}",
-                prefills=prefills if prefills is not None else self.prefills(), on_progress=advance)
+                prefills=prefills if prefills is not None else self.prefills(), on_progress=advance,
+                episode_seed=self.cfg.episode_seed("eval", e.split, episodes))
         events = event_counts([t for t in trajectories if t.infra_failure is None])
         self.metrics.log(EvalRecord(tag, self.state.iteration, result, events, temperature), self.state.env_steps)
         failures = f", {result.infra_failures} infrastructure failures left out" if result.infra_failures else ""
