@@ -353,32 +353,55 @@ def attach_trainer(policy) -> None:
 
 # --- optimizer state across world sizes ---------------------------------------------------------
 
-#: Key of a checkpoint's optimizer state saved by name (on several ranks), not by position.
+#: Key of a checkpoint's optimizer state written by torch.distributed.checkpoint (every rank its
+#: shards, ``ShardedOptimizer``); its value names the directory.
+SHARDED = "sharded"
+#: Key of an optimizer state saved whole by parameter name (checkpoints written before sharded saves).
 BY_NAME = "by_name"
 
 
-def optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-    """The optimizer state a checkpoint keeps. A world of one: ``optimizer.state_dict()`` as
-    always. Several ranks: the full (unsharded) state keyed by parameter name, gathered to rank 0
-    (``torch.distributed.checkpoint.state_dict``; a collective), under ``BY_NAME``: a run saved
-    at any world size resumes at any other (``load_optimizer_state``)."""
-    if not _WORLD.distributed:
-        return optimizer.state_dict()
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+@dataclass
+class ShardedOptimizer:
+    """An optimizer's sharded state, still on the ranks: ``write`` is a collective that saves each
+    rank's shards into one directory (``torch.distributed.checkpoint``: a file per rank and the
+    metadata that lets any world size read it back), so no rank ever holds the whole state."""
 
-    full = get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    return {BY_NAME: full}
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+
+    def write(self, directory: Path) -> None:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+        dcp.save({"optimizer": get_optimizer_state_dict(self.model, self.optimizer)}, checkpoint_id=directory)
+
+
+def optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any] | ShardedOptimizer:
+    """The optimizer state a checkpoint keeps. A world of one: ``optimizer.state_dict()`` as
+    always. Several ranks: a ``ShardedOptimizer`` that the checkpoint writes rank by rank
+    (``turnforge.train.run_dir.checkpoint.save_resumable``); either resumes at any world size
+    (``load_optimizer_state``)."""
+    return optimizer.state_dict() if not _WORLD.distributed else ShardedOptimizer(model, optimizer)
 
 
 def load_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, saved: dict[str, Any]) -> None:
-    """Restore ``optimizer_state``'s result, whichever world size saved it: by position into a
-    world of one's own format, by name otherwise (a positional state is renamed first: the
-    optimizer's parameters are the model's trainable ones, in order)."""
+    """Restore ``optimizer_state``'s result, whichever world size saved it. A sharded save
+    (``{SHARDED: directory}``) is read by parameter name and resharded to this world (into a
+    world of one without a process group); a world of one's positional state is loaded as
+    always, or on several ranks renamed first (the optimizer's parameters are the model's
+    trainable ones, in order)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict, set_optimizer_state_dict
+
+    if SHARDED in saved:
+        import torch.distributed.checkpoint as dcp
+
+        template = get_optimizer_state_dict(model, optimizer)  # this world's layout, the state allocated
+        dcp.load({"optimizer": template}, checkpoint_id=saved[SHARDED])
+        set_optimizer_state_dict(model, optimizer, template)
+        return
     if BY_NAME not in saved and not _WORLD.distributed:
         optimizer.load_state_dict(saved)
         return
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
-
     by_name = saved[BY_NAME] if BY_NAME in saved else _named(model, saved)
     set_optimizer_state_dict(model, optimizer, by_name, options=StateDictOptions(full_state_dict=True))
 

@@ -136,6 +136,13 @@ def test_a_checkpoint_of_two_ranks_resumes_on_one_and_back(one_and_two, tmp_path
     proc = _launch(2, tmp_path / "a", 1, RUN)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert not (tmp_path / "a" / "summary.json").exists()
+    # the optimizers' states are sharded saves, a file per rank, listed in the checkpoint's manifest
+    last = tmp_path / "a" / "checkpoints" / "last"
+    saved = torch.load(last / "trainer_state.pt", weights_only=False)
+    assert saved["optimizer"] == {"sharded": "optimizer"} and saved["critic_optimizer"] == {"sharded": "critic_optimizer"}
+    for name in ("optimizer", "critic_optimizer"):
+        assert sorted(p.name for p in (last / name).glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
+        assert f"{name}/__1_0.distcp" in (last / "manifest.json").read_text()
     train(load_run_config(tmp_path / "a"), tmp_path / "a", resume=True, live=False)  # on one process
     assert _largest_difference(one / "checkpoints" / "final", tmp_path / "a" / "checkpoints" / "final") < ATOL
     # one process stopped after 2 iterations, resumed on two ranks

@@ -4,7 +4,10 @@
 files (loadable with ``AutoModelForCausalLM/AutoTokenizer.from_pretrained``); under LoRA
 that is the merged model, and ``adapter/`` holds the adapter alone (``turnforge.policy.lora``). A resumable
 checkpoint adds ``trainer_state.pt`` (optimizer state) and ``trainer_state.json``
-(counters).
+(counters); on several trainer ranks the optimizer states are sharded saves instead, one
+directory each (``optimizer/``, ``critic_optimizer/``: a file per rank and the metadata of
+``torch.distributed.checkpoint``, readable at any world size), which every rank writes into the
+checkpoint before rank 0 seals it (several machines: the run directory on a shared filesystem).
 
 Every checkpoint is written whole beside the old one and then swapped in:
 ``<name>.tmp/`` is written, each file fsynced, ``manifest.json`` (size and sha256 of
@@ -25,7 +28,7 @@ from typing import Any
 import torch
 
 from turnforge.errors import UserError
-from turnforge.dist import barrier, world
+from turnforge.dist import SHARDED, ShardedOptimizer, barrier, world
 from turnforge.policy.lora import ADAPTER_DIR, is_lora, merged_copy
 from turnforge.policy.manifest import fsync, seal, verify
 from turnforge.policy.model import Policy
@@ -63,9 +66,11 @@ class TrainingState:
     """The torch state a resume needs besides the weights (``trainer_state.pt``)."""
 
     version: int  # the policy version (optimizer steps so far)
-    optimizer: dict[str, Any] | None = None  # the policy optimizer's state dict (None before RL)
+    # the policy optimizer's state dict (None before RL); on several ranks a ShardedOptimizer when
+    # saved, {SHARDED: its directory} when read back (turnforge.dist.load_optimizer_state takes either)
+    optimizer: dict[str, Any] | ShardedOptimizer | None = None
     critic: dict[str, Any] | None = None  # the learned critic's weights
-    critic_optimizer: dict[str, Any] | None = None
+    critic_optimizer: dict[str, Any] | ShardedOptimizer | None = None
     memory: list[dict[str, Any]] | None = None  # the episodic memory's entries (EpisodicMemory.state)
     flywheel: Any | None = None  # what carries over between flywheel rounds (FlywheelState), after a round
 
@@ -101,18 +106,25 @@ def _swap_in(tmp: Path, final: Path, keep_previous: Path | None) -> None:
     fsync(parent)
 
 
-def save_model(policy: Policy, path: Path, extra: dict[str, Any] | None = None, previous: Path | None = None) -> Path:
+def save_model(policy: Policy, path: Path, extra: dict[str, Any] | None = None, previous: Path | None = None,
+               sharded: dict[str, ShardedOptimizer] | None = None) -> Path:
     """Write the HF model directory ``path`` atomically (beside it, sealed, then renamed).
     ``extra`` maps file names to objects saved with ``torch.save`` (``*.pt``) or as JSON;
     ``previous``: where the replaced checkpoint is kept (None: deleted once replaced).
     On several trainer ranks (``turnforge.dist``) every rank calls it and rank 0 writes (the
-    policy's plain model holds the synced weights); the others wait until it is written."""
+    policy's plain model holds the synced weights); the others wait until it is written, after
+    every rank wrote its shards of ``sharded`` (directory name -> optimizer state) into it."""
+    tmp = path.with_name(path.name + ".tmp")
+    if world().main:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    if sharded:
+        barrier()  # the directory exists
+        for name, state in sharded.items():
+            state.write(tmp / name)  # a collective: when it returns on rank 0 every rank's file is written
     if not world().main:
         barrier()
         return path
-    tmp = path.with_name(path.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
     if is_lora(policy.model):  # the merged model (loads with from_pretrained) and the adapter alone
         merged_copy(policy.model).save_pretrained(tmp, safe_serialization=True)
         policy.model.save_pretrained(tmp / ADAPTER_DIR, safe_serialization=True)
@@ -135,8 +147,10 @@ def save_resumable(run_dir: Path, policy: Policy, state: TrainerState, training:
     atomically; the checkpoint it replaces stays as ``checkpoints/prev``."""
     root = run_dir / "checkpoints"
     torch_state = {f.name: getattr(training, f.name) for f in fields(training)}  # shallow: FlywheelState stays one
+    sharded = {name: v for name, v in torch_state.items() if isinstance(v, ShardedOptimizer)}
+    torch_state.update({name: {SHARDED: name} for name in sharded})  # (find_resumable makes the name a path)
     extra = {"trainer_state.pt": torch_state, "trainer_state.json": asdict(state)}
-    return save_model(policy, root / "last", extra, previous=root / "prev")
+    return save_model(policy, root / "last", extra, previous=root / "prev", sharded=sharded)
 
 
 #: Name prefix of the weights ``keep_checkpoints`` keeps: ``kept-<NNN>-<stage label>``.
@@ -185,7 +199,9 @@ def find_resumable(run_dir: Path) -> Resumable | None:
         if problem is None:
             try:
                 state = from_json(TrainerState, json.loads((path / "trainer_state.json").read_text()))
-                training = TrainingState(**torch.load(path / "trainer_state.pt", weights_only=False))
+                saved = torch.load(path / "trainer_state.pt", weights_only=False)
+                saved.update({k: {SHARDED: str(path / v[SHARDED])} for k, v in saved.items() if isinstance(v, dict) and SHARDED in v})
+                training = TrainingState(**saved)
             except Exception as err:  # sealed files that do not parse: not a turnforge checkpoint
                 problem = f"{path} cannot be read ({type(err).__name__}: {err})"
             else:
