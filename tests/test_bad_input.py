@@ -75,8 +75,8 @@ def checkpoints(tiny_model_dir, tmp_path_factory):
 # (checkpoints), {tmp} (the working directory, which holds existing.json, file.txt, a_dir/).
 CASES = [
     # the command line itself
-    ("no-command", [], "give a command: train, flywheel, recipes, envs, check-env, eval, tiny-model, serve, merge, data, view, model"),
-    ("unknown-command", ["nope"], "no such command 'nope'; valid commands: train, flywheel, recipes, envs, check-env, eval, tiny-model, serve, merge, data, view, model"),
+    ("no-command", [], "give a command: train, flywheel, recipes, envs, keys, check-env, eval, tiny-model, serve, merge, data, view, model"),
+    ("unknown-command", ["nope"], "no such command 'nope'; valid commands: train, flywheel, recipes, envs, keys, check-env, eval, tiny-model, serve, merge, data, view, model"),
     ("unknown-flag-eval", ["eval", "{ckpt}", "--bogus"], "no such option: --bogus"),
     ("unknown-flag-train", ["train", "--bogus"], "no such option: --bogus"),
     ("unknown-flag-check-env", ["check-env", "sokoban", "--bogus"], "no such option: --bogus"),

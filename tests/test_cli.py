@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -101,8 +102,21 @@ def test_check_env_failure_is_one_line_with_exit_1(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
-def test_recipes_and_envs_list(tmp_path):
+def test_recipes_and_envs_list(tmp_path, monkeypatch, capsys):
     proc = run_cli("recipes")
     assert proc.returncode == 0 and "sokoban-tiny" in proc.stdout
-    proc = run_cli("envs")
-    assert proc.returncode == 0 and "frozenlake-slippery" in proc.stdout and "2048" in proc.stdout
+    # piped (not a terminal): whole lines, never cut to 80 columns; --json for programs
+    from turnforge.envs import list_envs, register, registry
+
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+    long_id = "an-env-with-a-long-id-that-an-80-column-table-would-cut-" + "x" * 30
+    register(long_id, "turnforge.envs.sokoban:SokobanEnv", dim=6, num_boxes=1, max_steps=120)
+    code, stdout, _ = run_main(["envs"], tmp_path, monkeypatch, capsys)
+    rows = [line.split("\t") for line in stdout.splitlines()]
+    assert code == 0 and [r[0] for r in rows] == list(list_envs())
+    assert [long_id, "builtin", '{"dim": 6, "num_boxes": 1, "max_steps": 120}'] in rows
+    code, stdout, _ = run_main(["envs", "--json"], tmp_path, monkeypatch, capsys)
+    listed = {e["id"]: e for e in json.loads(stdout)}
+    assert code == 0 and listed[long_id]["defaults"] == {"dim": 6, "num_boxes": 1, "max_steps": 120}
+    assert listed["frozenlake-slippery"] == {"id": "frozenlake-slippery", "source": "builtin",
+                                              "defaults": {"size": 4, "is_slippery": True}}

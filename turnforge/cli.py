@@ -1,4 +1,4 @@
-"""The ``turnforge`` command line: train, eval, recipes, envs, check-env, tiny-model, merge, data, view.
+"""The ``turnforge`` command line: train, eval, recipes, envs, keys, check-env, tiny-model, merge, data, view.
 
 How a command ends (``main``):
 
@@ -11,6 +11,9 @@ How a command ends (``main``):
 - SIGINT/SIGTERM: one line saying where the run stopped and how to resume, exit 128 + signal;
 - an internal error (a bug): the Python traceback, then one line naming the run directory
   and its logs, exit 1.
+
+``TURNFORGE_TRACEBACK=1`` prints the traceback before a user error's or a stopped run's line
+(and before ``check-env``'s FAIL line: an env method's own traceback).
 
 Heavy imports (torch, transformers) stay inside the commands, so flag errors are quick.
 """
@@ -26,7 +29,7 @@ import time
 import traceback
 from contextlib import closing
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, List, NoReturn, Optional
+from typing import TYPE_CHECKING, Any, Callable, List, NoReturn, Optional
 
 # OpenMP threads sleep when idle instead of spinning: on a machine loaded by other jobs a
 # spinning thread pool made a short run 10x slower (same weights either way).
@@ -219,14 +222,31 @@ def recipes() -> None:
 
 
 @app.command()
-def envs() -> None:
-    """List the registered environments (built-in and from entry points)."""
+def envs(as_json: bool = typer.Option(False, "--json", help="A JSON list of {id, source, defaults} instead of the table")) -> None:
+    """List the registered environments (built-in and from entry points): a table on a terminal,
+    one tab-separated line per env (id, source, defaults as JSON) otherwise, never cut."""
     from turnforge.envs import list_envs
 
-    table = Table("env id", "source", "defaults")
-    for env_id, spec in list_envs().items():
-        table.add_row(env_id, spec.source, json.dumps(spec.kwargs))
-    console.print(table)
+    rows = [(env_id, spec.source, spec.kwargs) for env_id, spec in list_envs().items()]
+    if as_json:
+        print(json.dumps([{"id": i, "source": src, "defaults": kw} for i, src, kw in rows], indent=2))
+    elif not sys.stdout.isatty():  # a pipe or a file: whole lines (rich would fit the table to 80 columns)
+        for env_id, source, kwargs in rows:
+            print(f"{env_id}\t{source}\t{json.dumps(kwargs)}")
+    else:
+        table = Table("env id", "source", "defaults")
+        for env_id, source, kwargs in rows:
+            table.add_row(env_id, source, json.dumps(kwargs))
+        console.print(table)
+
+
+@app.command()
+def keys(section: str = typer.Argument("", help="A section (e.g. rollout) or key; default: every key")) -> None:
+    """List the config keys (key=value on the command line, or a recipe's YAML): type, default and
+    description, as a markdown table (the one in docs/guide.md)."""
+    from turnforge.config_reference import reference
+
+    print(reference(section), end="")
 
 
 @app.command("check-env")
@@ -240,7 +260,10 @@ def check_env_cmd(
     allow_no_actions: bool = typer.Option(False, "--allow-no-actions", help="Accept an env with no actions to play "
                                           "(no action_names, random_action or expert_action): the state checks are skipped"),
 ) -> None:
-    """Run check_env on a registered env with options; a failure names the fix (exit 1)."""
+    """Run check_env on a registered env with options: exit 0 when it passes; exit 1 with one line
+    when it fails a check (the line names the fix) or when the env's own code raises (the line
+    names the method and the exception; TURNFORGE_TRACEBACK=1 adds the traceback); exit 2 for
+    bad input (env id, option, task file)."""
     from turnforge.config import parse_overrides
     from turnforge.envs import EnvCheckError, check_env
 
@@ -254,8 +277,10 @@ def check_env_cmd(
         chat = load_chat_format(model)
     try:
         report = check_env(env_id, env_kwargs=kwargs, tasks=str(tasks) if tasks else None, min_heldout=min_heldout,
-                           tokenizer=chat, max_new_tokens=max_new_tokens, allow_no_actions=allow_no_actions)
+                           tokenizer=chat, max_new_tokens=max_new_tokens, allow_no_actions=allow_no_actions,
+                           max_new_tokens_fix="give --max-new-tokens {n} or more (rollout.max_new_tokens in a recipe)")
     except EnvCheckError as err:
+        _traceback_if_asked()
         print(f"FAIL {env_id}: {err}", file=sys.stderr)
         sys.exit(1)
     for warning in report.warnings:
@@ -285,7 +310,8 @@ EVAL_HELP = (
     "(the run's learned value model, saved in RUN/checkpoints/last), mc (Monte-Carlo values of the states each attempt "
     "reached: --mc-rollouts M rollouts of --mc-horizon H turns from env snapshots), judge (the reward.judge model, "
     "model=policy being the checkpoint itself, without the reference answer), with the share of the pass@1 -> pass@N "
-    "gap closed, AUC and cost per task; written to best_of_<env>_<split>.json, .md and .png beside the eval JSON.\n\n"
+    "gap closed, AUC and cost per task; written beside the eval JSON and named after it: best_of_<env>_<split>.json, "
+    ".md and .png for the default eval_<env>_<split>.json, best_of_F.json, .md and .png for --out F.json.\n\n"
     "--lookahead K also plays the evaluation's episodes picking, at every turn, the best of K sampled candidate "
     "actions by Monte-Carlo Q from env snapshots (--mc-rollouts M rollouts of --mc-horizon H turns "
     "each); the result and its cost go under 'lookahead'."
@@ -337,11 +363,12 @@ def eval_cmd(
 
     # 3. env (a bad id or option fails before the model loads), model, engine sized as train() sizes it
     from turnforge.rollout.engine import make_engine
+    from turnforge.scaling.best_of import format_best_of
     from turnforge.train.boundary import format_boundary, measure_boundary, plan
     from turnforge.train.evaluate import evaluate, prefill_cache
 
-    the_env, memory, selectors = _eval_env(cfg, own_run, ns, select, lookahead)
-    policy, critic, judge = _eval_models(cfg, checkpoint, own_run, the_env, select, selectors)
+    the_env, memory, selectors = _eval_env(cfg, checkpoint, own_run, ns, select, lookahead)
+    policy, critic, judge = _eval_models(cfg, checkpoint, own_run, selectors)
     settings = _eval_settings(cfg, memory, base)
     _print_eval_settings(notes, in_run, base, settings)
     measure = plan(cfg) if pass_at_k is not None else None  # only when asked: a run's config turns it on for runs
@@ -349,22 +376,33 @@ def eval_cmd(
         settings.update(pass_at_k_samples=measure.samples, pass_at_k_tasks=measure.tasks, pass_at_k=list(measure.ks),
                         pass_at_k_temperature=measure.temperature)
 
-    # 4. play: the evaluation, then best-of-N or pass@k, then lookahead
-    with closing(make_engine(cfg, policy)) as engine:  # the run's env slots: the same waves give the same numbers
-        engine.memory = memory
+    # 4. play: the evaluation, then best-of-N or pass@k, then lookahead (progress on stderr: a panel on a
+    #    terminal, else a line per part and at most one every 10 s, as `turnforge train` shows its own)
+    from turnforge.train.reporting import Progress
+
+    with closing(make_engine(cfg, policy)) as engine, Progress(str(checkpoint), command="turnforge eval") as progress:
+        engine.memory = memory  # (the run's env slots: the same waves give the same numbers)
         prefills = prefill_cache(policy, e.prefill_cache_mb)
-        result, _ = evaluate(engine, policy, episodes=e.episodes, split=e.split, temperature=e.temperature, seed=cfg.seed,
-                             prefills=prefills)
+        progress.stage("evaluation")
+        with progress.activity("evaluation", e.episodes) as advance:
+            result, _ = evaluate(engine, policy, episodes=e.episodes, split=e.split, temperature=e.temperature,
+                                 seed=cfg.seed, prefills=prefills, on_progress=advance)
         boundary = best = look = None
-        if measure is not None and ns is not None:
-            best = _eval_best_of(engine, cfg, policy, measure, prefills, ns, selectors, the_env, critic, judge,
-                                 mc_rollouts, mc_horizon)
-        elif measure is not None:
-            boundary = measure_boundary(engine, policy, measure, tag="eval", evaluation=result,
-                                        eval_temperature=e.temperature, prefills=prefills)
-            print(format_boundary(boundary), file=sys.stderr)
+        if measure is not None:
+            progress.stage("best-of" if ns is not None else "pass@k")
+            with progress.activity("best-of" if ns is not None else "pass@k", measure.tasks * measure.samples) as advance:
+                if ns is not None:
+                    best = _eval_best_of(engine, cfg, policy, measure, prefills, ns, selectors, the_env, critic, judge,
+                                         mc_rollouts, mc_horizon, advance)
+                else:
+                    boundary = measure_boundary(engine, policy, measure, tag="eval", evaluation=result,
+                                                eval_temperature=e.temperature, prefills=prefills, on_progress=advance)
+            progress.message(format_best_of(best) if best is not None else format_boundary(boundary))
         if lookahead is not None:
-            look = _eval_lookahead(engine, cfg, policy, result, lookahead, mc_rollouts, mc_horizon)
+            progress.stage("lookahead")
+            with progress.activity("lookahead", e.episodes) as advance:
+                look = _eval_lookahead(engine, cfg, policy, lookahead, mc_rollouts, mc_horizon, advance)
+            progress.message(_lookahead_line(look, cfg, lookahead, mc_rollouts, mc_horizon, result))
 
     # 5. write (whole or not at all) and print
     _write_eval(path, checkpoint, settings, result, look, boundary, best, selectors)
@@ -401,6 +439,10 @@ def _check_eval_flags(checkpoint: Path, overrides: list[str], env: str | None, s
         ns = parse_ns(best_of)
         if pass_at_k is not None:
             raise UserError("--best-of plays the pass@k episodes itself (its oracle row is pass@N): leave out --pass-at-k")
+        if out is not None:  # its report, named after --out, is as much the user's file as --out
+            report = best_of_path(out)
+            for file in (report, report.with_suffix(".md"), report.with_suffix(".png")):
+                check_out_file(file, "--best-of's report", refuse_existing=not force)
     return in_run, base, ns
 
 
@@ -429,10 +471,10 @@ def _eval_config(base: str | Path | None, overrides: list[str], *, env: str | No
     return cfg, notes
 
 
-def _eval_env(cfg: TrainConfig, own_run: Path | None, ns: tuple[int, ...] | None, select: str, lookahead: int | None
-              ) -> tuple[Env, EpisodicMemory | None, tuple[str, ...]]:
+def _eval_env(cfg: TrainConfig, checkpoint: Path, own_run: Path | None, ns: tuple[int, ...] | None, select: str,
+              lookahead: int | None) -> tuple[Env, EpisodicMemory | None, tuple[str, ...]]:
     """The env to evaluate on, the run's episodic memory (memory.enabled) and the --select
-    selectors, each checked against the env before the model loads."""
+    selectors, each checked against the env and the checkpoint's run before the model loads."""
     from turnforge.envs.registry import build_env
 
     env = build_env(cfg.env.id, cfg.env.kwargs, cfg.env.tasks, cfg.env.heldout_fraction)
@@ -447,9 +489,9 @@ def _eval_env(cfg: TrainConfig, own_run: Path | None, ns: tuple[int, ...] | None
         memory = read_store(cfg.memory.model_copy(update={"store": store}), env.env_id)
     selectors: tuple[str, ...] = ()
     if ns is not None:
-        from turnforge.scaling.best_of import parse_selectors
+        from turnforge.scaling.best_of import parse_selectors, run_critic_problem
 
-        selectors = parse_selectors(select, env, has_critic=True)  # names and env support; the critic after loading
+        selectors = parse_selectors(select, env, run_critic_problem(checkpoint, own_run, cfg))
     if lookahead is not None:
         from turnforge.envs.base import capabilities
 
@@ -457,7 +499,7 @@ def _eval_env(cfg: TrainConfig, own_run: Path | None, ns: tuple[int, ...] | None
     return env, memory, selectors
 
 
-def _eval_models(cfg: TrainConfig, checkpoint: Path, own_run: Path | None, env: Env, select: str,
+def _eval_models(cfg: TrainConfig, checkpoint: Path, own_run: Path | None,
                  selectors: tuple[str, ...]) -> tuple[Policy, Any, Judge | None]:
     """The checkpoint as the run samples it, the run's critic (--select critic) and the judge
     (--select judge: model=policy is the evaluated checkpoint judging itself), or None each."""
@@ -467,11 +509,10 @@ def _eval_models(cfg: TrainConfig, checkpoint: Path, own_run: Path | None, env: 
     quiet_hf()
     policy = load_for_eval(cfg, checkpoint)  # as the run samples
     critic = None
-    if "critic" in selectors:
-        from turnforge.scaling.best_of import load_run_critic, parse_selectors
+    if "critic" in selectors:  # (own_run: parse_selectors checked that the run has its value model)
+        from turnforge.scaling.best_of import load_run_critic
 
-        critic, why = load_run_critic(checkpoint, own_run, cfg, policy)
-        parse_selectors(select, env, has_critic=critic is not None, critic_problem=why)
+        critic = load_run_critic(checkpoint, own_run, cfg, policy)
     judge = None
     if "judge" in selectors:  # before any episode: a judge that does not load stops here
         from turnforge.rewards.judge import Judge
@@ -506,13 +547,14 @@ def _print_eval_settings(notes: list[str], in_run: Path | None, base: str | Path
 
 def _eval_best_of(engine: Any, cfg: TrainConfig, policy: Policy, measure: PassAtKPlan, prefills: Any,
                   ns: tuple[int, ...], selectors: tuple[str, ...], env: Env, critic: Any, judge: Judge | None,
-                  mc_rollouts: int, mc_horizon: int) -> BestOfReport:
-    """--best-of: the pass@k episodes, then the attempt each selector picks at every N (printed on stderr)."""
-    from turnforge.scaling.best_of import format_best_of, run_best_of
+                  mc_rollouts: int, mc_horizon: int, on_progress: Callable[[int], None]) -> BestOfReport:
+    """--best-of: the pass@k episodes (``on_progress(n)``: attempts played), then the attempt each
+    selector picks at every N."""
+    from turnforge.scaling.best_of import run_best_of
     from turnforge.train.boundary import play_samples
 
     t0 = time.perf_counter()
-    attempts = play_samples(engine, policy, measure, prefills, keep_snapshots="mc" in selectors)
+    attempts = play_samples(engine, policy, measure, prefills, on_progress, keep_snapshots="mc" in selectors)
     play_seconds = time.perf_counter() - t0
     mc = None
     if "mc" in selectors:
@@ -524,31 +566,39 @@ def _eval_best_of(engine: Any, cfg: TrainConfig, policy: Policy, measure: PassAt
         mc = MCScorer(engine, PolicyActor(policy, r.max_new_tokens, measure.temperature,
                                           generator(measure.seed, "best-of", "mc")),
                       mc_rollouts, mc_horizon, r.max_turns, measure.seed)
-    best = run_best_of(attempts, measure.samples, ns, selectors, env, split=measure.split,
+    return run_best_of(attempts, measure.samples, ns, selectors, env, split=measure.split,
                        temperature=measure.temperature, seed=measure.seed, play_seconds=play_seconds,
                        critic=critic, pad_id=policy.pad_id, mc=mc, judge=judge)
-    print(format_best_of(best), file=sys.stderr)
-    return best
 
 
-def _eval_lookahead(engine: Any, cfg: TrainConfig, policy: Policy, result: EvalResult, lookahead: int,
-                    mc_rollouts: int, mc_horizon: int) -> tuple[EvalResult, LookaheadStats]:
+def _lookahead_temperature(cfg: TrainConfig) -> float:
+    """--lookahead samples its candidates at the pass@k temperature (default: rollout.temperature)."""
+    t = cfg.eval.pass_at_k_temperature
+    return t if t is not None else cfg.rollout.temperature
+
+
+def _eval_lookahead(engine: Any, cfg: TrainConfig, policy: Policy, lookahead: int, mc_rollouts: int, mc_horizon: int,
+                    on_progress: Callable[[int], None]) -> tuple[EvalResult, LookaheadStats]:
     """--lookahead: the evaluation's episodes again, each action the best of ``lookahead`` sampled
-    candidates by Monte-Carlo Q (from a second engine's env snapshots); a line on stderr."""
+    candidates by Monte-Carlo Q (from a second engine's env snapshots); ``on_progress(n)``: episodes done."""
     from turnforge.rollout.engine import make_engine
     from turnforge.scaling.lookahead import evaluate_lookahead
 
-    e, r = cfg.eval, cfg.rollout
-    t = e.pass_at_k_temperature if e.pass_at_k_temperature is not None else r.temperature
+    e = cfg.eval
     with closing(make_engine(cfg, policy)) as mc_engine:
-        look = evaluate_lookahead(engine, mc_engine, policy, k=lookahead, rollouts=mc_rollouts,
-                                  horizon=mc_horizon, episodes=e.episodes, split=e.split, temperature=t,
-                                  seed=cfg.seed)
-    print(f"lookahead K={lookahead} M={mc_rollouts} H={mc_horizon} at T={t:g}: success "
-          f"{look[0].success_rate:.3f} (plain {result.success_rate:.3f} at T={e.temperature:g}); "
-          f"{look[1].mc_env_steps / max(1, look[0].episodes):.0f} Monte-Carlo env steps per episode, "
-          f"{look[1].changed:.0%} of turns changed, {look[1].seconds:.0f} s", file=sys.stderr)
-    return look
+        return evaluate_lookahead(engine, mc_engine, policy, k=lookahead, rollouts=mc_rollouts, horizon=mc_horizon,
+                                  episodes=e.episodes, split=e.split, temperature=_lookahead_temperature(cfg),
+                                  seed=cfg.seed, on_progress=on_progress)
+
+
+def _lookahead_line(look: tuple[EvalResult, LookaheadStats], cfg: TrainConfig, lookahead: int, mc_rollouts: int,
+                    mc_horizon: int, plain: EvalResult) -> str:
+    """What --lookahead reached, against the plain evaluation, and what it cost."""
+    result, stats = look
+    return (f"lookahead K={lookahead} M={mc_rollouts} H={mc_horizon} at T={_lookahead_temperature(cfg):g}: success "
+            f"{result.success_rate:.3f} (plain {plain.success_rate:.3f} at T={cfg.eval.temperature:g}); "
+            f"{stats.mc_env_steps / max(1, result.episodes):.0f} Monte-Carlo env steps per episode, "
+            f"{stats.changed:.0%} of turns changed, {stats.seconds:.0f} s")
 
 
 def _write_eval(path: Path, checkpoint: Path, settings: dict[str, Any], result: EvalResult,
@@ -569,11 +619,19 @@ def _write_eval(path: Path, checkpoint: Path, settings: dict[str, Any], result: 
     if best is not None:
         from turnforge.scaling.best_of import write_best_of
 
-        best_path = path.with_name(path.name.replace("eval_", "best_of_", 1) if path.name.startswith("eval_") else f"best_of_{path.name}")
+        best_path = best_of_path(path)
         write_best_of(best, best_path, {**settings, "selectors": list(selectors)})
         data["best_of"] = str(best_path)
     write_json(path, data)
     print(json.dumps(data, indent=2))
+
+
+def best_of_path(eval_path: Path) -> Path:
+    """Where --best-of's report goes, named after the eval JSON beside it: ``eval_<env>_<split>.json``
+    (the default) -> ``best_of_<env>_<split>.json``, ``--out F.json`` -> ``best_of_F.json`` (its
+    ``.md`` and ``.png`` with them)."""
+    name = eval_path.name
+    return eval_path.with_name("best_of_" + (name.removeprefix("eval_") if name.startswith("eval_") else name))
 
 
 @app.command("tiny-model")
@@ -613,14 +671,14 @@ def serve_cmd(
         raise UserError(f"--device: {err}") from None
     import torch
 
-    from turnforge.gateway.server import Gateway
+    from turnforge.gateway.server import SERVE, Gateway
     from turnforge.policy.model import load_policy, quiet_hf, resolve_device
 
     device = resolve_device(device, "--device")
     quiet_hf()
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     gateway = Gateway(load_policy(checkpoint, dtype, device), max_new_tokens=max_tokens, max_context_tokens=context, seed=seed,
-                      host=host, port=port, model_name=checkpoint.name)  # binds now: a port in use is one line
+                      host=host, port=port, model_name=checkpoint.name, settings=SERVE)  # binds now: a port in use is one line
     with gateway:
         console.print(f"serving {checkpoint} on {gateway.url}/v1 (model {gateway.model_name!r}); Ctrl-C stops")
         while True:
@@ -876,6 +934,13 @@ def _click_classes(name: str) -> tuple[type, ...]:
     return tuple(found)
 
 
+def _traceback_if_asked() -> None:
+    """With TURNFORGE_TRACEBACK=1, the traceback of the exception being handled (with its causes:
+    an env method's own), before the one line that reports it."""
+    if os.environ.get("TURNFORGE_TRACEBACK", "") not in ("", "0"):
+        traceback.print_exc()
+
+
 def _fail(line: str, code: int) -> NoReturn:
     from turnforge.dist import report_failure, world
 
@@ -913,8 +978,10 @@ def main() -> None:
     try:
         code = app(prog_name="turnforge", standalone_mode=False)  # returns 130 where typer caught a Ctrl-C
     except UserError as err:
+        _traceback_if_asked()
         _fail(f"error: {err}", 2)
     except RunStopped as err:  # NonFiniteLoss included
+        _traceback_if_asked()
         _fail(f"error: {err}", 1)
     except Interrupted as err:
         _fail(str(err), err.exit_code)

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import random
+import re
 
 import pytest
 
 from turnforge import Env, StepResult, TaskDataset
 from turnforge.envs.tasks import TaskGenerator
-from turnforge.envs import EnvCheckError, InvalidAction, LevelEnv, Outcome, check_env, parse_choice
+from turnforge.envs import EnvCheckError, EnvCodeError, InvalidAction, LevelEnv, Outcome, check_env, parse_choice
 
 
 class Corridor(LevelEnv):
@@ -275,6 +276,35 @@ class Counter(Env):
         return StepResult(f"count {self.count} of {self.goal}", 1.0 if won else 0.0, won, False, success=won)
 
 
+def _unsolvable(goal):
+    raise NotImplementedError(f"no solver for goal {goal}")
+
+
+class SolverRaises(Counter):
+    """Its expert calls a helper that raises: the user's code, not the checker's."""
+
+    def expert_action(self):
+        return _unsolvable(self.goal)
+
+
+class ResetRaises(Counter):
+    def reset(self, task, seed):
+        return {}["missing " + "\n key"]
+
+
+@pytest.mark.parametrize("env, expected", [
+    (SolverRaises(), "SolverRaises ('unregistered').expert_action() raised NotImplementedError: no solver for goal"),
+    (ResetRaises(), "ResetRaises ('unregistered').reset() raised KeyError: 'missing \\n key'"),
+], ids=["expert", "reset"])
+def test_an_exception_in_env_code_names_the_env_method(env, expected):
+    """It surfaced as turnforge's internal error; it is the env's: the method the checker called
+    (not the helper that raised), the exception on one line, the original as its cause."""
+    with pytest.raises(EnvCodeError) as err:
+        check_env(env)
+    assert str(err.value).startswith(expected) and "\n" not in str(err.value)
+    assert isinstance(err.value, EnvCheckError) and err.value.__cause__ is not None
+
+
 class MutatesTaskData(Counter):
     """Keeps a reference to the dataset row and counts in it: every env and every later reset
     of the task sees the count."""
@@ -327,7 +357,9 @@ def test_env_without_tasks_names_the_fix():
         check_env(NoTasks())
 
 
-def test_actions_longer_than_max_new_tokens_are_reported_with_the_number_needed(tiny_policy):
+def test_actions_longer_than_max_new_tokens_fail_with_the_number_needed(tiny_policy):
+    """Every such action would be cut and played as invalid: a failure (it was a warning under an
+    "ok"), naming the budget that fits; that budget passes."""
     class Coordinates(Counter):
         action_names = ("[2 3]", "[0 1]")
 
@@ -335,10 +367,12 @@ def test_actions_longer_than_max_new_tokens_are_reported_with_the_number_needed(
             return super().step("inc" if action.strip() in self.action_names else action)
 
     need = len(tiny_policy.chat.encode("[2 3]")) + 1
-    report = check_env(Coordinates(), tokenizer=tiny_policy.chat, max_new_tokens=need - 1)
-    (warning,) = report.warnings
-    assert f"needs {need} tokens with the stop token: set rollout.max_new_tokens={need}" in warning
-    assert check_env(Coordinates(), tokenizer=tiny_policy.chat, max_new_tokens=need).warnings == []
+    with pytest.raises(EnvCheckError) as err:
+        check_env(Coordinates(), tokenizer=tiny_policy.chat, max_new_tokens=need - 1)
+    hinted = int(re.search(r"set rollout.max_new_tokens=(\d+) or more", str(err.value)).group(1))
+    assert hinted == need and f"needs {need} tokens with the stop token" in str(err.value)
+    report = check_env(Coordinates(), tokenizer=tiny_policy.chat, max_new_tokens=hinted)
+    assert "action lengths" in report.checks and report.warnings == []
 
 
 # ---------------------------------------------------------------------- holes an outside env found

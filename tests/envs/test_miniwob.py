@@ -255,6 +255,70 @@ def test_check_env_passes(browser_ok):
     check_env("miniwob")
 
 
+def test_a_task_without_a_scripted_expert_plays_without_one(browser_ok):
+    """focus-text-2 (not among the 16 with an expert): check-env printed a traceback ending in an
+    internal error from the expert's NotImplementedError. Such an env has no expert, so the
+    checker plays it with random actions (as here), and BC is refused naming the fix, which works."""
+    import random
+
+    from turnforge.config import load_config
+    from turnforge.envs import capabilities, make
+    from turnforge.train.checks import check_options
+
+    env = make("miniwob", tasks=["focus-text-2"])
+    try:
+        assert not capabilities(env).expert and capabilities(env).random_action
+        cfg = load_config("miniwob-tiny", ["env.kwargs.tasks=[focus-text-2]"])
+        with pytest.raises(UserError, match=r"needs env 'miniwob' to implement expert_action\(\), or set bc.enabled=false"):
+            check_options(cfg, env)
+        check_options(load_config("miniwob-tiny", ["env.kwargs.tasks=[focus-text-2]", "bc.enabled=false"]), env)
+        task = env.task("train", 0)
+        assert env.task_label(task) == "focus-text-2" and "[1]" in env.reset(task, 0)  # the page's elements
+        result = env.step(env.random_action(random.Random(0)))
+        assert result.reward in (-1.0, 0.0, 1.0, env.invalid_action_penalty)  # the page's own reward
+    finally:
+        env.close()
+    assert capabilities(make("miniwob")).expert  # the default tasks keep theirs
+
+
+def test_browsers_start_under_a_long_tmpdir(browser_ok, tmp_path, monkeypatch):
+    """A $TMPDIR over 32 bytes put Chromium's singleton socket past the 107 bytes of a Unix socket
+    path and every episode failed; the browsers' directory now goes where the path fits, and is
+    removed when the browser closes."""
+    from turnforge.envs.web import browser
+
+    long = tmp_path / ("a-long-temporary-directory-" * 3)
+    long.mkdir()
+    monkeypatch.setenv("TMPDIR", str(long))
+    monkeypatch.setattr(tempfile, "tempdir", str(long))
+    assert len(str(long)) > 107 - browser.BELOW_BASE and browser.tmp_base() != str(long)
+    page = browser.Browser(80, 60)
+    try:
+        mine = [p for p in os.listdir(browser.tmp_base()) if p.startswith(f"{browser.TMP_PREFIX}{os.getpid()}-")]
+        assert page.call(lambda p: p.evaluate("6 * 7")) == 42 and mine
+    finally:
+        page.close()
+    assert not os.path.exists(os.path.join(browser.tmp_base(), mine[0])) and list(long.iterdir()) == []
+
+
+def test_no_short_temporary_directory_is_one_line_naming_the_fix(monkeypatch, tmp_path):
+    from turnforge.envs.web import browser
+
+    long = tmp_path / ("a-long-temporary-directory-" * 3)
+    long.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(long))
+    monkeypatch.setattr(browser, "FALLBACK_BASES", ())
+    with pytest.raises(UserError, match=r"TMPDIR='.*' is \d+ bytes .*: set TMPDIR to a shorter directory") as err:
+        browser.tmp_base()
+    assert "107" in str(err.value) and "\n" not in str(err.value)
+    short = tempfile.mkdtemp(prefix="tft-", dir="/tmp")  # the fix
+    try:
+        monkeypatch.setattr(tempfile, "tempdir", short)
+        assert browser.tmp_base() == short
+    finally:
+        os.rmdir(short)
+
+
 def test_killing_a_worker_takes_its_browsers_with_it(browser_ok, monkeypatch, private_tmp):
     """A worker killed as a hung one is (its browser in a process group of its own included), and
     the next driver start removes the temporary files it could not."""

@@ -58,9 +58,11 @@ def test_plugin_envs_are_registered_and_pass_check_env(site, tiny_model_dir):
     # without a task file the dataset env says how to give it one
     missing = turnforge(site, "check-env", "guess-number")
     assert missing.returncode == 1 and "set env.tasks=PATH.jsonl" in missing.stderr and "Traceback" not in missing.stderr
-    # "[2 3]" and the stop token need 6 tiny-tokenizer tokens: 4 would cut every action
+    # "[2 3]" and the stop token need 6 tiny-tokenizer tokens: 4 would cut every action, a failure naming the budget
     short = turnforge(site, "check-env", "lightsout", "--model", str(tiny_model_dir), "--max-new-tokens", "4")
-    assert short.returncode == 0 and "needs 6 tokens with the stop token: set rollout.max_new_tokens=6" in short.stdout
+    assert short.returncode == 1 and "needs 6 tokens with the stop token: give --max-new-tokens 6 or more" in short.stderr
+    enough = turnforge(site, "check-env", "lightsout", "--model", str(tiny_model_dir), "--max-new-tokens", "6")
+    assert enough.returncode == 0 and "lightsout: ok" in enough.stdout, enough.stderr
 
 
 @pytest.mark.parametrize("recipe", ["lightsout-tiny", "guess-number-tiny"])

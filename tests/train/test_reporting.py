@@ -68,6 +68,18 @@ def test_an_activity_reports_progress_and_eta_throttled(capsys):
     assert len(progress) == 9  # at 10..90 s; the evaluation's result line closes it
 
 
+def test_an_activity_whose_items_all_finish_late_still_shows_it_runs(capsys):
+    """Lookahead's episodes finish together at the end: `turnforge eval` printed nothing for 75 s."""
+    clock = Clock()
+    with Progress("ckpt", live=False, interval=10.0, clock=clock, command="turnforge eval") as p:
+        with p.activity("lookahead", 8) as advance:
+            for t in range(1, 26):
+                clock.now = float(t)
+                advance(0 if t < 25 else 8)
+    progress = [line for line in capsys.readouterr().err.splitlines() if line.startswith("[lookahead]")]
+    assert progress == ["[lookahead] 0/8 episodes (10s)", "[lookahead] 0/8 episodes (20s)"]
+
+
 def _live() -> tuple[Progress, io.StringIO]:
     """A live ``Progress`` drawing on a terminal-like buffer."""
     buf = io.StringIO()

@@ -1,7 +1,7 @@
 """Multi-turn text environments: the Env contract, task sources, the registry, check_env, built-in games."""
 
 from turnforge.envs.base import Capabilities, Env, InvalidAction, capabilities, parse_choice
-from turnforge.envs.checker import EnvCheckError, check_env
+from turnforge.envs.checker import EnvCheckError, EnvCodeError, check_env
 from turnforge.envs.gym_adapter import from_gymnasium, to_gymnasium
 from turnforge.envs.levels import LevelEnv, Outcome
 from turnforge.envs.registry import list_envs, make, make_batch, register
@@ -30,6 +30,7 @@ __all__ = [
     "Capabilities",
     "Env",
     "EnvCheckError",
+    "EnvCodeError",
     "EnvSnapshot",
     "InvalidAction",
     "LevelEnv",

@@ -23,12 +23,15 @@ the actions it can find (``action_names``, ``random_action(rng)``, the expert's,
   in another one, again and again, and snapshots pickle (env workers ship them);
 - the expert (when there is one): its actions are valid, and on a deterministic env it wins;
 - action lengths (given a tokenizer and ``max_new_tokens``): an action that needs more
-  tokens than the rollout allows would always be cut; it is reported with the number needed.
+  tokens than the rollout allows would always be cut, so it fails the check, naming the
+  ``rollout.max_new_tokens`` it needs.
 
 Failures raise ``EnvCheckError`` (an ``AssertionError``) whose message says what to change;
-``check_env`` returns a ``CheckReport`` with the checks that ran and the warnings. An env
-with no actions the checker can play (no ``action_names``, ``random_action`` or
-``expert_action``) fails, since the state checks cannot run, unless ``allow_no_actions``.
+an exception raised in the env's own code (a solver's assertion, an unsupported task) is an
+``EnvCodeError``, one line naming the env method and the exception (the traceback is its
+``__cause__``). ``check_env`` returns a ``CheckReport`` with the checks that ran and the
+warnings. An env with no actions the checker can play (no ``action_names``, ``random_action``
+or ``expert_action``) fails, since the state checks cannot run, unless ``allow_no_actions``.
 """
 
 from __future__ import annotations
@@ -53,10 +56,17 @@ GARBAGE_ACTION = "<<turnforge check_env: this is not an action>>"
 INVALID_RUNS = (1, 2, 3)
 #: Actions played from each task for the "tasks differ" check.
 FINGERPRINT_STEPS = 4
+#: The fix ``check_action_lengths`` names, for the budget ``n`` an action needs: the config key.
+SET_MAX_NEW_TOKENS = "set rollout.max_new_tokens={n} or more"
 
 
 class EnvCheckError(AssertionError):
     """The env breaks the contract; the message says what to change."""
+
+
+class EnvCodeError(EnvCheckError):
+    """An exception escaped the env's own code during the check: the message names the env
+    method and the exception; the exception itself (with its traceback) is ``__cause__``."""
 
 
 @dataclass
@@ -87,6 +97,7 @@ def check_env(
     quick: bool = False,
     allow_no_actions: bool = False,
     distinct_sample: int | None = None,
+    max_new_tokens_fix: str = SET_MAX_NEW_TOKENS,
 ) -> CheckReport:
     """Check ``env`` (an instance, or a registered id made with ``env_kwargs`` and the task
     file ``tasks``); raise ``EnvCheckError`` at the first contract violation.
@@ -100,7 +111,8 @@ def check_env(
     is deterministic and ``expert_solves``; ``deterministic=None`` decides that by replaying
     with another seed. ``invalid_action`` is a text the env must reject (None skips that check,
     for envs that accept any text). ``tokenizer`` (a ``ChatFormat`` or HF tokenizer) with
-    ``max_new_tokens`` adds the action-length check. ``quick``: one task per split and no
+    ``max_new_tokens`` adds the action-length check (``max_new_tokens_fix``: how the user raises
+    that budget, ``{n}`` the tokens needed; the config key by default). ``quick``: one task per split and no
     expert-wins check (what ``turnforge train`` runs at start). ``allow_no_actions`` turns the
     failure for an env without playable actions into a warning. ``distinct_sample`` tasks per
     split (default 6, 2 when ``quick``) are played for the "tasks differ" check.
@@ -110,9 +122,50 @@ def check_env(
                             max_steps=max_steps, split_sample=split_sample, min_heldout=min_heldout,
                             deterministic=deterministic, invalid_action=invalid_action, expert_solves=expert_solves,
                             tokenizer=tokenizer, max_new_tokens=max_new_tokens, quick=quick,
-                            allow_no_actions=allow_no_actions, distinct_sample=distinct_sample)
+                            allow_no_actions=allow_no_actions, distinct_sample=distinct_sample,
+                            max_new_tokens_fix=max_new_tokens_fix)
     if not isinstance(env, Env):
         _fail(f"{type(env).__name__} is not a turnforge Env; subclass turnforge.Env (or turnforge.envs.LevelEnv)")
+    try:
+        return _check(env, make_another, episodes=episodes, max_steps=max_steps, split_sample=split_sample,
+                      min_heldout=min_heldout, deterministic=deterministic, invalid_action=invalid_action,
+                      expert_solves=expert_solves, tokenizer=tokenizer, max_new_tokens=max_new_tokens, quick=quick,
+                      allow_no_actions=allow_no_actions, distinct_sample=distinct_sample,
+                      max_new_tokens_fix=max_new_tokens_fix)
+    except (EnvCheckError, UserError):
+        raise
+    except Exception as err:
+        where = _raised_in(err)
+        if where is None:  # raised by the checker itself: a bug, with its traceback
+            raise
+        text = " ".join(str(err).split())
+        raise EnvCodeError(f"{where} raised {type(err).__name__}" + (f": {text[:500]}" if text else "")) from err
+
+
+def _raised_in(err: BaseException) -> str | None:
+    """The env method (or other function) the checker called when ``err`` was raised: the frame
+    after the checker's last one in the traceback, as ``Class ('id').method()``; None when the
+    checker's own code raised it."""
+    tb, callee = err.__traceback__, None
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename == __file__:
+            callee = None
+        elif callee is None:
+            callee = tb.tb_frame
+        tb = tb.tb_next
+    if callee is None:
+        return None
+    owner = callee.f_locals.get("self")
+    if isinstance(owner, Env):
+        return f"{_name(owner)}.{callee.f_code.co_name}()"
+    return f"{callee.f_code.co_name}() (in {callee.f_globals.get('__name__', '?')})"
+
+
+def _check(env: Env, make_another: Callable[[], Env] | None, *, episodes: int, max_steps: int, split_sample: int,
+           min_heldout: int, deterministic: bool | None, invalid_action: str | None, expert_solves: bool,
+           tokenizer: Any, max_new_tokens: int | None, quick: bool, allow_no_actions: bool,
+           distinct_sample: int | None, max_new_tokens_fix: str) -> CheckReport:
+    """``check_env`` of an env instance (its options as there)."""
     report = CheckReport(env.env_id)
     if make_another is None:
         make_another = _copier(env, report)
@@ -137,7 +190,9 @@ def check_env(
         _check_expert(env, played, expert_steps, deterministic if expert_solves and not quick else False)
         report.checks.append("expert")
     if tokenizer is not None and max_new_tokens is not None:
-        report.warnings += check_action_lengths(env, tokenizer, max_new_tokens, played, max_steps)
+        too_long = check_action_lengths(env, tokenizer, max_new_tokens, played, max_steps, max_new_tokens_fix)
+        if too_long:  # every such action would be cut: nothing the policy plays could be right
+            _fail(too_long[0])
         report.checks.append("action lengths")
     report.checks = [c for c in report.checks if c]
     return report
@@ -652,11 +707,12 @@ def _play_expert(env: Env, task: Task, seed: int, max_steps: int) -> tuple[list[
 
 
 def check_action_lengths(env: Env, tokenizer: Any, max_new_tokens: int, tasks: Sequence[Task] | None = None,
-                         max_steps: int = 200) -> list[str]:
+                         max_steps: int = 200, fix: str = SET_MAX_NEW_TOKENS) -> list[str]:
     """Warnings (empty when all is well) for actions that need more than ``max_new_tokens``
     tokens of ``tokenizer`` (a ``ChatFormat`` or HF tokenizer), counting the stop token: the
     env's action names, the expert's actions on ``tasks`` (default: one train and one held-out
-    task), or random actions when there is neither."""
+    task), or random actions when there is neither. ``fix``: how the user raises the budget
+    (``{n}``: the tokens needed), the config key by default."""
     tasks = list(tasks) if tasks is not None else [env.task("train", 0), env.task("heldout", 0)]
     _reset(env, tasks[0], 0)
     actions = _Actions(env)
@@ -681,9 +737,9 @@ def check_action_lengths(env: Env, tokenizer: Any, max_new_tokens: int, tasks: S
         return []
     return [
         f"{_name(env)}: {len(cut)} of {len(need)} actions do not fit rollout.max_new_tokens={max_new_tokens}; the "
-        f"longest, {texts[longest]} {_short(longest)}, needs {need[longest]} tokens with the stop token: set "
-        f"rollout.max_new_tokens={need[longest]} or more, or every such action is cut and played as invalid"
+        f"longest, {texts[longest]} {_short(longest)}, needs {need[longest]} tokens with the stop token: "
+        f"{fix.format(n=need[longest])}, or every such action is cut and played as invalid"
     ]
 
 
-__all__ = ["CheckReport", "EnvCheckError", "GARBAGE_ACTION", "check_action_lengths", "check_env"]
+__all__ = ["CheckReport", "EnvCheckError", "EnvCodeError", "GARBAGE_ACTION", "check_action_lengths", "check_env"]

@@ -75,18 +75,33 @@ class _Job:
     images: tuple[bytes, ...] = ()  # the images of the prompt's blocks (vision policies)
 
 
+@dataclass(frozen=True)
+class Settings:
+    """How the user sets the gateway's port and context budget, as its errors name them: the config
+    keys of a training run (``TRAINING``) or the flags of ``turnforge serve`` (``SERVE``)."""
+
+    port: str  # the setting that takes a port ("agent.port", "--port")
+    free_port: str  # that setting asking for a free port ("agent.port=0", "--port 0")
+    context: str  # the context budget's setting ("rollout.max_context_tokens", "--context")
+
+
+TRAINING = Settings("agent.port", "agent.port=0", "rollout.max_context_tokens")
+SERVE = Settings("--port", "--port 0", "--context")
+
+
 class Gateway:
     """See the module docstring. ``temperature``: the trainer's temperature, that every request
     is sampled at (when training), or None to use each request's (serving); ``sampling``: what
-    happens to a request's other temperature or top_p while training (``agent.sampling``)."""
+    happens to a request's other temperature or top_p while training (``agent.sampling``);
+    ``settings``: what its errors tell the user to change (a port in use, a prompt over the budget)."""
 
     def __init__(self, policy: Policy, *, max_new_tokens: int, max_context_tokens: int, seed: int = 0,
                  temperature: float | None = None, sampling: SamplingPolicy = TrainerWins(), host: str = "127.0.0.1",
                  port: int = 0, batch_window_s: float = 0.005, max_wait_s: float = 0.05, max_batch: int = 64,
-                 model_name: str | None = None) -> None:
+                 model_name: str | None = None, settings: Settings = TRAINING) -> None:
         self.policy, self.renderer = policy, Renderer(policy.tokenizer, policy.vision)
         self.max_new_tokens, self.max_context_tokens, self.temperature = max_new_tokens, max_context_tokens, temperature
-        self.sampling = sampling
+        self.sampling, self.settings = sampling, settings
         self.batch_window_s, self.max_wait_s, self.max_batch = batch_window_s, max_wait_s, max_batch
         self.model_name = model_name or "turnforge-policy"
         self.actor = PolicyActor(policy, max_new_tokens, 1.0 if temperature is None else temperature,
@@ -97,7 +112,7 @@ class Gateway:
         self._jobs: queue.Queue[_Job] = queue.Queue()
         self._arriving = 0  # requests received and not yet queued (being rendered): the batcher waits for them
         self._stop = threading.Event()
-        self._sock = _bind(host, port)
+        self._sock = _bind(host, port, settings)
         self.host, self.port = host, self._sock.getsockname()[1]
         self._server = None
         self._threads: list[threading.Thread] = []
@@ -299,7 +314,8 @@ class Gateway:
         room = self.max_context_tokens - len(prompt)
         if room < 1:
             raise RequestError(f"the prompt is {len(prompt)} tokens; the context budget is {self.max_context_tokens} "
-                               "(rollout.max_context_tokens)", "messages", "context_length_exceeded")
+                               f"({self.settings.context}): raise {self.settings.context} above {len(prompt)}, or send "
+                               "a shorter prompt", "messages", "context_length_exceeded")
         max_tokens, capped = cap_tokens(cap, self.max_new_tokens, room)
         if capped is not None:
             overrides += (capped,)
@@ -344,7 +360,7 @@ def _truncate(g: Generation, n: int) -> Generation:
     return Generation(g.ids[:n], g.logprobs[:n], False)
 
 
-def _bind(host: str, port: int) -> socket.socket:
+def _bind(host: str, port: int, settings: Settings) -> socket.socket:
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     if port:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -353,7 +369,8 @@ def _bind(host: str, port: int) -> socket.socket:
     except OSError as err:
         sock.close()
         if err.errno == errno.EADDRINUSE:
-            raise UserError(f"port {port} on {host} is in use; give another --port, or none for a free one") from None
+            raise UserError(f"port {port} on {host} is in use; give another {settings.port}, or {settings.free_port} "
+                            "for a free one") from None
         raise UserError(f"cannot listen on {host}:{port}: {err.strerror}") from None
     sock.listen(128)
     return sock

@@ -86,22 +86,28 @@ def parse_ns(text: str) -> tuple[int, ...]:
     return ns
 
 
-def parse_selectors(text: str, env, has_critic: bool, critic_problem: str = "") -> tuple[str, ...]:
-    """``--select oracle,logprob`` checked against what the env and checkpoint support."""
+def parse_selectors(text: str, env, critic_problem: str = "") -> tuple[str, ...]:
+    """``--select oracle,logprob`` checked against what the env and the checkpoint's run support
+    (``critic_problem``: why the run's value model cannot be used, "" when it can); a selector
+    this run cannot use is one ``UserError`` line naming those it can."""
     chosen = tuple(dict.fromkeys(x.strip() for x in text.split(",") if x.strip()))
     for name in chosen:
         if name not in SELECTORS:
             raise UserError(f"unknown selector {name!r}; valid selectors: {', '.join(SELECTORS)}")
     if not chosen:
         raise UserError(f"--select {text!r}: name at least one of {', '.join(SELECTORS)}")
-    if "vote" in chosen and not capabilities(env).final_answer:
-        raise UserError(f"--select vote compares final answers: env {env.env_id!r} has none (it needs final_answer(action_text)); "
-                        "use oracle, logprob or critic")
-    if "mc" in chosen and not capabilities(env).snapshot:
-        raise UserError(f"--select mc estimates values from env snapshots: env {env.env_id!r} has no snapshot() and "
-                        "restore(snapshot); use oracle, logprob or critic")
-    if "critic" in chosen and not has_critic:
-        raise UserError(f"--select critic needs the run's learned value model: {critic_problem}")
+    caps = capabilities(env)
+    why_not = {
+        "vote": "" if caps.final_answer else f"--select vote compares final answers: env {env.env_id!r} has none (it "
+                "needs final_answer(action_text))",
+        "mc": "" if caps.snapshot else f"--select mc estimates values from env snapshots: env {env.env_id!r} has no "
+              "snapshot() and restore(snapshot)",
+        "critic": critic_problem and f"--select critic needs the run's learned value model: {critic_problem}",
+    }
+    for name in chosen:
+        if why_not.get(name):
+            usable = [s for s in SELECTORS if not why_not.get(s)]
+            raise UserError(f"{why_not[name]}; selectors this evaluation can use: {', '.join(usable)}")
     return chosen
 
 
@@ -271,30 +277,37 @@ def write_best_of(r: BestOfReport, path: Path, settings: dict) -> None:
     save_figure(fig, path.with_suffix(".png"), dpi=120)
 
 
-def load_run_critic(checkpoint: Path, run_config: Path | None, cfg, policy):
-    """(the learned value model of the checkpoint's run, None) or (None, why not): it is in
-    ``RUN/checkpoints/last/trainer_state.pt`` and counts only when ``last`` holds the same
-    weights as ``checkpoint``."""
-    import torch
-
+def run_critic_problem(checkpoint: Path, run_config: Path | None, cfg) -> str:
+    """Why the checkpoint's run has no learned value model to use ("" when it has one): it is in
+    ``RUN/checkpoints/last/trainer_state.pt`` and counts only when ``last`` holds the same weights
+    as ``checkpoint``. Quick (no model is loaded), so ``--select`` is checked before any work."""
     if run_config is None:
-        return None, f"checkpoint {str(checkpoint)!r} is not inside a run directory"
+        return f"checkpoint {str(checkpoint)!r} is not inside a run directory"
     if not cfg.critic.enabled:
-        return None, "the run trained no critic (critic.enabled=false)"
+        return "the run trained no critic (critic.enabled=false)"
     last = run_config.parent / "checkpoints" / "last"
     state_file = last / "trainer_state.pt"
     if not state_file.is_file():
-        return None, f"{state_file} does not exist"
+        return f"{state_file} does not exist"
     if _weights_digest(last) != _weights_digest(checkpoint):
-        return None, f"{last} (where the critic is saved) holds other weights than {str(checkpoint)!r}"
+        return f"{last} (where the critic is saved) holds other weights than {str(checkpoint)!r}"
+    return ""
+
+
+def load_run_critic(checkpoint: Path, run_config: Path, cfg, policy):
+    """The learned value model of the checkpoint's run (``run_critic_problem`` found it), or a
+    ``UserError`` when its trainer state holds none."""
+    import torch
+
     from turnforge.critic.value import build_value_model
 
+    state_file = run_config.parent / "checkpoints" / "last" / "trainer_state.pt"
     state = torch.load(state_file, weights_only=False)
     if not state.get("critic"):
-        return None, f"{state_file} holds no critic"
+        raise UserError(f"--select critic needs the run's learned value model: {state_file} holds no critic")
     model = build_value_model(policy.model, cfg.critic.init, cfg.seed)
     model.load_state_dict(state["critic"])
-    return model, ""
+    return model
 
 
 def _weights_digest(directory: Path) -> str | None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -103,17 +103,18 @@ class LookaheadActor:
 
 
 def evaluate_lookahead(engine: RolloutEngine, mc_engine: RolloutEngine, policy: Policy, *, k: int, rollouts: int, horizon: int,
-                       episodes: int, split: str, temperature: float, seed: int,
-                       gamma: float = 1.0) -> tuple[EvalResult, LookaheadStats]:
+                       episodes: int, split: str, temperature: float, seed: int, gamma: float = 1.0,
+                       on_progress: Callable[[int], None] | None = None) -> tuple[EvalResult, LookaheadStats]:
     """The evaluation's episodes played with a ``LookaheadActor``; ``engine`` plays them (with
-    snapshots), ``mc_engine`` (the same env, other slots) plays the Monte-Carlo rollouts."""
+    snapshots), ``mc_engine`` (the same env, other slots) plays the Monte-Carlo rollouts;
+    ``on_progress(n)``: episodes finished so far."""
     t0 = time.perf_counter()
     engine.caps.require("snapshot", engine.env.env_id, "--lookahead (Monte-Carlo Q-values from env snapshots)")
     actor = LookaheadActor(policy, mc_engine, max_new_tokens=engine.cfg.max_new_tokens, temperature=temperature, k=k,
                            rollouts=rollouts, horizon=horizon, max_turns=engine.cfg.max_turns, gamma=gamma, seed=seed)
     env = engine.env
     requests = [EpisodeRequest(env.task(split, i), i, f"eval-{i}", f"lookahead-{split}-{i}") for i in range(episodes)]
-    trajectories, _ = engine.play(requests, actor, keep_snapshots=True)
+    trajectories, _ = engine.play(requests, actor, keep_snapshots=True, on_progress=on_progress)
     result = summarize(env.env_id, split, trajectories, has_tools=bool(env.tools))
     stats = LookaheadStats(k, rollouts, horizon, actor.turns, actor.distinct / max(1, actor.turns),
                            actor.changed / max(1, actor.turns), actor.mc_env_steps, actor.mc_failed,

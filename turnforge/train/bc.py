@@ -9,13 +9,16 @@ and template tokens are context.
 from __future__ import annotations
 
 import time
+from collections import Counter
 
 import numpy as np
 import torch
 
 from turnforge.algos import sft_loss
+from turnforge.config import TrainConfig
 from turnforge.data.store import write_trajectories
 from turnforge.dist import all_sum, attach_trainer, minibatch_share, share_weighted, sync_sampler, world
+from turnforge.errors import RunStopped
 from turnforge.policy.generate import token_logprobs
 from turnforge.policy.lora import trainable_parameters
 from turnforge.rollout.actors import ExpertActor
@@ -25,6 +28,11 @@ from turnforge.train.common import GuardedStep, collate, lr_factor
 from turnforge.train.metrics import BCEpoch, BCStats
 from turnforge.train.run_dir.failures import check_trajectories
 from turnforge.train.session import Session
+from turnforge.types import Trajectory
+
+#: The budget that ends an episode with each truncation reason (``turnforge.rollout.engine``).
+BUDGET_KEYS = {"max_turns": "rollout.max_turns", "context_budget": "rollout.max_context_tokens",
+               "summary_limit": "rollout.max_summaries"}
 
 
 def run_bc(s: Session) -> BCStats:
@@ -51,6 +59,7 @@ def run_bc(s: Session) -> BCStats:
     failed = check_trajectories("bc", env.env_id, trajs, cfg.max_failure_share, kind="demonstration episodes")
     demos = [t for t in trajs if t.infra_failure is None]
     samples = [x for t in demos for x in t.samples]
+    check_demonstrations(demos, len(samples), cfg)
     demo_steps, random_actions = sum(t.num_turns for t in demos), int(all_sum([expert.random_actions])[0])  # (over the ranks)
     s.state.env_steps += demo_steps
     demo_success = sum(t.success for t in demos) / len(demos)
@@ -98,3 +107,22 @@ def run_bc(s: Session) -> BCStats:
         demo_random_actions=random_actions, final_loss=loss_value, optimizer_steps=n, skipped_steps=step.skipped,
     )
     return s.metrics.log(stats, s.state.env_steps)
+
+
+def check_demonstrations(demos: list[Trajectory], samples: int, cfg: TrainConfig) -> None:
+    """Stop before BC trains on nothing worth cloning: no demonstration succeeded, or none left a
+    sample (``samples``: their count). One ``RunStopped`` line naming what to change: the budget
+    that cut most of them (``BUDGET_KEYS``), else the demonstrator's noise, else the expert."""
+    if samples and any(t.success for t in demos):
+        return
+    cut = Counter(t.truncation_reason for t in demos if t.truncation_reason in BUDGET_KEYS)
+    if cut:
+        reason, n = cut.most_common(1)[0]
+        key = BUDGET_KEYS[reason]
+        why = f"{n} ended at {key}={getattr(cfg.rollout, key.split('.')[1])}: raise {key}"
+    elif cfg.bc.expert_noise > 0:
+        why = f"the demonstrator plays random actions (bc.expert_noise={cfg.bc.expert_noise:g}): lower bc.expert_noise"
+    else:
+        why = "the env's expert won none: check its expert_action(), or set bc.enabled=false"
+    what = "succeeded" if samples else "left a sample to train on"
+    raise RunStopped(f"bc: none of the {len(demos)} demonstrations {what} ({why}); nothing worth cloning, so no training")

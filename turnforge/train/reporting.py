@@ -107,12 +107,13 @@ class Progress:
     ``interval`` seconds, each with its ETA (plus a stage's last step), so a log holds
     O(stages + minutes) lines, not one per optimizer step. ``clock`` (seconds, monotonic) is
     injectable, so the throttle is tested without sleeping. ``quiet``: prints nothing (the
-    trainer ranks other than 0; rank 0's display is the run's)."""
+    trainer ranks other than 0; rank 0's display is the run's). ``command``: the panel's title
+    (``turnforge eval`` shows its own)."""
 
     def __init__(self, recipe: str, live: bool | None = None, *, interval: float = 10.0,
-                 clock: Callable[[], float] = time.monotonic, quiet: bool = False) -> None:
+                 clock: Callable[[], float] = time.monotonic, quiet: bool = False, command: str = "turnforge train") -> None:
         self.console = Console(stderr=True)
-        self.quiet = quiet
+        self.quiet, self.command = quiet, command
         self.live_mode = (sys.stderr.isatty() if live is None else live) and not quiet
         self.recipe, self.interval, self.clock = recipe, interval, clock
         self.state: dict[str, Any] = {"stage": "setup"}
@@ -153,7 +154,8 @@ class Progress:
     def activity(self, name: str, total: int, unit: str = "episodes") -> Iterator[Callable[[int], None]]:
         """A long step inside a stage (an evaluation): yields ``advance(done)``, to call with how
         many of ``total`` are done. A progress bar on a terminal; otherwise a throttled line
-        ``[NAME] done/total UNIT eta=...``."""
+        ``[NAME] done/total UNIT eta=...`` (``... (Ns)`` while none is done: a long activity whose
+        items all finish late, e.g. lookahead's episodes, still shows that it runs)."""
         started = self.clock()
         task = self._bars.add_task(name, total=total) if self._live is not None else None
 
@@ -163,9 +165,9 @@ class Progress:
                 self._live.update(self._panel())
                 return
             elapsed = self.clock() - started
-            eta = elapsed / done * (total - done) if done else None
-            if 0 < done < total:  # (the activity's own closing line, its result, follows)
-                self._emit(f"[{name}] {done}/{total} {unit}" + (f" eta={eta:.0f}s" if eta is not None else ""))
+            if done < total and (done or elapsed >= self.interval):  # (the activity's closing line, its result, follows)
+                when = f" eta={elapsed / done * (total - done):.0f}s" if done else f" ({elapsed:.0f}s)"
+                self._emit(f"[{name}] {done}/{total} {unit}{when}")
 
         try:
             yield advance
@@ -196,7 +198,7 @@ class Progress:
         return Group(self._table(), self._bars)
 
     def _table(self) -> Table:
-        table = Table(title=f"turnforge train · {self.recipe}", show_header=False, expand=False)
+        table = Table(title=f"{self.command} · {self.recipe}", show_header=False, expand=False)
         for key in ("stage", "step", "total", "reward", "success", "loss", "tokens_per_s", "eta"):
             if self.state.get(key) is not None:
                 table.add_row(key, _fmt(self.state[key]) + ("s" if key == "eta" else ""))

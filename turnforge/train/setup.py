@@ -161,6 +161,7 @@ def open_run(cfg: TrainConfig, run_dir: Path, checked: Checked, stack: ExitStack
     errors.current_run_dir.append(str(run_dir))
     stack.callback(errors.current_run_dir.remove, str(run_dir))
     progress = stack.enter_context(Progress(cfg.recipe, live=live, quiet=not w.main))
+    progress.message(f"run directory {run_dir}: recipe {cfg.recipe}, env {cfg.env.id}, seed {cfg.seed}")  # first: a log's head says what runs
     if resume and (run_dir / "summary.json").exists():
         summary = read_summary(run_dir)
         progress.message(f"run {run_dir} is finished ({summary.rl_iterations} RL iterations, held-out success "

@@ -17,9 +17,14 @@ forked after starting the driver starts its own.
 
 Temporary files: the driver and its browsers write theirs (profiles, artifacts, Chromium's
 singleton sockets) under one directory per process, ``$TMPDIR/tf-browsers-<pid>-*``, removed
-when the driver stops. A process that was killed (a hung env worker) cannot remove its own, so
-every driver start removes those of processes that no longer exist: a crashed browser or a killed
-worker leaves nothing in ``/tmp`` for longer than the next browser start.
+when the driver stops. Chromium's singleton socket lies 46 bytes below that directory and a
+Unix socket path has at most 107 bytes, so where ``$TMPDIR`` is longer than 32 bytes (a
+pytest ``tmp_path``, a CI runner's work directory) the directory goes under the first of
+``/tmp``, ``/var/tmp`` and ``/dev/shm`` that is writable (``tmp_base``); with none of them, the
+first browser start is one ``UserError`` line naming the cause. A process that was killed (a
+hung env worker) cannot remove its own, so every driver start removes those of processes that
+no longer exist: a crashed browser or a killed worker leaves nothing in ``/tmp`` for longer
+than the next browser start.
 """
 
 from __future__ import annotations
@@ -45,6 +50,11 @@ _thread: dict[int, ThreadPoolExecutor] = {}  # pid -> the thread every Playwrigh
 _tmp: dict[int, str] = {}  # pid -> the directory of the temporary files of the process's driver and browsers
 _env_lock = threading.Lock()
 TMP_PREFIX = "tf-browsers-"  # short: Chromium puts a Unix socket under it (paths of at most 107 bytes)
+UNIX_PATH_MAX = 107  # bytes of a Unix socket path (sockaddr_un's sun_path, less its NUL)
+#: What goes below the base directory: the process's directory (a pid of up to 7 digits, mkdtemp's
+#: 8 characters), then Chromium's singleton socket ("org.chromium.Chromium.XXXXXX/SingletonSocket").
+BELOW_BASE = len(f"/{TMP_PREFIX}4194304-XXXXXXXX") + len("/org.chromium.Chromium.XXXXXX/SingletonSocket")
+FALLBACK_BASES = ("/tmp", "/var/tmp", "/dev/shm")  # where the temporary files go when $TMPDIR is too long
 CALL_TIMEOUT_S = 60.0
 T = TypeVar("T")
 
@@ -87,7 +97,7 @@ def _playwright():
         _open.clear()
         _tmp.clear()
         remove_stale_tmp()
-        root = tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{pid}-")
+        root = tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{pid}-", dir=tmp_base())
         # The driver takes the process's environment when it starts (Playwright has no option for
         # it) and its browsers inherit it: TMPDIR only for that moment.
         with _env_lock:
@@ -105,15 +115,29 @@ def _playwright():
     return _driver[pid]
 
 
+def tmp_base() -> str:
+    """The directory the browsers' temporary directories go under: ``$TMPDIR`` (``tempfile``'s),
+    or, where Chromium's socket path would pass ``UNIX_PATH_MAX`` below it, the first writable
+    one of ``FALLBACK_BASES``; none: a ``UserError`` naming the cause and the fix."""
+    given, limit = tempfile.gettempdir(), UNIX_PATH_MAX - BELOW_BASE
+    for base in (given, *FALLBACK_BASES):
+        if len(os.fsencode(base)) <= limit and os.path.isdir(base) and os.access(base, os.W_OK | os.X_OK):
+            return base
+    raise UserError(f"browser envs need a temporary directory of at most {limit} bytes: Chromium's singleton socket "
+                    f"goes {BELOW_BASE} bytes below it and a Unix socket path has at most {UNIX_PATH_MAX}; TMPDIR="
+                    f"{given!r} is {len(os.fsencode(given))} bytes and none of {', '.join(FALLBACK_BASES)} is writable: "
+                    "set TMPDIR to a shorter directory")
+
+
 def remove_stale_tmp() -> list[str]:
     """Remove the browser temp directories of processes that no longer exist; returns them."""
-    removed = []
-    for name in os.listdir(tempfile.gettempdir()):
+    removed, base = [], tmp_base()
+    for name in os.listdir(base):
         if not name.startswith(TMP_PREFIX):
             continue
         pid = name[len(TMP_PREFIX):].split("-")[0]
         if pid.isdigit() and not _alive(int(pid)):
-            shutil.rmtree(os.path.join(tempfile.gettempdir(), name), ignore_errors=True)
+            shutil.rmtree(os.path.join(base, name), ignore_errors=True)
             removed.append(name)
     return removed
 

@@ -24,8 +24,11 @@ turned off; a malformed action or an unknown ref costs ``invalid_action_penalty`
 why.
 
 Tasks: ``tasks`` names the MiniWoB tasks drawn from (default ``DEFAULT_TASKS``: those with a
-scripted expert); a task is ``{"task": name, "seed": n}``, split by content (10% held out).
-The expert reads the instruction and the element list as an agent would (no page internals).
+scripted expert; any other page of the package plays too, with its own reward); a task is
+``{"task": name, "seed": n}``, split by content (10% held out). The expert reads the
+instruction and the element list as an agent would (no page internals); an env with a task
+outside ``DEFAULT_TASKS`` has no expert (no ``expert_action``: BC and ``check_env`` see an env
+without one, and the checker plays random actions).
 Snapshots are refused: a live page's JavaScript state cannot be copied (MC values, lookahead
 and resuming mid-episode are not offered for this env). Timers a page waits on are turned off
 where a task has one (``AFTER_START``: ``use-autocomplete``'s 300 ms menu delay); tasks built on
@@ -153,6 +156,8 @@ class MiniWoBEnv(Env):
         if not isinstance(fields, bool):
             raise UserError(f"miniwob: fields must be true or false; got {fields!r}")
         self.fields = fields
+        if set(self.task_names) <= set(DEFAULT_TASKS):  # the expert: only where every task has a scripted one
+            self.expert_action = self._expert_action
         names = self.task_names
         self.tasks = TaskGenerator(lambda rng: {"task": rng.choice(names), "seed": rng.randrange(2**31)})
         typing = 'type N "text", type N field K (the task\'s field K)' if self.fields else 'type N "text"'
@@ -287,8 +292,9 @@ class MiniWoBEnv(Env):
         return rng.choice(moves) if moves else "press Enter"
 
     # ------------------------------------------------------------------ the expert
-    def expert_action(self) -> str:
-        """The scripted expert's next action for the current page (see ``expert``)."""
+    def _expert_action(self) -> str:
+        """The scripted expert's next action for the current page (see ``expert``); installed as
+        ``expert_action`` when every task of the env has one."""
         assert self._task is not None, "miniwob: expert_action() before reset()"
         return by_field(expert(self._task, self._utterance, self._items, self._clicked), self._fields)
 
