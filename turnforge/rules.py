@@ -166,7 +166,8 @@ def _ray(cfg: TrainConfig) -> str | None:
 def _dist(cfg: TrainConfig) -> str | None:
     """What runs on several trainer ranks so far (``turnforge.dist``; with ``cluster=ray`` the ranks
     are Ray actors, ``turnforge.ray_ranks``): BC, the flywheel, synchronous RL with or without the
-    learned critic (and its value pretraining) and rehearsal; the other stages are refused by name."""
+    learned critic (and its value pretraining), Monte-Carlo values and rehearsal; the other stages
+    are refused by name."""
     n = cfg.dist.nproc
     if cfg.rollout.noise == "episode" and cfg.rollout.backend == "vllm":
         return "rollout.noise=episode is the built-in sampler's; vLLM draws its own noise (use rollout.noise=auto)"
@@ -190,7 +191,6 @@ def _dist(cfg: TrainConfig) -> str | None:
         return (f"dist.nproc={n} does not divide rl.tasks_per_iteration={cfg.rl.tasks_per_iteration}: each rank plays "
                 f"whole groups; use a multiple of {n}")
     unsupported = [
-        (f"rl.advantage={cfg.rl.advantage} (Monte-Carlo values)", ESTIMATORS[cfg.rl.advantage].monte_carlo(cfg)),
         ("engine.mode=async", cfg.engine.mode == "async"),
         ("rollout.backend=vllm", cfg.rollout.backend == "vllm"),
         ("agent.entrypoint", cfg.agent.entrypoint is not None), ("reward.judge.enabled=true", cfg.reward.judge.enabled),
@@ -199,7 +199,7 @@ def _dist(cfg: TrainConfig) -> str | None:
     for key, on in unsupported:
         if on:
             return (f"dist.nproc={n} with {key}: that stage does not run on several trainer ranks yet "
-                    "(BC, the flywheel, synchronous RL, the critic and rehearsal do); use dist.nproc=1 or turn it off")
+                    "(BC, the flywheel, synchronous RL, the critic, Monte-Carlo values and rehearsal do); use dist.nproc=1 or turn it off")
     return None
 
 

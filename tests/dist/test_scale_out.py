@@ -29,8 +29,10 @@ RUN = [
     # one flywheel round that trains on every episode (filtered for infrastructure failures only), under the entropy floor
     "flywheel.rounds=1", "flywheel.filters=[infra]", "flywheel.env_steps_per_round=60", "flywheel.eval_episodes=4",
     "flywheel.entropy_floor=1.0", "flywheel.entropy_guard_coef=0.5",
-    # RL with the learned critic (value pretraining first) and rehearsal: every stage that updates weights
+    # RL with the learned critic (value pretraining first) blended with Monte-Carlo values of the BC policy's
+    # rollouts from env snapshots, and rehearsal: every stage that updates weights or plays episodes
     "rl.advantage=gae", "critic.enabled=true", "critic.pretrain_episodes=8", "critic.pretrain_max_steps=20",
+    "critic.mc_weight=0.5", "critic.mc_rollouts=2", "critic.mc_policy=bc",
     "rl.rehearsal_coef=1.0", "rl.rehearsal_episodes=6", "rl.rehearsal_temperature=0.5",
     "bc.num_demos=48", "bc.epochs=6", "bc.batch_size=6", "rl.iterations=3", "rl.tasks_per_iteration=4",
     "rl.group_size=3", "rl.minibatch_size=7", "rl.epochs=2", "rl.entropy_coef=0.01", "rl.kl_coef=0.02",

@@ -102,7 +102,8 @@ class AWRRound:
         wave, stage = self.waves, f"flywheel round {self.round + 1}, mc_awr restarts"
         temperature = fw.mc_tail_temperature if fw.mc_tail_temperature is not None else fw.temperature
         actor = tail_actor(engine, fw.mc_tails, self.tails, cfg.rollout.max_new_tokens, temperature,
-                           stable_hash(cfg.seed, "flywheel-awr-tails", self.round, wave))
+                           stable_hash(cfg.seed, "flywheel-awr-tails", self.round, wave),
+                           cfg.episode_seed("flywheel-awr-tails", self.round, wave))
         est = estimate(engine, starts, actor, rollouts=fw.mc_restarts, gamma=fw.awr_gamma,
                        seed=stable_hash(cfg.seed, "flywheel-awr", self.round, wave), prefix=f"awr-{self.round}-{wave}")
         check_failures(stage, engine.env.env_id, est.failed, est.episodes, est.first_error, cfg.max_failure_share,

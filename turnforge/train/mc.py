@@ -56,7 +56,8 @@ class MonteCarlo:
         """Who plays Monte-Carlo rollouts (``critic.mc_policy``): uniform random actions or the frozen BC policy."""
         cfg = self.cfg
         seed = stable_hash(cfg.seed, "mc-actor", tag) if cfg.critic.mc_policy == "random" else stable_hash(cfg.seed, "mc", tag)
-        return tail_actor(self.engine, cfg.critic.mc_policy, self.bc_policy, cfg.rollout.max_new_tokens, cfg.rollout.temperature, seed)
+        return tail_actor(self.engine, cfg.critic.mc_policy, self.bc_policy, cfg.rollout.max_new_tokens, cfg.rollout.temperature, seed,
+                          cfg.episode_seed("mc", tag))
 
     def turn_values(self, trajs: Sequence[Trajectory], it: int) -> tuple[dict[str, np.ndarray], MCStats]:
         """``V_MC(s_k)`` per turn (``trajectory_id -> [num_turns]``) and counters to log.
@@ -162,14 +163,15 @@ def distinct_states(trajs: Sequence[Trajectory], *, dedup: bool) -> DistinctStat
 
 
 def tail_actor(engine: RolloutEngine, who: str, policy: Policy | None, max_new_tokens: int, temperature: float,
-               seed: int) -> Actor:
+               seed: int, episode_seed: int | None = None) -> Actor:
     """The actor of Monte-Carlo rollouts: ``who`` is 'random' (uniform random actions of the env's
-    ``action_names``) or names a policy ('bc', 'policy'): ``policy``, sampled at ``temperature``."""
+    ``action_names``) or names a policy ('bc', 'policy'): ``policy``, sampled at ``temperature``
+    (with ``episode_seed``, each rollout's draws from its own seed: ``TrainConfig.episode_seed``)."""
     if who == "random":
         return RandomActor(seed, engine.env.action_names)
     if policy is None:
         raise ValueError(f"Monte-Carlo rollouts played by {who!r} need that policy")
-    return PolicyActor(policy, max_new_tokens, temperature, torch.Generator().manual_seed(seed))
+    return PolicyActor(policy, max_new_tokens, temperature, torch.Generator().manual_seed(seed), episode_seed=episode_seed)
 
 
 def known_values(est: MCEstimate, stage: str, env_id: str) -> np.ndarray:
