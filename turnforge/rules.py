@@ -194,7 +194,6 @@ def _dist(cfg: TrainConfig) -> str | None:
         ("engine.mode=async", cfg.engine.mode == "async"),
         ("rollout.backend=vllm", cfg.rollout.backend == "vllm"),
         ("agent.entrypoint", cfg.agent.entrypoint is not None), ("reward.judge.enabled=true", cfg.reward.judge.enabled),
-        ("memory.enabled=true", cfg.memory.enabled),
     ]
     for key, on in unsupported:
         if on:

@@ -33,6 +33,7 @@ RUN = [
     # rollouts from env snapshots, and rehearsal: every stage that updates weights or plays episodes
     "rl.advantage=gae", "critic.enabled=true", "critic.pretrain_episodes=8", "critic.pretrain_max_steps=20",
     "critic.mc_weight=0.5", "critic.mc_rollouts=2", "critic.mc_policy=bc",
+    "memory.enabled=true",  # episodic memory: every rank adds the gathered episodes alike, rank 0 writes it
     "rl.rehearsal_coef=1.0", "rl.rehearsal_episodes=6", "rl.rehearsal_temperature=0.5",
     "bc.num_demos=48", "bc.epochs=6", "bc.batch_size=6", "rl.iterations=3", "rl.tasks_per_iteration=4",
     "rl.group_size=3", "rl.minibatch_size=7", "rl.epochs=2", "rl.entropy_coef=0.01", "rl.kl_coef=0.02",
@@ -96,6 +97,7 @@ def test_two_ranks_train_as_one_process(one_and_two):
     assert r1.drop(["logprobs"]).equals(r2.drop(["logprobs"]))  # the sampling logprobs: other batch shapes (7e-7 measured)
     np.testing.assert_allclose(np.concatenate(r1.column("logprobs").to_pylist()), np.concatenate(r2.column("logprobs").to_pylist()),
                                atol=1e-5)
+    assert pq.read_table(one / "memory.parquet").to_pylist() == pq.read_table(two / "memory.parquet").to_pylist()
     v1, v2 = read_metrics(one).value_pretrain, read_metrics(two).value_pretrain
     assert (v1.episodes, v1.states, v1.env_steps) == (v2.episodes, v2.states, v2.env_steps)
     # BC: the same demonstrations, minibatches split over the ranks: the same weights

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Iterable
 
 from turnforge.config import TrainConfig
+from turnforge.dist import world
 from turnforge.policy.generate import PrefillCache
 from turnforge.policy.model import Policy
 from turnforge.rollout.engine import Engine, EngineEnv, RolloutEngine
@@ -48,8 +49,9 @@ class Session:
         added or shortened (0 without memory)."""
         if self.memory is None or self.memory.frozen:
             return 0
-        changed = self.memory.add(trajectories, stage, iteration)
-        self.memory.write(self.run_dir)
+        changed = self.memory.add(trajectories, stage, iteration)  # (on several ranks: alike on each, from the same episodes)
+        if world().main:
+            self.memory.write(self.run_dir)
         return changed
 
     @property
