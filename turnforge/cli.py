@@ -680,7 +680,8 @@ def serve_cmd(
     gateway = Gateway(load_policy(checkpoint, dtype, device), max_new_tokens=max_tokens, max_context_tokens=context, seed=seed,
                       host=host, port=port, model_name=checkpoint.name, settings=SERVE)  # binds now: a port in use is one line
     with gateway:
-        console.print(f"serving {checkpoint} on {gateway.url}/v1 (model {gateway.model_name!r}); Ctrl-C stops")
+        # one plain line (rich would wrap a long path in the middle of the URL a user or a script reads off it)
+        print(f"serving {checkpoint} on {gateway.url}/v1 (model {gateway.model_name!r}); Ctrl-C stops", flush=True)
         while True:
             time.sleep(3600)
 
