@@ -717,7 +717,11 @@ MERGE_HELP = (
     "checkpoint's and each flywheel round's), a checkpoint soup, in place of CKPT....\n\n"
     "--toward init interpolates one checkpoint toward --base (its start weights). --sweep N merges at N weights "
     "(1 - t, t), t from 0 to 1, into OUT/t=<t>/ and evaluates each on the env of every checkpoint (from its run's "
-    "config.yaml, --episodes held-out episodes): OUT/sweep.md, sweep.json, sweep.png.\n\n"
+    "config.yaml, --episodes held-out episodes; once per run when both come from one): OUT/sweep.md, sweep.json, "
+    "sweep.png.\n\n"
+    "Without --sweep, a sanity check follows the merge: where a checkpoint sits in its run directory, the merged model "
+    "and the checkpoints from that run play the same --episodes (default 20) held-out episodes of its env, and a "
+    "warning line names a collapse of success or a jump of invalid actions; --no-check skips it.\n\n"
     "Example: turnforge merge runs/a/checkpoints/final runs/b/checkpoints/final --base runs/a/base_model --method ram --out merged"
 )
 
@@ -734,7 +738,9 @@ def merge_cmd(
     seed: int = typer.Option(0, "--seed", help="dare: the drop masks' seed"),
     toward: Optional[str] = typer.Option(None, "--toward", help="'init': interpolate the one checkpoint toward --base"),
     sweep: Optional[int] = typer.Option(None, "--sweep", help="Merge at N weights (1 - t, t), t = 0 .. 1, and evaluate each"),
-    episodes: int = typer.Option(200, "--episodes", min=1, help="--sweep: held-out episodes per model and env"),
+    episodes: Optional[int] = typer.Option(
+        None, "--episodes", min=1, help="Held-out episodes per model and env (--sweep: default 200; the sanity check: default 20)"),
+    no_check: bool = typer.Option(False, "--no-check", help="Skip the sanity check of the merged model against its checkpoints"),
     soup: Optional[Path] = typer.Option(None, "--soup", help="A run directory: average the last --last weights it kept (keep_checkpoints)"),
     last: int = typer.Option(0, "--last", min=0, help="--soup: how many of the run's kept weights, newest (0: all it kept)"),
 ) -> None:
@@ -754,12 +760,16 @@ def merge_cmd(
     check_out_dir(out, "--out")
     if out.exists() and any(out.iterdir()):
         raise UserError(f"--out {str(out)!r} is not empty; give a new directory")
+    if sweep is not None and no_check:
+        raise UserError("--no-check skips the sanity check of one merge; --sweep evaluates every point: leave out --no-check")
 
     # 2. one merge, or a sweep of merges each evaluated
     if sweep is not None:
-        _merge_sweep(checkpoints, out, spec, base, sweep, episodes, labels, toward is not None)
+        _merge_sweep(checkpoints, out, spec, base, sweep, episodes or 200, labels, toward is not None)
     else:
         _merge_once(checkpoints, out, spec, base, labels)
+        if not no_check:
+            _merge_check(checkpoints, out, spec, labels, episodes)
 
 
 def _merge_members(checkpoints: list[Path] | None, method: str, weights: str | None, sweep: int | None,
@@ -817,10 +827,10 @@ def _merge_weights(method: str, weights: str | None, sweep: int | None, n: int) 
 def _merge_sweep(checkpoints: list[Path], out: Path, spec: MergeSpec, base: Path | None, sweep: int, episodes: int,
                  labels: list[str], toward: bool) -> None:
     """--sweep: merge at ``sweep`` weights (1 - t, t) and evaluate each; prints OUT/sweep.md."""
-    from turnforge.merge.sweep import run_sweep, sweep_targets
+    from turnforge.merge.sweep import eval_targets, run_sweep
     from turnforge.policy.model import quiet_hf
 
-    targets = sweep_targets(checkpoints[:1] if toward else checkpoints, labels)  # before any merge
+    targets = eval_targets(checkpoints[:1] if toward else checkpoints, labels)  # before any merge
     quiet_hf()
     run_sweep(checkpoints, out, spec, base, sweep, episodes, targets, labels, log=lambda line: console.print(line, soft_wrap=True))
     console.print((out / "sweep.md").read_text(), soft_wrap=True)
@@ -842,6 +852,25 @@ def _merge_once(checkpoints: list[Path], out: Path, spec: MergeSpec, base: Path 
         console.print(table)
     console.print(f"merged {len(checkpoints)} checkpoints ({spec.method}, weights {list(spec.weights)}, {result.params:,} parameters) "
                   f"in {result.seconds:.1f} s: {out}", soft_wrap=True)
+
+
+def _merge_check(checkpoints: list[Path], out: Path, spec: MergeSpec, labels: list[str], episodes: int | None) -> None:
+    """The sanity check of one merge (``turnforge.merge.check``): a line of figures per run the
+    checkpoints come from, and a warning line where the merge broke them."""
+    from turnforge.merge.check import CHECK_EPISODES, figures_line, run_check, warning_line
+    from turnforge.merge.sweep import eval_targets
+    from turnforge.policy.model import quiet_hf
+
+    targets = eval_targets(checkpoints, labels, required=False)
+    if not targets:
+        console.print("no sanity check: no checkpoint sits in its run directory (RUN/checkpoints/<name>/), so no env is "
+                      f"known; evaluate it with `turnforge eval {out} --config RUN/config.yaml`", soft_wrap=True)
+        return
+    quiet_hf()
+    for row in run_check(out, checkpoints, labels, targets, episodes or CHECK_EPISODES):
+        console.print(figures_line(row), soft_wrap=True, highlight=False)
+        if (line := warning_line(row, spec)) is not None:
+            console.print(f"[yellow]warning[/yellow] {line}", soft_wrap=True, highlight=False)
 
 
 DATA_HELP = (

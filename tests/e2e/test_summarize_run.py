@@ -1,5 +1,6 @@
 """A whole run with ``rollout.context=summarize`` on the keydoor memory env: BC learns the
-expert's summaries, RL trains on segments, the Parquet holds every segment."""
+expert's summaries, RL trains on segments, the Parquet holds every segment, and every iteration's
+metrics and log line count the summaries written and their lengths."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import pytest
 from helpers import NO_FLYWHEEL, TINY_TEST_SHAPE
 
 from turnforge.config import load_config
+from turnforge.train.metrics import read_metrics
 from turnforge.train.run import train
 
 pytestmark = pytest.mark.slow
@@ -23,7 +25,7 @@ FAST = [
 ]
 
 
-def test_summarize_run_stores_segments_and_trains_on_them(tmp_path):
+def test_summarize_run_stores_segments_and_trains_on_them(tmp_path, capsys):
     out = tmp_path / "run"
     summary = train(load_config("keydoor-tiny", FAST), out, live=False)
     assert summary.rl_iterations == 2 and summary.bc is not None
@@ -47,3 +49,16 @@ def test_summarize_run_stores_segments_and_trains_on_them(tmp_path):
         assert all(v >= 0 for v, m in zip(versions, mask) if m)
     metrics = (out / "metrics.jsonl").read_text()
     assert '"summaries"' in metrics and '"overlong_episodes"' in metrics
+    # each iteration's record counts the summaries its episodes wrote, as the Parquet holds them
+    iters = read_metrics(out).iterations
+    assert len(iters) == 2
+    for it in iters:
+        lengths = [n for (n,) in duckdb.sql(f"""SELECT summary_tokens FROM '{out}/trajectories/rl_{it.iteration - 1:05d}.parquet'
+                                               WHERE summary_tokens > 0""").fetchall()]
+        assert it.summaries.count == len(lengths) == it.rollout.summaries > 0
+        assert it.summaries.max_tokens == max(lengths) <= 8  # rollout.summary_max_tokens
+        assert abs(it.summaries.mean_tokens - sum(lengths) / len(lengths)) < 1e-9
+    # and the log's last RL line says so
+    last = [line for line in capsys.readouterr().err.splitlines() if line.startswith("[rl] 2/2")]
+    s = iters[-1].summaries
+    assert last and f"summaries={s.count} (mean {s.mean_tokens:.1f}, max {s.max_tokens} tokens)" in last[0]

@@ -45,6 +45,9 @@ def test_ties_elects_signs_by_mass_and_averages_those_that_agree():
     assert torch.equal(ties([T(1, -2, 0.5), T(-3, 1, 0.5)], (1.0, 1.0), 1 / 3), T(-3, -2, 0))
     # weights scale before election: (1, 0.1) flips element 0 to d1's sign
     assert torch.allclose(ties([T(1, -2, 0.5), T(-3, 1, 0.5)], (1.0, 0.1), 1.0), T(1, -2, 0.275))
+    # masses that cancel (element 0: 1 and -1) take the tensor's majority sign (+: elements 1 and 2), as
+    # the TIES reference code resolves zero signs, so d1's 1 is kept rather than nothing
+    assert torch.equal(ties([T(1, 2, 0.5), T(-1, 1, 0.5)], (1.0, 1.0), 1.0), T(1, 1.5, 0.5))
 
 
 def test_dare_drops_and_rescales_reproducibly():

@@ -1,6 +1,7 @@
 """``turnforge merge --sweep`` on two real tiny runs (a Sokoban and a FrozenLake specialist of one
 base): every point is evaluated on both envs as ``turnforge eval`` would, so the end points repeat
-each run's own final evaluation exactly; ``--toward init`` interpolates toward the base."""
+each run's own final evaluation exactly, and so does the sanity check after one merge;
+``--toward init`` interpolates toward the base."""
 
 from __future__ import annotations
 
@@ -40,6 +41,21 @@ def test_the_sweep_evaluates_every_point_on_both_envs(specialists, tmp_path, mon
             (theirs["success_rate"], theirs["mean_return"], theirs["mean_turns"])
     assert (tmp_path / "sw" / "sweep.png").stat().st_size > 0 and "| t | sokoban | frozenlake |" in out
     assert all((tmp_path / "sw" / f"t={t}" / "manifest.json").exists() for t in ("0", "0.5", "1"))
+
+
+def test_the_check_after_one_merge_evaluates_the_checkpoints_as_their_runs_did(specialists, tmp_path, monkeypatch, capsys):
+    """With --episodes equal to the runs' eval.episodes, each checkpoint's figures in the check
+    are its run's own final evaluation."""
+    a, b = specialists
+    code, out, err = run_main(["merge", a / "checkpoints" / "final", b / "checkpoints" / "final", "--episodes", "3",
+                               "--out", tmp_path / "m"], tmp_path, monkeypatch, capsys)
+    assert code == 0, err
+    lines = {line.split()[2]: line for line in out.splitlines() if line.startswith("check on ")}
+    assert set(lines) == {"sokoban", "frozenlake"}
+    for run, env in ((a, "sokoban"), (b, "frozenlake")):
+        own = json.loads((run / "summary.json").read_text())["eval_after_rl"]
+        assert (f"checkpoints/final') success {own['success_rate']:.3f}, invalid {own['invalid_action_rate']:.0%}"
+                in lines[env].split("; ", 1)[1]) and lines[env].count("; ") == 1  # the merge, then its one checkpoint
 
 
 def test_toward_init_interpolates_to_the_base(specialists, tiny_model_dir, tmp_path, monkeypatch, capsys):

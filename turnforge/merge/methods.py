@@ -12,8 +12,14 @@ float32 (the caller casts back to the checkpoint's dtype). Notation: parents ``x
 - ``task_arithmetic``: ``b + sum_i w_i d_i`` (Ilharco et al. 2023; ``w_i`` are scales, not a
   convex combination).
 - ``ties``: each ``w_i d_i`` trimmed to its ``density`` share of largest magnitudes, a sign elected
-  per element by the summed trimmed mass, then the mean of the kept values that agree with it
-  (Yadav et al. 2023, TIES-Merging; the merged vector is added at scale 1).
+  per element by the summed trimmed mass (where the masses cancel exactly, the tensor's majority
+  sign, as the paper's code resolves zero signs), then the mean of the kept values that agree
+  with it (Yadav et al. 2023, TIES-Merging; the merged vector is added at scale 1, the paper's
+  lambda = 1). Departs from the paper's code, which trims each task vector over the whole model at
+  once: like mergekit, it trims each parameter tensor on its own, so every tensor keeps its share.
+  TIES and DARE assume sparse, redundant task vectors (fine-tunes of one pretrained base, most of
+  whose deltas are small): trimming a dense one (a model trained from a random init, whose
+  "task vector" is everything it learned) sends most of each tensor back to its init values.
 - ``dare``: each ``d_i`` keeps every element with probability ``density`` and is rescaled by
   ``1 / density`` (Yu et al. 2024, DARE), then ``b + sum_i w_i d_i``; the drop masks come from a
   seeded generator, one stream per parameter name, so a merge repeats exactly.
@@ -114,6 +120,7 @@ def ties(ds: Sequence[torch.Tensor], w: Sequence[float], density: float) -> torc
     """The TIES-merged task vector: trim, elect signs by summed mass, disjoint mean."""
     trimmed = torch.stack([trim(wi * d, density) for wi, d in zip(w, ds)])
     sign = torch.sign(trimmed.sum(0))
+    sign = torch.where(sign == 0, torch.sign(sign.sum()), sign)  # cancelled masses: the majority sign
     agree = (torch.sign(trimmed) == sign) & (trimmed != 0)
     count = agree.sum(0)
     total = torch.where(agree, trimmed, torch.zeros_like(trimmed)).sum(0)

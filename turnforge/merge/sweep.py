@@ -5,7 +5,8 @@ every parent, as a table (``sweep.json``, ``sweep.md``) and a plot (``sweep.png`
 Each parent must sit in its run directory (``RUN/checkpoints/<name>/`` next to
 ``RUN/config.yaml``): its env, env options, tasks, rollout settings, evaluation split,
 temperature and seed come from there, as ``turnforge eval`` takes them, with ``--episodes``
-held-out episodes. Point ``t`` merges with weights ``(1 - t, t)``: ``t = 0`` is the first
+held-out episodes. Parents of one run share its evaluation: each merged model is evaluated once
+per run, not once per parent. Point ``t`` merges with weights ``(1 - t, t)``: ``t = 0`` is the first
 parent (for ``linear``, bit for bit), ``t = 1`` the second. A run with episodic memory is
 evaluated without it (the merged model has no memory of its own).
 """
@@ -27,11 +28,12 @@ from turnforge.types import EvalResult
 
 
 @dataclass(frozen=True)
-class SweepTarget:
-    """An env a sweep evaluates on: a parent's run config."""
+class EvalTarget:
+    """An env merged models are evaluated on: the run config of one or more parents."""
 
-    label: str  # the env id (with the parent's index where two parents share an env id)
+    label: str  # the env id (with its first parent's index where two runs share an env id)
     config: Path  # RUN/config.yaml
+    parents: tuple[int, ...]  # the parents from this run (indices into the merge's parents)
 
 
 @dataclass(frozen=True)
@@ -41,20 +43,24 @@ class SweepPoint:
     results: dict[str, EvalResult]  # target label -> evaluation
 
 
-def sweep_targets(parents: Sequence[Path], labels: Sequence[str]) -> list[SweepTarget]:
-    """One target per parent inside a run directory (a ``--toward init`` base is not one);
-    ``UserError`` when a checkpoint is not inside its run directory."""
+def eval_targets(parents: Sequence[Path], labels: Sequence[str], *, required: bool = True) -> list[EvalTarget]:
+    """One target per run directory the parents sit in (parents of one run share it; a
+    ``--toward init`` base is not a parent here), in the order of their first parent. A parent
+    outside a run directory: ``UserError`` when ``required``, else it has no target."""
     from turnforge.config import load_config
 
-    found: list[tuple[str, Path]] = []
-    for p, label in zip(parents, labels):
+    runs: dict[Path, list[int]] = {}
+    for i, (p, label) in enumerate(zip(parents, labels)):
         cfg_path = run_config_of(p)
         if cfg_path is None:
-            raise UserError(f"--sweep evaluates each merge on its parents' envs: {label} is not inside a run directory "
-                            "(RUN/checkpoints/<name>/ next to RUN/config.yaml)")
-        found.append((load_config(str(cfg_path)).env.id, cfg_path))
-    ids = [env_id for env_id, _ in found]
-    return [SweepTarget(env_id if ids.count(env_id) == 1 else f"{env_id}#{i + 1}", cfg) for i, (env_id, cfg) in enumerate(found)]
+            if required:
+                raise UserError(f"--sweep evaluates each merge on its parents' envs: {label} is not inside a run directory "
+                                "(RUN/checkpoints/<name>/ next to RUN/config.yaml)")
+            continue
+        runs.setdefault(cfg_path, []).append(i)
+    found = [(load_config(str(cfg)).env.id, cfg, tuple(ix)) for cfg, ix in runs.items()]
+    ids = [env_id for env_id, _, _ in found]
+    return [EvalTarget(env_id if ids.count(env_id) == 1 else f"{env_id}#{ix[0] + 1}", cfg, ix) for env_id, cfg, ix in found]
 
 
 def grid(points: int) -> list[float]:
@@ -62,7 +68,7 @@ def grid(points: int) -> list[float]:
     return [round(j / (points - 1), 6) for j in range(points)]
 
 
-def evaluate_on(model: Path, target: SweepTarget, episodes: int) -> EvalResult:
+def evaluate_on(model: Path, target: EvalTarget, episodes: int) -> EvalResult:
     """``turnforge eval`` of ``model`` with the target's run config and ``episodes`` episodes."""
     from turnforge.config import load_config
     from turnforge.rollout.engine import make_engine
@@ -78,9 +84,10 @@ def evaluate_on(model: Path, target: SweepTarget, episodes: int) -> EvalResult:
 
 
 def run_sweep(parents: Sequence[Path], out: Path, spec: MergeSpec, base: Path | None, points: int, episodes: int,
-              targets: Sequence[SweepTarget], labels: Sequence[str] | None = None, log=print) -> list[SweepPoint]:
+              targets: Sequence[EvalTarget], labels: Sequence[str] | None = None, log=print) -> list[SweepPoint]:
     """Merge at every grid point into ``out/t=<t>/``, evaluate each on every target, then write
-    ``sweep.json``, ``sweep.md`` and ``sweep.png`` in ``out``."""
+    ``sweep.json``, ``sweep.md`` and ``sweep.png`` in ``out``. A target is one run, so a
+    point is evaluated once per run however many parents come from it."""
     rows: list[SweepPoint] = []
     out.mkdir(parents=True, exist_ok=True)
     for t in grid(points):

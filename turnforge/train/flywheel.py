@@ -59,7 +59,7 @@ from turnforge.train.awr import AWRRound
 from turnforge.train.common import GuardedStep, action_entropy, collate, set_lr
 from turnforge.train.credit import drop_void, sample_advantage, turn_advantages
 from turnforge.train.mechanisms import Mechanism, MechanismRecord, enabled
-from turnforge.train.metrics import AWRStats, FlywheelRound
+from turnforge.train.metrics import AWRStats, FlywheelRound, summary_stats, summary_text
 from turnforge.train.rl import training_state
 from turnforge.train.run_dir.checkpoint import keep_weights, save_resumable
 from turnforge.train.run_dir.failures import check_trajectories
@@ -208,6 +208,7 @@ def _round(s: Session, st: FlywheelState, mechs: list[Mechanism], optimizer: tor
         expert_queries=sum(x.hints for x in expert), anchor_expert_moves=sum(x.moves for x in expert),
         boundary=boundary, awr=awr_stats, memory_entries=len(s.memory) if s.memory is not None else 0,
         memory_added=remembered, memory_recalls=sum(1 for t, _ in col.played if t.memory_tokens),
+        summaries=summary_stats([t for t, _ in col.played]) if cfg.rollout.context == "summarize" else None,
     )
     s.metrics.log(record, s.state.env_steps)
     s.progress.message(_message(record, mechs, len(kept), awr_stats, cfg, s.memory is not None))
@@ -300,6 +301,7 @@ def _message(record: FlywheelRound, mechs: list[Mechanism], kept: int, awr: AWRS
                if awr else "")
             + (f"memory {record.memory_entries} tasks (+{record.memory_added}), recalled in {record.memory_recalls} "
                "episodes; " if memory else "")
+            + (f"summaries {summary_text(record.summaries)}; " if record.summaries is not None else "")
             + f"held-out success {record.eval.success_rate:.3f}")
 
 

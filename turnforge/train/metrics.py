@@ -19,7 +19,7 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import yaml
 
@@ -28,7 +28,7 @@ from turnforge.envpool.pool import PoolStats
 from turnforge.memory import PeakMemory
 from turnforge.rollout.engine import RolloutStats
 from turnforge.train.mechanisms import MechanismRecord
-from turnforge.types import EvalResult
+from turnforge.types import EvalResult, Trajectory
 
 
 @dataclass(frozen=True)
@@ -179,6 +179,7 @@ class FlywheelRound:
     memory_entries: int = 0  # episodic memory (memory.enabled): tasks remembered after the round
     memory_added: int = 0  # of them, entered or shortened by this round
     memory_recalls: int = 0  # the round's episodes shown past successes
+    summaries: SummaryStats | None = None  # rollout.context=summarize: the summaries the round's episodes wrote
     env_steps: int = 0
     time: float = 0.0
 
@@ -281,6 +282,27 @@ class MCStats:
 
 
 @dataclass(frozen=True)
+class SummaryStats:
+    """The summaries written in a set of episodes (``rollout.context=summarize``): one per
+    segment that ends in one, its length the segment's ``summary_tokens``."""
+
+    count: int  # summaries written
+    mean_tokens: float  # their mean length in tokens (a sampled stop token included); 0 without any
+    max_tokens: int  # the longest (rollout.summary_max_tokens caps it)
+
+
+def summary_stats(trajectories: Sequence[Trajectory]) -> SummaryStats:
+    """Count and lengths of the summaries in ``trajectories``' segments."""
+    lengths = [x.summary_tokens for t in trajectories for x in t.samples if x.summary_tokens > 0]
+    return SummaryStats(len(lengths), sum(lengths) / len(lengths) if lengths else 0.0, max(lengths, default=0))
+
+
+def summary_text(stats: SummaryStats) -> str:
+    """'12 (mean 6.5, max 8 tokens)', the summaries of a log line."""
+    return f"{stats.count} (mean {stats.mean_tokens:.1f}, max {stats.max_tokens} tokens)"
+
+
+@dataclass(frozen=True)
 class IterationMetrics:
     """One RL iteration (event ``rl_iter``)."""
 
@@ -310,6 +332,7 @@ class IterationMetrics:
     kl_penalty_per_turn: float | None = None  # rl.kl_mode=reward: mean KL penalty per turn
     void_episodes: int = 0  # rl.malformed=void: episodes with a malformed turn, left out of the update
     overlong_episodes: int = 0  # rollout.overlong_mask: episodes ended by rollout.max_summaries, no gradient
+    summaries: SummaryStats | None = None  # rollout.context=summarize: the summaries the batch's episodes wrote
     env_steps: int = 0
     time: float = 0.0
 

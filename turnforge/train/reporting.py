@@ -199,7 +199,7 @@ class Progress:
 
     def _table(self) -> Table:
         table = Table(title=f"{self.command} · {self.recipe}", show_header=False, expand=False)
-        for key in ("stage", "step", "total", "reward", "success", "loss", "tokens_per_s", "eta"):
+        for key in ("stage", "step", "total", "reward", "success", "loss", "tokens_per_s", "summaries", "eta"):
             if self.state.get(key) is not None:
                 table.add_row(key, _fmt(self.state[key]) + ("s" if key == "eta" else ""))
         return table

@@ -46,7 +46,8 @@ from turnforge.train.common import GuardedStep, event_counts, lr_factor, set_lr
 from turnforge.train.credit import Credit, assign_credit, monte_carlo_returns
 from turnforge.train.estimators import ESTIMATORS
 from turnforge.train.mc import MonteCarlo
-from turnforge.train.metrics import CriticStats, IterationMetrics, RunWarning, UpdateStats, ValuePretrainStats
+from turnforge.train.metrics import (CriticStats, IterationMetrics, RunWarning, UpdateStats, ValuePretrainStats, summary_stats,
+                                     summary_text)
 from turnforge.train.rehearsal import Rehearsal, load_or_play
 from turnforge.train.rollouts import RolloutBatch, make_rollouts
 from turnforge.train.run_dir.checkpoint import TrainingState, keep_weights, save_resumable
@@ -146,7 +147,7 @@ def run_rl(
             s.state.skipped_steps = step.skipped
             record = iteration_record(it, ok, got, credit, learned, rollout_seconds=t_rollout, credit_seconds=t_credit,
                                       lr=optimizer.param_groups[0]["lr"], skipped_steps=step.skipped,
-                                      policy_version=policy.version)
+                                      policy_version=policy.version, summarize=cfg.rollout.context == "summarize")
             s.metrics.log(record, s.state.env_steps)
             if rstats.turns and rstats.generation_truncations > rstats.turns / 2 and not warned:
                 warned = True
@@ -159,6 +160,7 @@ def run_rl(
             s.progress.update(
                 it + 1, reward=record.reward, success=record.success, loss=record.update.loss,
                 tokens_per_s=(record.update.tokens + rstats.generated_tokens) / max(time.time() - t0, 1e-9),
+                **({"summaries": summary_text(record.summaries)} if record.summaries is not None else {}),
             )
             last = it + 1 == end or budget_spent(s) or s.stop_requested
             if cfg.eval.every and (it + 1) % cfg.eval.every == 0 and not last and it + 1 < rl.iterations:
@@ -222,9 +224,9 @@ def critic_update(ok: list[Trajectory], credit: Credit, cfg: TrainConfig, it: in
 
 def iteration_record(it: int, ok: list[Trajectory], got: RolloutBatch, credit: Credit, learned: Learned, *,
                      rollout_seconds: float, credit_seconds: float, lr: float, skipped_steps: int,
-                     policy_version: int) -> IterationMetrics:
+                     policy_version: int, summarize: bool = False) -> IterationMetrics:
     """The metrics record of iteration ``it`` (``rl_iter``): its episodes' figures (scored
-    ones only), the update's, the timings."""
+    ones only), the update's, the timings; ``summarize``: the summaries' count and lengths too."""
     update, rstats = learned.update, got.stats
     n_ok, n_turns = max(len(ok), 1), max(sum(t.num_turns for t in ok), 1)
     returns_by_group = {g: [t.episode_return for t in ok if t.group_id == g] for g in sorted({t.group_id for t in ok})}
@@ -255,6 +257,7 @@ def iteration_record(it: int, ok: list[Trajectory], got: RolloutBatch, credit: C
         kl_penalty_per_turn=credit.kl_penalty,
         void_episodes=credit.void_episodes,
         overlong_episodes=credit.overlong_episodes,
+        summaries=summary_stats(ok) if summarize else None,
     )
 
 
