@@ -656,9 +656,15 @@ def serve_cmd(
     dtype: str = typer.Option("float32", "--dtype", help="'float32' or 'bfloat16'"),
     device: str = typer.Option("cpu", "--device", help="'cpu', 'cuda', 'cuda:N' or 'auto' (a GPU if torch sees one)"),
     seed: int = typer.Option(0, "--seed", help="Seed of sampling"),
+    threads: int = typer.Option(0, "--threads", min=0, help="torch threads (0 = one per CPU core)"),
+    prefix_cache: bool = typer.Option(False, "--prefix-cache", help="Keep each episode's KV cache between its turns "
+                                      "(POST /v1/generate with keys; rollout.prefix_cache)"),
+    parent_pid: Optional[int] = typer.Option(None, "--parent-pid", help="Exit when this process ends (a run's replica)"),
 ) -> None:
     """Serve a checkpoint on an OpenAI-compatible endpoint (/v1/chat/completions, /v1/models)
-    until Ctrl-C: the gateway agents train through, for evaluation and demos."""
+    until Ctrl-C: the gateway agents train through, for evaluation and demos. It is also an
+    inference replica of a training run (rollout.backend=server): token ids in and out on
+    POST /v1/generate, weight pushes loaded on POST /v1/weights (GET: what it serves)."""
     if not checkpoint.exists():
         raise UserError(f"model path {str(checkpoint)!r} does not exist; give a local directory saved with save_pretrained")
     if max_tokens >= context:
@@ -676,14 +682,27 @@ def serve_cmd(
 
     device = resolve_device(device, "--device")
     quiet_hf()
-    torch.set_num_threads(max(1, os.cpu_count() or 1))
-    gateway = Gateway(load_policy(checkpoint, dtype, device), max_new_tokens=max_tokens, max_context_tokens=context, seed=seed,
+    torch.set_num_threads(threads or max(1, os.cpu_count() or 1))
+    policy = load_policy(checkpoint, dtype, device)
+    policy.prefix_cache = prefix_cache
+    gateway = Gateway(policy, max_new_tokens=max_tokens, max_context_tokens=context, seed=seed,
                       host=host, port=port, model_name=checkpoint.name, settings=SERVE)  # binds now: a port in use is one line
     with gateway:
         # one plain line (rich would wrap a long path in the middle of the URL a user or a script reads off it)
         print(f"serving {checkpoint} on {gateway.url}/v1 (model {gateway.model_name!r}); Ctrl-C stops", flush=True)
-        while True:
-            time.sleep(3600)
+        while parent_pid is None or _alive(parent_pid):
+            time.sleep(1.0 if parent_pid is not None else 3600)
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` still runs (a replica's trainer)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return os.getppid() != 1 or pid == 1
 
 
 model_app = typer.Typer(no_args_is_help=True, help="Models from files and packages (no hub access).")

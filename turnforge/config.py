@@ -196,6 +196,27 @@ class EnvConfig(Section):
         return None if value is None else str(Path(value).expanduser().resolve())
 
 
+class ServerConfig(Section):
+    """Inference replicas that sample the run's episodes (``rollout.backend=server``;
+    ``turnforge.inference``)."""
+
+    replicas: int = Field(1, ge=0, description="Replicas the run starts: `turnforge serve` processes on free local "
+                          "ports, ending with the run")
+    urls: list[str] = Field(default_factory=list, description="Replicas already running (`turnforge serve MODEL --port P` "
+                            "of the run's model, here or on another machine), as http://host:port; beside the started ones")
+    transport: Literal["file", "nccl"] = Field(
+        "file", description="How weights reach the replicas: 'file' (a safetensors push per update under "
+        "rollout.server.weights_dir, a LoRA run's adapter only); 'nccl' (a broadcast on GPUs) is not implemented")
+    weights_dir: str | None = Field(None, description="Where pushes are written (None: RUN/weights); every replica must "
+                                    "read it (a shared filesystem for replicas on other machines)")
+    timeout_s: float = Field(120.0, gt=0, description="Longest wait for a replica's start, a weight load or a sample request; "
+                             "a replica that misses it is taken out of rotation")
+    min_replicas: float = Field(0.5, gt=0, le=1, description="The run stops when fewer than this share of its replicas "
+                                "remain in rotation")
+    threads: int | None = Field(None, ge=1, description="torch threads of each started replica (None: the CPU cores "
+                                "divided among them)")
+
+
 class RolloutConfig(Section):
     context: Literal["window", "full_history", "summarize", "fold"] = Field(
         "window", description="'window': one sample per turn, prompt = last turns; 'full_history': one sample per "
@@ -244,7 +265,7 @@ class RolloutConfig(Section):
         "flywheel, evaluations, pass@k, value pretraining, rehearsal). 'batch': one generator per decoding batch (an "
         "episode's tokens depend on which episodes share it); 'episode': a seed per (episode, turn), so an episode's "
         "tokens do not depend on its batch nor on which trainer rank plays it; 'auto': batch with dist.nproc=1, "
-        "episode on several ranks"
+        "episode on several ranks or inference replicas (rollout.backend=server)"
     )
     truncation_marker: str = Field(" ...[truncated]", description="Text appended where an observation was cut")
     example_turns: int = Field(
@@ -265,11 +286,15 @@ class RolloutConfig(Section):
         False, description="Write a tool env's schemas into the system prompt as text (with the call syntax) instead "
         "of the chat template's tools argument: for templates that cannot render tools (e.g. SmolLM2's)"
     )
-    backend: Literal["hf", "vllm"] = Field(
+    backend: Literal["hf", "vllm", "server"] = Field(
         "hf", description="'hf': the built-in KV-cache sampler on the training model; 'vllm': vLLM's offline engine in "
-        "this process, weights synced in place after every update, its logprob gap to the trainer corrected by truncated IS"
+        "this process, weights synced in place after every update, its logprob gap to the trainer corrected by truncated IS; "
+        "'server': inference replicas in other processes (rollout.server), weights pushed to them after every update, "
+        "every sample stamped with the weights' version its replica served, the gap corrected the same way"
     )
     vllm_kv_cache_gib: float = Field(1.0, gt=0, description="Memory vLLM reserves for its KV cache (rollout.backend=vllm)")
+    server: ServerConfig = Field(default_factory=ServerConfig,
+                                   description="Inference replicas (rollout.backend=server)")
 
     @property
     def summary_at(self) -> int:
@@ -814,9 +839,10 @@ class TrainConfig(Section):
     def episode_seed(self, *stream: Any) -> int | None:
         """The ``episode_seed`` of a ``PolicyActor`` of stream ``stream`` (each episode's draws from
         ``(seed, stream, episode, turn)``) when the run draws noise per episode (``rollout.noise``:
-        'episode', or 'auto' on several trainer ranks, where which rank plays an episode must not
-        change it); None: the actor's batch generator."""
-        per_episode = self.rollout.noise == "episode" or (self.rollout.noise == "auto" and self.dist.nproc > 1)
+        'episode', or 'auto' on several trainer ranks or inference replicas, where which rank or
+        replica plays an episode must not change it); None: the actor's batch generator."""
+        per_episode = self.rollout.noise == "episode" or (self.rollout.noise == "auto" and (
+            self.dist.nproc > 1 or self.rollout.backend == "server"))
         return stable_hash(self.seed, *stream) if per_episode else None
 
     @model_validator(mode="after")

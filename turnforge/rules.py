@@ -132,6 +132,29 @@ def _vllm(cfg: TrainConfig) -> str | None:
     return None
 
 
+def _server(cfg: TrainConfig) -> str | None:
+    """Inference replicas (``turnforge.inference``): what they cannot do yet is refused by name."""
+    srv = cfg.rollout.server
+    if cfg.rollout.backend != "server":
+        return None
+    if srv.replicas == 0 and not srv.urls:
+        return "rollout.backend=server with rollout.server.replicas=0 and no rollout.server.urls: no replica to sample on"
+    bad = [u for u in srv.urls if not u.startswith(("http://", "https://"))]
+    if bad:
+        return f"rollout.server.urls: {bad[0]!r} is not an http://host:port address"
+    if srv.transport == "nccl":
+        return ("rollout.server.transport=nccl (a weight broadcast on GPUs) is not implemented; use "
+                "rollout.server.transport=file")
+    if cfg.rollout.noise == "batch":
+        return ("rollout.backend=server with rollout.noise=batch: one generator in the trainer cannot draw for several "
+                "replicas; use rollout.noise=episode (or auto)")
+    if cfg.cluster == "ray":
+        return "rollout.backend=server samples from this process's replicas; use cluster=local"
+    if cfg.agent.entrypoint is not None:
+        return "rollout.backend=server is for env rollouts; an agent run samples through its gateway (rollout.backend=hf)"
+    return None
+
+
 def _engine(cfg: TrainConfig) -> str | None:
     eng = cfg.engine
     if eng.mode == "sync" and (eng.eta > 0 or eng.partial_rollouts):
@@ -193,6 +216,7 @@ def _dist(cfg: TrainConfig) -> str | None:
     unsupported = [
         ("engine.mode=async", cfg.engine.mode == "async"),
         ("rollout.backend=vllm", cfg.rollout.backend == "vllm"),
+        ("rollout.backend=server", cfg.rollout.backend == "server"),
         ("agent.entrypoint", cfg.agent.entrypoint is not None), ("reward.judge.enabled=true", cfg.reward.judge.enabled),
     ]
     for key, on in unsupported:
@@ -204,7 +228,7 @@ def _dist(cfg: TrainConfig) -> str | None:
 
 #: The config-time rules, in the order they are asked.
 CONFIG_RULES: tuple[Callable[[TrainConfig], str | None], ...] = (
-    _estimator_and_critic, _flywheel, _critic_pretraining, _rollout, _lora, _agent, _judge, _vllm, _engine, _memory, _ray,
+    _estimator_and_critic, _flywheel, _critic_pretraining, _rollout, _lora, _agent, _judge, _vllm, _server, _engine, _memory, _ray,
     _dist,
 )
 

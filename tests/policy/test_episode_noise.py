@@ -142,9 +142,16 @@ def test_the_actor_seeds_each_input_from_its_episode_and_turn(tiny_policy, prefi
                                    temperature=1.0, row_seeds=[stable_hash(11, "a", 1)])[0].ids
 
 
-def test_the_actor_refuses_episode_seeds_where_unsupported(tiny_policy):
-    with pytest.raises(ValueError, match="vLLM"):
-        PolicyActor(dataclasses.replace(tiny_policy, sampler=object()), 4, 1.0, None, episode_seed=1)
+def test_the_actor_hands_its_row_seeds_to_another_backend_and_refuses_them_with_images(tiny_policy):
+    class Recording:  # a backend (vLLM refuses row seeds; inference replicas sample with them)
+        def sample(self, model, version, prompts, **kw):
+            self.kw = kw
+            return []
+
+    backend = Recording()
+    actor = PolicyActor(dataclasses.replace(tiny_policy, sampler=backend), 4, 1.0, None, episode_seed=1)
+    actor.generate([[5, 6], [7]], ["a", "b"], turns=[0, 3])
+    assert backend.kw["keys"] == ["a", "b"] and backend.kw["row_seeds"] == actor.row_seeds(["a", "b"], [0, 3])
     actor = PolicyActor(tiny_policy, 4, 1.0, None, episode_seed=1)
     with pytest.raises(ValueError, match="images"):
         actor.generate([[5, 6]], ["a"], images=[[b"png"]])

@@ -44,6 +44,7 @@ from turnforge.gateway.render import Prior, Renderer, RequestError, assistant_me
 from turnforge.gateway.sampling import (Override, SamplingPolicy, SamplingRefused, TrainerWins, cap_tokens,
                                         settle_sampling)
 from turnforge.gateway.trace import CallRecord
+from turnforge.inference.weights import LoadedWeights, PushError, load_push, model_fingerprint
 from turnforge.policy.generate import Generation
 from turnforge.policy.model import Policy
 from turnforge.rollout.actors import PolicyActor
@@ -59,6 +60,10 @@ class RolloutRecord:
     spliced_calls: int = 0  # calls whose prompt began with an earlier call's exact ids (see render.py)
     refused_calls: int = 0  # requests answered with an error
     sampling_refusal: str | None = None  # the first request refused for its sampling settings (agent.sampling=strict)
+
+
+class StaleWeights(Exception):
+    """A generate request for weights this replica does not hold (409)."""
 
 
 class RolloutClosed(Exception):
@@ -108,6 +113,8 @@ class Gateway:
                                  torch.Generator().manual_seed(seed))
         self.rollouts: dict[str, RolloutRecord] = {}
         self.batch_sizes: list[int] = []
+        self.fingerprint = model_fingerprint(policy.model, policy.tokenizer, policy.stop_ids)
+        self.held = LoadedWeights()  # the weights' push and version (inference replica routes)
         self.lock = threading.Lock()  # held while sampling (and while the actor is swapped)
         self._jobs: queue.Queue[_Job] = queue.Queue()
         self._arriving = 0  # requests received and not yet queued (being rendered): the batcher waits for them
@@ -265,6 +272,30 @@ class Gateway:
         async def _chat(request: Request):
             return await completions(request, None)
 
+        @app.get("/v1/weights")
+        async def _weights():
+            return self.weights_info()
+
+        @app.post("/v1/weights")
+        async def _load(request: Request):
+            body = await request.json()
+            try:
+                return await asyncio.to_thread(self.load_weights, str(body["path"]))
+            except (KeyError, TypeError):
+                return error(400, "a weight push request is {'path': '<push directory>'}", "path")
+            except PushError as err:
+                return error(409, str(err), "path", "bad_push")
+
+        @app.post("/v1/generate")
+        async def _generate(request: Request):
+            body = await request.json()
+            try:
+                return await asyncio.to_thread(self.generate_ids, body)
+            except StaleWeights as err:
+                return error(409, str(err), "push", "stale_weights")
+            except RequestError as err:
+                return error(400, str(err), err.param, err.code)
+
         @app.post("/rollouts/{rollout_id}/v1/chat/completions")
         async def _rollout_chat(rollout_id: str, request: Request):
             rollout = self.rollouts.get(rollout_id)
@@ -273,6 +304,52 @@ class Gateway:
             return await completions(request, rollout)
 
         return app
+
+    # ------------------------------------------------------------------ inference replica routes
+    def weights_info(self) -> dict:
+        """What ``GET /v1/weights`` answers: the push and trainer version served, the fingerprint."""
+        return {"push": self.held.push, "version": self.held.version, "fingerprint": self.fingerprint,
+                "model": self.model_name}
+
+    def load_weights(self, path: str) -> dict:
+        """Load a weight push (``turnforge.inference.weights``) between requests: sampling waits
+        on the lock meanwhile. The policy's own version becomes the push id, so prefix caches of
+        older weights are dropped even when the trainer's version did not change."""
+        t0 = time.perf_counter()
+        with self.lock:
+            push, held = load_push(self.policy.model, path, self.held, self.fingerprint)
+            self.held = held
+            self.policy.version = push.push
+        return {**self.weights_info(), "seconds": time.perf_counter() - t0}
+
+    def generate_ids(self, body: dict) -> dict:
+        """``POST /v1/generate``, token ids in and out: ``prompts`` (lists of ids), ``keys`` (the
+        episode of each: its prefix-cache entry), ``row_seeds`` (each row's seed, or null for the
+        server's generator), ``max_new_tokens``, ``temperature``, and ``push``, the weights the
+        client expects (a 409 ``stale_weights`` when this replica holds others). Answers each
+        generation's ids, logprobs and whether it stopped, with the push and trainer version
+        that sampled them."""
+        try:
+            prompts = [tuple(int(i) for i in p) for p in body["prompts"]]
+            keys = [str(k) for k in body.get("keys") or ["serve"] * len(prompts)]
+            seeds = body.get("row_seeds")
+            seeds = None if seeds is None else [int(x) for x in seeds]
+            n, t = int(body["max_new_tokens"]), float(body["temperature"])
+        except (KeyError, TypeError, ValueError) as err:
+            raise RequestError(f"a generate request needs prompts, max_new_tokens and temperature ({err})") from None
+        if len(keys) != len(prompts) or (seeds is not None and len(seeds) != len(prompts)):
+            raise RequestError("keys and row_seeds need one entry per prompt", "keys")
+        if n < 1 or any(len(p) + n > self.max_context_tokens for p in prompts):
+            raise RequestError(f"a prompt plus max_new_tokens={n} is over the context budget ({self.max_context_tokens}, "
+                               f"{self.settings.context})", "prompts", "context_length_exceeded")
+        with self.lock:
+            want = body.get("push")
+            if want is not None and int(want) != self.held.push:
+                raise StaleWeights(f"this replica holds push {self.held.push}, the request wants push {want}")
+            gens = self.actor.generate(prompts, keys, max_new_tokens=n, temperature=t, row_seeds=seeds) if prompts else []
+            held = self.held
+        return {"generations": [{"ids": list(g.ids), "logprobs": list(g.logprobs), "stopped": g.stopped} for g in gens],
+                "push": held.push, "version": held.version}
 
     def _params(self, body: dict) -> tuple[float, tuple[Override, ...], int | None, list[str], bool, list | None]:
         n = body.get("n", 1)

@@ -205,6 +205,7 @@ def check_vision_options(cfg, env) -> None:
     refused = {
         "rollout.prefix_cache=true": cfg.rollout.prefix_cache,
         "rollout.backend=vllm": cfg.rollout.backend == "vllm",
+        "rollout.backend=server": cfg.rollout.backend == "server",
         "rollout.context=summarize": cfg.rollout.context == "summarize",
         "rollout.context=fold": cfg.rollout.context == "fold",
         "rl.kl_mode=reward": cfg.rl.kl_mode == "reward" and cfg.rl.kl_coef > 0,

@@ -96,12 +96,16 @@ class VLLMSampler:
         return True
 
     def sample(self, model: torch.nn.Module, version: int, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
-               stop_ids: Sequence[int], temperature: float) -> list[Generation]:
+               stop_ids: Sequence[int], temperature: float, keys: Sequence[str] = (),
+               row_seeds: Sequence[int] | None = None) -> list[Generation]:
         """Sample continuations of ``prompts`` after syncing the weights of ``model`` at ``version``.
-        ``temperature == 0`` is greedy (logprobs then of the temperature-1 distribution)."""
+        ``temperature == 0`` is greedy (logprobs then of the temperature-1 distribution).
+        ``row_seeds`` are refused: vLLM draws from its own generator (``keys`` are unused)."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
+        if row_seeds is not None:
+            raise ValueError("per-row seeds (rollout.noise=episode) are not supported with vLLM: it draws its own noise")
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         self.sync(model, version)

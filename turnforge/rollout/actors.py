@@ -83,8 +83,6 @@ class PolicyActor:
         self.prefills = prefills  # prefills shared with other actors of the same weights (built-in plain sampler only)
         self.episode_seed = episode_seed
         self.calls: dict[str, int] = {}  # generate() calls per key without turns (episode_seed only)
-        if episode_seed is not None and policy.sampler is not None:
-            raise ValueError("episode_seed is not supported with the policy's sampler backend (vLLM)")
 
     @property
     def version(self) -> int:
@@ -121,20 +119,21 @@ class PolicyActor:
 
     def generate(self, prompts: Sequence[Sequence[int]], keys: Sequence[str], *, max_new_tokens: int | None = None,
                  temperature: float | None = None, images: Sequence[Sequence[bytes]] | None = None,
-                 turns: Sequence[object] | None = None) -> list[Generation]:
+                 turns: Sequence[object] | None = None, row_seeds: Sequence[int] | None = None) -> list[Generation]:
         """Sample one continuation per prompt (``keys``: the episode each belongs to, for the
         prefix cache and the row seeds); ``max_new_tokens`` and ``temperature`` default to the
         actor's. The one sampling path of env episodes and of the gateway's requests. ``images``:
         per prompt, the images of its blocks (vision policies; the id-keyed caches are bypassed,
         since equal ids may hold different images). ``turns``: per prompt, its turn in its
-        episode (with ``episode_seed``; see ``row_seeds``)."""
+        episode (with ``episode_seed``; see ``row_seeds``). ``row_seeds``: each row's seed as
+        given (an inference replica samples with the seeds its client drew), instead of the
+        actor's own. With another backend (``Policy.sampler``: vLLM, inference replicas) the
+        backend samples, with the row seeds when it takes them."""
         n = self.max_new_tokens if max_new_tokens is None else max_new_tokens
         t = self.temperature if temperature is None else temperature
-        if self.episode_seed is not None and self.policy.sampler is not None:
-            raise ValueError("episode_seed is not supported with the policy's sampler backend (vLLM)")
-        if self.episode_seed is not None and images is not None:
+        if (self.episode_seed is not None or row_seeds is not None) and images is not None:
             raise ValueError("episode_seed is not supported for prompts with images")
-        seeds = self.row_seeds(keys, turns)
+        seeds = self.row_seeds(keys, turns) if row_seeds is None else list(row_seeds)
         generator = self.generator if seeds is None else None
         if images is not None:
             if self.policy.vision is None:
@@ -142,9 +141,9 @@ class PolicyActor:
             return sample(self.policy.model, prompts, max_new_tokens=n, stop_ids=self.policy.stop_ids,
                           pad_id=self.policy.pad_id, temperature=t, generator=self.generator,
                           vision=self.policy.vision.inputs(images, self.policy.device))
-        if self.policy.sampler is not None:  # vLLM (its own generator and prefix cache)
+        if self.policy.sampler is not None:  # vLLM, or inference replicas (their own prefix caches)
             return self.policy.sampler.sample(self.policy.model, self.policy.version, prompts, max_new_tokens=n,
-                                              stop_ids=self.policy.stop_ids, temperature=t)
+                                              stop_ids=self.policy.stop_ids, temperature=t, keys=keys, row_seeds=seeds)
         if self.cache is not None:
             return self.cache.sample(self.policy.model, keys, prompts, self.policy.version, max_new_tokens=n,
                                      stop_ids=self.policy.stop_ids, pad_id=self.policy.pad_id, temperature=t,

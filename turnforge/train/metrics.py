@@ -25,6 +25,7 @@ import yaml
 
 from turnforge.data.filters import FilterCount
 from turnforge.envpool.pool import PoolStats
+from turnforge.inference.client import ServerStats
 from turnforge.memory import PeakMemory
 from turnforge.rollout.engine import RolloutStats
 from turnforge.train.mechanisms import MechanismRecord
@@ -215,7 +216,7 @@ class ExpertQueries:
 @dataclass(frozen=True)
 class OffPolicyStats:
     """The decoupled objective's view of an iteration's samples (asynchronous rollouts, or
-    vLLM's: another engine's numerics)."""
+    another engine's numerics: vLLM, inference replicas). The last three are the mismatch watch."""
 
     offpolicy_token_fraction: float  # action tokens sampled by an older policy version
     is_weight_mean: float  # truncated importance weight min(pi_prox / pi_behav, engine.is_cap)
@@ -225,6 +226,7 @@ class OffPolicyStats:
     logprob_mismatch_mean: float
     log_ratio_abs_max: float = 0.0  # |logp_trainer - logp_rollout| on the same tokens
     log_ratio_abs_mean: float = 0.0
+    ratio_out_of_band: float = 0.0  # share of those tokens whose p_trainer / p_rollout leaves [0.9, 1.1]
 
 
 @dataclass(frozen=True)
@@ -333,6 +335,7 @@ class IterationMetrics:
     void_episodes: int = 0  # rl.malformed=void: episodes with a malformed turn, left out of the update
     overlong_episodes: int = 0  # rollout.overlong_mask: episodes ended by rollout.max_summaries, no gradient
     summaries: SummaryStats | None = None  # rollout.context=summarize: the summaries the batch's episodes wrote
+    inference: ServerStats | None = None  # rollout.backend=server: the replicas' counters so far (pushes, losses)
     env_steps: int = 0
     time: float = 0.0
 

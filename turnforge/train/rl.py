@@ -36,6 +36,7 @@ from turnforge.config import TrainConfig
 from turnforge.critic.value import ValueModel, pretrain_critic, sample_targets, update_critic
 from turnforge.data.store import write_trajectories
 from turnforge.dist import optimizer_state, sync_sampler, sync_weights, world
+from turnforge.inference.client import ServerSampler, ServerStats
 from turnforge.errors import RunStopped
 from turnforge.policy.model import Policy
 from turnforge.rollout.actors import PolicyActor
@@ -147,7 +148,8 @@ def run_rl(
             s.state.skipped_steps = step.skipped
             record = iteration_record(it, ok, got, credit, learned, rollout_seconds=t_rollout, credit_seconds=t_credit,
                                       lr=optimizer.param_groups[0]["lr"], skipped_steps=step.skipped,
-                                      policy_version=policy.version, summarize=cfg.rollout.context == "summarize")
+                                      policy_version=policy.version, summarize=cfg.rollout.context == "summarize",
+                                      inference=copy.deepcopy(policy.sampler.stats) if isinstance(policy.sampler, ServerSampler) else None)
             s.metrics.log(record, s.state.env_steps)
             if rstats.turns and rstats.generation_truncations > rstats.turns / 2 and not warned:
                 warned = True
@@ -193,7 +195,7 @@ def learn(ok: list[Trajectory], credit: Credit, cfg: TrainConfig, it: int, polic
     t0 = time.time()
     update = ppo_update(policy, credit.samples, step, rl, temperature=cfg.rollout.temperature,
                         shuffle=rng(cfg.seed, "rl-shuffle", it), reference=reference if rl.kl_mode == "loss" else None,
-                        decoupled=cfg.engine.mode == "async" or cfg.rollout.backend == "vllm", is_cap=cfg.engine.is_cap,
+                        decoupled=cfg.engine.mode == "async" or cfg.rollout.backend in ("vllm", "server"), is_cap=cfg.engine.is_cap,
                         rehearsal=rehearsal)
     critic_stats = critic_update(ok, credit, cfg, it, critic, policy.pad_id) if ESTIMATORS[rl.advantage].reads_values else None
     return Learned(update, critic_stats, time.time() - t0)
@@ -224,7 +226,7 @@ def critic_update(ok: list[Trajectory], credit: Credit, cfg: TrainConfig, it: in
 
 def iteration_record(it: int, ok: list[Trajectory], got: RolloutBatch, credit: Credit, learned: Learned, *,
                      rollout_seconds: float, credit_seconds: float, lr: float, skipped_steps: int,
-                     policy_version: int, summarize: bool = False) -> IterationMetrics:
+                     policy_version: int, summarize: bool = False, inference: ServerStats | None = None) -> IterationMetrics:
     """The metrics record of iteration ``it`` (``rl_iter``): its episodes' figures (scored
     ones only), the update's, the timings; ``summarize``: the summaries' count and lengths too."""
     update, rstats = learned.update, got.stats
@@ -258,6 +260,7 @@ def iteration_record(it: int, ok: list[Trajectory], got: RolloutBatch, credit: C
         void_episodes=credit.void_episodes,
         overlong_episodes=credit.overlong_episodes,
         summaries=summary_stats(ok) if summarize else None,
+        inference=inference,
     )
 
 

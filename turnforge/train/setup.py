@@ -109,6 +109,10 @@ def preflight(cfg: TrainConfig, run_dir: Path, resume: bool) -> Checked:
         from turnforge.policy.vllm_sampler import require_vllm
 
         require_vllm()
+    if cfg.rollout.backend == "server":  # a replica that does not answer: one line now, before the run dir is written
+        from turnforge.inference.client import check_urls
+
+        check_urls(cfg.rollout.server)
     if cfg.model.gguf is not None:
         find_gguf(cfg.model.gguf)  # a missing package or file is one line now, not after set-up
     elif cfg.model.path != "tiny":
@@ -185,6 +189,14 @@ def open_run(cfg: TrainConfig, run_dir: Path, checked: Checked, stack: ExitStack
     stop = stack.enter_context(Interrupts(lambda: _where(run_dir, state, stop, cfg.flywheel.rounds > 0)))
     policy = _load_policy(cfg, run_dir, model_path, found)
     broadcast_weights(policy.model)  # every rank starts from rank 0's weights (a no-op in a world of one)
+    if cfg.rollout.backend == "server":  # the inference replicas (closed with the run), each checked to serve this model
+        from turnforge.inference.client import open_sampler
+
+        policy.sampler = open_sampler(cfg.rollout.server, policy, model_dir=model_path, run_dir=run_dir,
+                                      context=cfg.rollout.max_context_tokens, max_new_tokens=cfg.rollout.max_new_tokens,
+                                      dtype=cfg.model.dtype, device=cfg.model.device, prefix_cache=cfg.rollout.prefix_cache,
+                                      seed=cfg.seed, log=progress.message)
+        stack.callback(policy.sampler.close)
     engine, too_long = _make_engine(cfg, policy, run_dir, checked, stack)
     if training is not None:
         policy.version = training.version

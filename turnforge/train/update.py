@@ -149,6 +149,15 @@ def minibatch_loss(policy: Policy, batch: Batch, chunk: list[MergedSample], coun
     return out, entropy
 
 
+def out_of_band(log_ratio: torch.Tensor, low: float = 0.9, high: float = 1.1) -> float:
+    """The share of tokens whose probability ratio ``exp(log_ratio)`` (trainer over sampler)
+    lies outside ``[low, high]`` (the mismatch watch; 0 for none)."""
+    if log_ratio.numel() == 0:
+        return 0.0
+    ratio = log_ratio.double().exp()
+    return float(((ratio < low) | (ratio > high)).double().mean())
+
+
 def proximal_logprobs(policy: Policy, samples: list[Sample], temperature: float,
                       cap: float | None) -> tuple[list[torch.Tensor], OffPolicyStats]:
     """Logprobs of every sample under the current weights (the proximal policy of the
@@ -176,13 +185,14 @@ def proximal_logprobs(policy: Policy, samples: list[Sample], temperature: float,
             if fresh.any():
                 trainer, rollout = lp[i, : len(x)][torch.from_numpy(fresh)], torch.from_numpy(x.logprobs[fresh])
                 diffs.append((trainer.exp() - rollout.exp()).abs())
-                log_diffs.append((trainer - rollout).abs())
+                log_diffs.append(trainer - rollout)
     w = torch.cat(weights) if weights else torch.ones(1)
     d = torch.cat(diffs) if diffs else torch.zeros(1)
-    ld = torch.cat(log_diffs) if log_diffs else torch.zeros(1)
+    signed = torch.cat(log_diffs) if log_diffs else torch.zeros(1)
+    ld = signed.abs()
     n = max(int(w.numel()), 1)
     return rows, OffPolicyStats(
         offpolicy_token_fraction=stale / n, is_weight_mean=float(w.mean()), is_weight_max=raw_max,
         is_truncated_fraction=truncated / n, logprob_mismatch_max=float(d.max()), logprob_mismatch_mean=float(d.mean()),
-        log_ratio_abs_max=float(ld.max()), log_ratio_abs_mean=float(ld.mean()),
+        log_ratio_abs_max=float(ld.max()), log_ratio_abs_mean=float(ld.mean()), ratio_out_of_band=out_of_band(signed),
     )

@@ -1,0 +1,337 @@
+"""Sampling on inference replicas (``rollout.backend=server``): ``ServerSampler``.
+
+A replica is a ``turnforge serve`` process (the gateway's model server) with a token-in/token-out
+route, ``POST /v1/generate``, and a weight route, ``POST /v1/weights`` (load a push) /
+``GET /v1/weights`` (what it holds). The run starts ``rollout.server.replicas`` of them on free
+local ports (each ends when the trainer's process does) and adds the ones named in
+``rollout.server.urls``; all must serve the trainer's model (``model_fingerprint``), checked
+before any work.
+
+``ServerSampler`` is a ``Policy.sampler``, as vLLM's engine is: a ``PolicyActor`` hands it each
+call's prompts with their episode keys and row seeds. Before sampling it makes sure every replica
+holds the policy's current weights: when the model or its version changed it publishes a push
+(``turnforge.inference.weights``: the file transport) and asks every replica to load it. Then it
+deals the rows to the replicas by episode (a stable hash of the key, so an episode's turns meet
+its prefix cache), one request per replica, all at once. Each request names the push it expects;
+the answer names the push and trainer version that sampled it, so every sample's version is the
+one its replica served (checked, not assumed). With per-episode noise (``rollout.noise``; the
+default with this backend) each row's draws come from its own seed, so which replica samples a
+row does not change it, and the tokens are those in-process sampling would draw, up to float rounding.
+
+Never hang: every request, weight load and replica start has ``rollout.server.timeout_s``. A
+replica that fails one (no answer in time, a connection refused, a push it could not load, other
+weights than asked) is taken out of rotation for the rest of the run, counted, and named in one
+line (transport, replica, push and version); its rows go to the replicas left, so nothing it
+half-sampled is used (an answer is whole or not at all). When fewer than
+``rollout.server.min_replicas`` of the replicas remain the run stops with one line.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+import torch
+
+from turnforge.errors import RunStopped, UserError
+from turnforge.inference.weights import WeightPush, WeightSync
+from turnforge.policy.generate import Generation
+from turnforge.seeding import stable_hash
+
+
+@dataclass(eq=False)  # one object per replica: hashed by identity
+class Replica:
+    """One inference replica and what the sampler knows of it."""
+
+    index: int
+    url: str  # http://host:port
+    process: subprocess.Popen | None = None  # started by this run (None: given in rollout.server.urls)
+    alive: bool = True
+    push: int = 0  # the push it holds
+    reason: str | None = None  # why it left the rotation
+
+    @property
+    def name(self) -> str:
+        return f"replica {self.index} ({self.url})"
+
+
+@dataclass
+class ServerStats:
+    """The sampler's counters so far in the run (each RL iteration's record holds a copy)."""
+
+    pushes: int = 0
+    full_pushes: int = 0
+    push_bytes: int = 0
+    push_seconds: float = 0.0  # writing the pushes
+    load_seconds: float = 0.0  # from a push written to every replica serving it (the slowest replica), summed
+    last_load_seconds: float = 0.0  # the same, of the last push
+    requests: int = 0
+    retried_rows: int = 0  # rows sampled again on another replica after theirs failed
+    replicas_lost: int = 0
+    replicas_alive: int = 0
+    last_push: WeightPush | None = None
+
+
+class ReplicaFailed(Exception):
+    """A request to one replica failed (the message says how)."""
+
+
+class ServerSampler:
+    """See the module docstring. ``post``/``get`` (url, json, timeout) -> json are the HTTP
+    calls (httpx; replaceable in unit tests)."""
+
+    def __init__(self, replicas: Sequence[Replica], sync: WeightSync, fingerprint: str, *, timeout_s: float,
+                 min_replicas: float, log: Callable[[str], None] | None = None) -> None:
+        import httpx
+
+        self.replicas, self.sync, self.fingerprint = list(replicas), sync, fingerprint
+        self.timeout_s, self.min_replicas = timeout_s, min_replicas
+        self.log = log or (lambda line: print(line, file=sys.stderr, flush=True))
+        self.stats = ServerStats(replicas_alive=len(self.replicas))
+        self._client = httpx.Client(timeout=timeout_s)
+        self._lock = threading.Lock()  # one caller at a time: a push never races a request
+        self._loaded: tuple[torch.nn.Module, int] | None = None  # (model, version) the replicas hold
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(len(self.replicas), 1),
+                                                           thread_name_prefix="turnforge-replica")
+
+    def __deepcopy__(self, memo: dict) -> "ServerSampler":  # a policy copy (async rollouts) shares the replicas
+        return self
+
+    # ------------------------------------------------------------------ HTTP
+    def _call(self, replica: Replica, method: str, route: str, body: dict | None = None) -> dict:
+        import httpx
+
+        try:
+            r = self._client.request(method, f"{replica.url}{route}", json=body)
+        except httpx.TimeoutException:
+            raise ReplicaFailed(f"no answer within rollout.server.timeout_s={self.timeout_s:g} s") from None
+        except httpx.HTTPError as err:
+            raise ReplicaFailed(f"{type(err).__name__}: {err}") from None
+        try:
+            data = r.json()
+        except ValueError:
+            raise ReplicaFailed(f"HTTP {r.status_code} with a body that is not JSON") from None
+        if r.status_code != 200:
+            message = data.get("error", {}).get("message") if isinstance(data, dict) else None
+            raise ReplicaFailed(f"HTTP {r.status_code}: {message or data}")
+        return data
+
+    # ------------------------------------------------------------------ rotation
+    @property
+    def alive(self) -> list[Replica]:
+        return [r for r in self.replicas if r.alive]
+
+    def _drop(self, replica: Replica, what: str, reason: str) -> None:
+        """Take ``replica`` out of rotation; stop the run when too few remain."""
+        replica.alive, replica.reason = False, f"{what}: {reason}"
+        self.stats.replicas_lost += 1
+        self.stats.replicas_alive = len(self.alive)
+        if replica.process is not None and replica.process.poll() is None:
+            replica.process.terminate()
+        left = len(self.alive)
+        self.log(f"inference: {replica.name} failed {what} ({reason}); out of rotation, {left} of "
+                 f"{len(self.replicas)} replicas left")
+        if left == 0 or left < self.min_replicas * len(self.replicas):
+            raise RunStopped(f"{left} of {len(self.replicas)} inference replicas left, below rollout.server.min_replicas="
+                             f"{self.min_replicas:g} (the last: {replica.name} failed {what}: {reason})")
+
+    def check(self) -> None:
+        """Every replica answers and serves the trainer's model (``UserError`` naming the one that does not)."""
+        for replica in self.replicas:
+            try:
+                info = self._call(replica, "GET", "/v1/weights")
+            except ReplicaFailed as err:
+                raise UserError(f"inference {replica.name} does not answer GET /v1/weights ({err}); start it with "
+                                "`turnforge serve MODEL --port P` or fix rollout.server.urls") from None
+            if info.get("fingerprint") != self.fingerprint:
+                raise UserError(f"inference {replica.name} serves another model or tokenizer (fingerprint "
+                                f"{info.get('fingerprint')}, the trainer's {self.fingerprint}); serve the run's model "
+                                "(model.path) there, or leave it out of rollout.server.urls")
+            replica.push = int(info.get("push", 0))
+
+    # ------------------------------------------------------------------ weights
+    def invalidate(self) -> None:
+        """The policy's weights changed without a version bump (behaviour cloning): push them before the next sample."""
+        self._loaded = None
+        self.sync.invalidate()
+
+    def push(self, model: torch.nn.Module, version: int) -> WeightPush | None:
+        """Publish ``model`` at ``version`` and have every replica in rotation load it, unless
+        they hold it already; returns the push (None when nothing was pushed)."""
+        if self._loaded is not None and self._loaded[0] is model and self._loaded[1] == version:
+            return None
+        pushed = self.sync.publish(model, version, self.fingerprint)
+        t0 = time.perf_counter()
+        st = self.stats
+        st.pushes, st.full_pushes = st.pushes + 1, st.full_pushes + (pushed.kind == "full")
+        st.push_bytes, st.push_seconds, st.last_push = st.push_bytes + pushed.bytes, st.push_seconds + pushed.seconds, pushed
+        futures = {r: self._pool.submit(self._call, r, "POST", "/v1/weights", {"path": pushed.path}) for r in self.alive}
+        for replica, fut in futures.items():
+            try:
+                held = fut.result()
+                if int(held["push"]) != pushed.push:
+                    raise ReplicaFailed(f"it holds push {held['push']} after loading")
+                replica.push = pushed.push
+            except ReplicaFailed as err:
+                self._drop(replica, f"to load push {pushed.push} (version {version}) over {self.sync.transport}", str(err))
+        st.last_load_seconds = time.perf_counter() - t0
+        st.load_seconds += st.last_load_seconds
+        self._loaded = (model, version)
+        return pushed
+
+    # ------------------------------------------------------------------ sampling
+    def sample(self, model: torch.nn.Module, version: int, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
+               stop_ids: Sequence[int], temperature: float, keys: Sequence[str] = (),
+               row_seeds: Sequence[int] | None = None) -> list[Generation]:
+        """One generation per prompt, sampled on the replicas with ``model``'s weights at
+        ``version`` (pushed first when they changed). ``stop_ids`` are the replicas' own (the
+        fingerprint covers them)."""
+        if not prompts:
+            return []
+        keys = list(keys) or [str(i) for i in range(len(prompts))]
+        with self._lock:
+            self.push(model, version)
+            out: list[Generation | None] = [None] * len(prompts)
+            todo = list(range(len(prompts)))
+            while todo:
+                alive = self.alive
+                deal: dict[int, list[int]] = {}
+                for i in todo:
+                    deal.setdefault(stable_hash("replica", keys[i]) % len(alive), []).append(i)
+                futures = {alive[k]: (rows, self._pool.submit(self._call, alive[k], "POST", "/v1/generate", {
+                    "prompts": [list(prompts[i]) for i in rows], "keys": [keys[i] for i in rows],
+                    "row_seeds": None if row_seeds is None else [int(row_seeds[i]) for i in rows],
+                    "max_new_tokens": max_new_tokens, "temperature": temperature, "push": alive[k].push,
+                })) for k, rows in deal.items()}
+                todo = []
+                for replica, (rows, fut) in futures.items():
+                    self.stats.requests += 1
+                    try:
+                        got = fut.result()
+                        if int(got["push"]) != replica.push:
+                            raise ReplicaFailed(f"it sampled with push {got['push']}, not {replica.push}")
+                        for i, g in zip(rows, got["generations"], strict=True):
+                            out[i] = Generation(tuple(g["ids"]), tuple(g["logprobs"]), bool(g["stopped"]))
+                    except (ReplicaFailed, KeyError, TypeError, ValueError) as err:
+                        self.stats.retried_rows += len(rows)
+                        todo += rows
+                        self._drop(replica, f"to sample {len(rows)} rows at push {replica.push} (version {version})", str(err))
+            return out  # type: ignore[return-value]
+
+    def close(self) -> None:
+        """Stop the replicas this run started."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._client.close()
+        for r in self.replicas:
+            if r.process is not None and r.process.poll() is None:
+                r.process.terminate()
+        for r in self.replicas:
+            if r.process is not None:
+                try:
+                    r.process.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    r.process.kill()
+
+
+@dataclass(frozen=True)
+class ReplicaSpec:
+    """How to start a local replica: ``turnforge serve`` of ``model_dir``."""
+
+    model_dir: Path
+    context: int
+    max_new_tokens: int
+    dtype: str = "float32"
+    device: str = "cpu"
+    threads: int = 1
+    prefix_cache: bool = False
+    seed: int = 0
+    log_dir: Path | None = None
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+
+def start_replicas(spec: ReplicaSpec, count: int, timeout_s: float) -> list[Replica]:
+    """Start ``count`` ``turnforge serve`` processes on free local ports, all at once; each ends
+    when this process does (``--parent-pid``). ``RunStopped`` naming the replica and its log when
+    one does not print its URL within ``timeout_s``."""
+    procs = []
+    for i in range(count):
+        cmd = [sys.executable, "-m", "turnforge.cli", "serve", str(spec.model_dir), "--port", "0",
+               "--context", str(spec.context), "--max-tokens", str(spec.max_new_tokens), "--dtype", spec.dtype,
+               "--device", spec.device, "--threads", str(spec.threads), "--seed", str(stable_hash(spec.seed, "replica", i)),
+               "--parent-pid", str(os.getpid())] + (["--prefix-cache"] if spec.prefix_cache else [])
+        log = None
+        if spec.log_dir is not None:
+            spec.log_dir.mkdir(parents=True, exist_ok=True)
+            log = open(spec.log_dir / f"replica-{i}.log", "w")  # noqa: SIM115 - the child owns it
+        env = {**os.environ, **spec.extra_env, "OMP_NUM_THREADS": str(spec.threads)}
+        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log or subprocess.DEVNULL, text=True, env=env))
+        if log is not None:
+            log.close()
+    replicas, deadline = [], time.monotonic() + timeout_s
+    for i, proc in enumerate(procs):
+        url = _read_url(proc, deadline)
+        if url is None:
+            for p in procs:
+                p.send_signal(signal.SIGTERM)
+            where = f"; its log: {spec.log_dir / f'replica-{i}.log'}" if spec.log_dir is not None else ""
+            raise RunStopped(f"inference replica {i} did not start within rollout.server.timeout_s={timeout_s:g} s "
+                             f"(exit code {proc.poll()}){where}")
+        replicas.append(Replica(i, url, proc))
+    return replicas
+
+
+def _read_url(proc: subprocess.Popen, deadline: float) -> str | None:
+    """The base URL in the first line ``turnforge serve`` prints (``serving ... on http://host:port/v1 ...``)."""
+    line: list[str] = []
+    reader = threading.Thread(target=lambda: line.append(proc.stdout.readline()), daemon=True)
+    reader.start()
+    reader.join(max(deadline - time.monotonic(), 0.0))
+    found = re.search(r" on (http://\S+)/v1 ", line[0]) if line else None
+    return found.group(1) if found else None
+
+
+def check_urls(srv) -> None:
+    """Every replica of ``srv.urls`` answers ``GET /v1/weights`` (``UserError`` naming the first
+    that does not): asked before the run writes anything; whether it serves the run's model is
+    checked once the model is loaded (``ServerSampler.check``)."""
+    import httpx
+
+    for i, url in enumerate(srv.urls):
+        base = url.rstrip("/").removesuffix("/v1")
+        try:
+            httpx.get(f"{base}/v1/weights", timeout=srv.timeout_s).raise_for_status()
+        except httpx.HTTPError as err:
+            raise UserError(f"rollout.server.urls[{i}]: {base} does not answer GET /v1/weights ({type(err).__name__}: "
+                            f"{err}); start `turnforge serve MODEL --port P` there, or fix the address") from None
+
+
+def open_sampler(srv, policy, *, model_dir: Path, run_dir: Path, context: int, max_new_tokens: int, dtype: str,
+                 device: str, prefix_cache: bool, seed: int, log: Callable[[str], None] | None = None) -> ServerSampler:
+    """The run's ``ServerSampler`` (``srv``: ``rollout.server``): its replicas started from
+    ``model_dir`` (logs in ``RUN/logs/``) plus those of ``srv.urls``, every one checked to serve
+    the policy's model; pushes under ``srv.weights_dir`` (default ``RUN/weights``)."""
+    from turnforge.inference.weights import FileWeightSync, model_fingerprint
+
+    fingerprint = model_fingerprint(policy.model, policy.tokenizer, policy.stop_ids)
+    threads = srv.threads or max(1, (os.cpu_count() or 1) // max(srv.replicas, 1))
+    started = start_replicas(ReplicaSpec(model_dir, context, max_new_tokens, dtype, device, threads, prefix_cache, seed,
+                                         run_dir / "logs"), srv.replicas, srv.timeout_s) if srv.replicas else []
+    given = [Replica(len(started) + i, url.rstrip("/").removesuffix("/v1")) for i, url in enumerate(srv.urls)]
+    sync = FileWeightSync(Path(srv.weights_dir) if srv.weights_dir else run_dir / "weights")
+    sampler = ServerSampler(started + given, sync, fingerprint, timeout_s=srv.timeout_s, min_replicas=srv.min_replicas,
+                            log=log)
+    try:
+        sampler.check()
+    except BaseException:
+        sampler.close()
+        raise
+    return sampler
