@@ -12,6 +12,7 @@ from helpers import NO_FLYWHEEL, TINY_TEST_SHAPE
 from turnforge.config import load_config
 from turnforge.train.metrics import read_metrics
 from turnforge.train.run import train
+from turnforge.view.rundir import read_series
 
 pytestmark = pytest.mark.slow
 
@@ -47,3 +48,6 @@ def test_a_server_run_samples_the_in_process_tokens_and_pushes_adapters(tmp_path
     off = iters[-1].update.offpolicy
     assert off.ratio_out_of_band == 0.0 and off.log_ratio_abs_max < 1e-3
     assert (served / "logs" / "replica-0.log").exists() and (served / "weights").is_dir()
+    columns = read_series(served / "metrics.jsonl")[0]["rl_iter"].columns  # what the viewer's charts offer
+    assert {"update.offpolicy.ratio_out_of_band", "update.offpolicy.log_ratio_abs_mean", "inference.pushes",
+            "inference.replicas_alive", "inference.last_push.version"} <= set(columns)

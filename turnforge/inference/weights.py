@@ -245,10 +245,11 @@ def load_push(model: torch.nn.Module, path: str | Path, held: LoadedWeights, fin
             scales = json.loads(f.metadata()["scales"])
         own = model.state_dict()
         with torch.no_grad():
-            for name, (scale, transposed) in scales.items():
-                delta = scale * (tensors[f"{name}.lora_B"].float() @ tensors[f"{name}.lora_A"].float())
-                base = held.base_layers[name]
-                own[name].copy_((base.float() + (delta.T if transposed else delta)).to(base.dtype))
+            for name, (scale, transposed) in scales.items():  # W = base + scale * B @ A, in place
+                w = own[name]
+                a, b = tensors[f"{name}.lora_A"].to(w.dtype), tensors[f"{name}.lora_B"].to(w.dtype)
+                w.copy_(held.base_layers[name])
+                w.addmm_(a.T, b.T, alpha=scale) if transposed else w.addmm_(b, a, alpha=scale)
     return push, held
 
 
