@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from turnforge.errors import RunStopped, UserError
-from turnforge.inference.client import Replica, ReplicaSpec, ServerSampler, start_replicas
+from turnforge.inference.client import Replica, ReplicaSpec, ServerSampler, copies_weights_of, start_replicas
 from turnforge.inference.weights import FileWeightSync, model_fingerprint
 from turnforge.policy.model import load_policy
 from turnforge.rollout.actors import PolicyActor
@@ -73,6 +73,12 @@ def test_replicas_sample_the_trainers_tokens_at_the_pushed_version(tiny_model_di
     policy.version = 4  # an update: the next call pushes again
     remote_actor.generate(prompts[:1], keys[:1], turns=[2])
     assert sampler.stats.pushes == 2 and sampler.stats.last_push.version == 4 and lines == []
+    worker = copy.deepcopy(policy)  # the async rollout worker's copy: the same weights at the same version
+    copies_weights_of(worker.model, policy.model)
+    assert worker.sampler is sampler and "_turnforge_weights_of" not in dict(worker.model.named_modules())
+    PolicyActor(worker, 8, 1.0, None, episode_seed=7).generate(prompts[:1], keys[:1], turns=[3])
+    remote_actor.generate(prompts[:1], keys[:1], turns=[4])
+    assert sampler.stats.pushes == 2  # no push back and forth
     stale = httpx.post(f"{replicas[0].url}/v1/generate", json={"prompts": [prompts[0]], "max_new_tokens": 2,
                                                                 "temperature": 1.0, "push": 1})
     assert stale.status_code == 409 and stale.json()["error"]["code"] == "stale_weights"

@@ -1,7 +1,8 @@
-"""A whole LoRA run with ``rollout.backend=server`` (one ``turnforge serve`` replica): the same
-tokens as sampling in the trainer's process with per-episode noise; after the first full push
-every update moves the adapter only; the metrics carry the replica's counters and the mismatch
-watch; every RL sample is stamped with the version that trained on it."""
+"""A whole LoRA run with ``rollout.backend=server`` on two ``turnforge serve`` replicas, one of
+which is killed mid-run: the run goes on with the other, in one line, and samples the same
+tokens as sampling in the trainer's process with per-episode noise (nothing of the dead replica
+is used); after the first full push every update moves the adapter only; the metrics carry the
+replicas' counters and the mismatch watch, which the viewer charts."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 from helpers import NO_FLYWHEEL, TINY_TEST_SHAPE
 
 from turnforge.config import load_config
+from turnforge.inference.client import ServerSampler
 from turnforge.train.metrics import read_metrics
 from turnforge.train.run import train
 from turnforge.view.rundir import read_series
@@ -30,9 +32,22 @@ def _tokens(run) -> list:
                       "ORDER BY trajectory_id, first_turn").fetchall()
 
 
-def test_a_server_run_samples_the_in_process_tokens_and_pushes_adapters(tmp_path):
+def test_a_server_run_samples_the_in_process_tokens_and_pushes_adapters_through_a_replica_death(tmp_path, monkeypatch,
+                                                                                                   capsys):
     served, local = tmp_path / "served", tmp_path / "local"
-    train(load_config("frozenlake-tiny", FAST + ["rollout.backend=server"]), served, live=False)
+    push = ServerSampler.push
+
+    def push_then_kill(self, model, version):  # replica 1 dies right after the second push, mid-run
+        pushed = push(self, model, version)
+        if pushed is not None and pushed.push == 2:
+            self.replicas[1].process.kill()
+            self.replicas[1].process.wait()
+        return pushed
+
+    monkeypatch.setattr(ServerSampler, "push", push_then_kill)
+    train(load_config("frozenlake-tiny", FAST + ["rollout.backend=server", "rollout.server.replicas=2"]), served, live=False)
+    died = [line for line in capsys.readouterr().err.splitlines() if line.startswith("inference: replica 1")]
+    assert len(died) == 1 and "failed to sample" in died[0] and died[0].endswith("1 of 2 replicas left")
     train(load_config("frozenlake-tiny", FAST + ["rollout.noise=episode"]), local, live=False)
     a, b = _tokens(served), _tokens(local)
     assert len({x[0] for x in a}) == 16 and [x[1] for x in a] == [x[1] for x in b]  # 2 iterations x 4 tasks x 2 episodes
@@ -41,7 +56,7 @@ def test_a_server_run_samples_the_in_process_tokens_and_pushes_adapters(tmp_path
     iters = read_metrics(served).iterations
     assert all(it.update.loss != 0 for it in iters)  # the weights moved: the pushes carry trained adapters
     last = iters[-1].inference
-    assert last.replicas_alive == 1 and last.replicas_lost == 0 and last.retried_rows == 0
+    assert last.replicas_alive == 1 and last.replicas_lost == 1 and last.retried_rows > 0  # its rows sampled again
     # the BC policy's evaluation and iteration 1 sample version 0 (one full push), iteration 2 version 1 (the adapter)
     assert (last.pushes, last.full_pushes, last.last_push.version, last.last_push.kind) == (2, 1, 1, "adapter")
     assert last.last_push.bytes * 5 < last.push_bytes - last.last_push.bytes  # (a test-sized model: rank 4 is a tenth of it)

@@ -166,8 +166,10 @@ class ServerSampler:
 
     def push(self, model: torch.nn.Module, version: int) -> WeightPush | None:
         """Publish ``model`` at ``version`` and have every replica in rotation load it, unless
-        they hold it already; returns the push (None when nothing was pushed)."""
-        if self._loaded is not None and self._loaded[0] is model and self._loaded[1] == version:
+        they hold it already (the same model, or a copy of it, ``copies_weights_of``, at the
+        same version); returns the push (None when nothing was pushed)."""
+        source = getattr(model, "_turnforge_weights_of", model)
+        if self._loaded is not None and self._loaded[0] is source and self._loaded[1] == version:
             return None
         pushed = self.sync.publish(model, version, self.fingerprint)
         t0 = time.perf_counter()
@@ -185,7 +187,7 @@ class ServerSampler:
                 self._drop(replica, f"to load push {pushed.push} (version {version}) over {self.sync.transport}", str(err))
         st.last_load_seconds = time.perf_counter() - t0
         st.load_seconds += st.last_load_seconds
-        self._loaded = (model, version)
+        self._loaded = (source, version)
         return pushed
 
     # ------------------------------------------------------------------ sampling
@@ -240,6 +242,14 @@ class ServerSampler:
                     r.process.wait(timeout=10)
                 except subprocess.TimeoutExpired:
                     r.process.kill()
+
+
+def copies_weights_of(copy: torch.nn.Module, source: torch.nn.Module) -> None:
+    """Declare that ``copy`` holds ``source``'s weights whenever their policies' versions are
+    equal (the asynchronous rollout worker's copy, which loads the trainer's weights with their
+    version), so the replicas are not pushed the same weights again when both sample in turn
+    (an evaluation on the trainer's thread between the rollout thread's calls)."""
+    object.__setattr__(copy, "_turnforge_weights_of", getattr(source, "_turnforge_weights_of", source))  # not a submodule
 
 
 @dataclass(frozen=True)

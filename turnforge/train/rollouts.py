@@ -152,6 +152,10 @@ class LocalRollouts(_Source):
         if self.is_async:  # the rollout worker's own engine and policy copy: the trainer updates its weights in place
             policy = copy.deepcopy(s.policy)
             policy.model.eval()
+            if policy.sampler is not None and hasattr(policy.sampler, "push"):  # inference replicas: one push per version
+                from turnforge.inference.client import copies_weights_of
+
+                copies_weights_of(policy.model, s.policy.model)
             self.engine = make_engine(cfg, policy, env_slots(cfg))
             actor = PolicyActor(policy, cfg.rollout.max_new_tokens, cfg.rollout.temperature,
                                 generator(cfg.seed, "rl-engine", start_it),
