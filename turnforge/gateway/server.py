@@ -1,4 +1,6 @@
-"""The OpenAI-compatible gateway: ``/v1/chat/completions`` and ``/v1/models`` on the policy.
+"""The OpenAI-compatible gateway: ``/v1/chat/completions`` and ``/v1/models`` on the policy;
+as an inference replica (``turnforge serve``, ``rollout.backend=server``) also ``POST
+/v1/generate`` (token ids in and out) and ``/v1/weights`` (load a weight push; what it serves).
 
 ``Gateway`` runs FastAPI on uvicorn in a thread of the trainer's process, on a free local
 port (or the one given). Each rollout gets its own root, ``/rollouts/<id>/v1``, so that any

@@ -36,7 +36,7 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -265,7 +265,6 @@ class ReplicaSpec:
     prefix_cache: bool = False
     seed: int = 0
     log_dir: Path | None = None
-    extra_env: dict[str, str] = field(default_factory=dict)
 
 
 def start_replicas(spec: ReplicaSpec, count: int, timeout_s: float) -> list[Replica]:
@@ -282,7 +281,7 @@ def start_replicas(spec: ReplicaSpec, count: int, timeout_s: float) -> list[Repl
         if spec.log_dir is not None:
             spec.log_dir.mkdir(parents=True, exist_ok=True)
             log = open(spec.log_dir / f"replica-{i}.log", "w")  # noqa: SIM115 - the child owns it
-        env = {**os.environ, **spec.extra_env, "OMP_NUM_THREADS": str(spec.threads)}
+        env = {**os.environ, "OMP_NUM_THREADS": str(spec.threads)} if spec.threads else None
         procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log or subprocess.DEVNULL, text=True, env=env))
         if log is not None:
             log.close()
