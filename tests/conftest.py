@@ -122,6 +122,22 @@ def smollm2_tiny_dir(tmp_path_factory):
     return build_tiny_like(tok, tmp_path_factory.mktemp("smollm2_tiny"))
 
 
+@pytest.fixture(scope="session")
+def tiny_thinking_dir(tiny_model_dir, tmp_path_factory):
+    """The tiny model with <think>/</think> tokens and a chat template that drops earlier thinking (as Qwen3's)."""
+    from turnforge.policy.tiny import make_thinking
+
+    return make_thinking(tiny_model_dir, tmp_path_factory.mktemp("tiny_thinking"))
+
+
+@pytest.fixture(scope="session")
+def smollm2_thinking_dir(smollm2_tiny_dir, tmp_path_factory):
+    """The tiny model with SmolLM2's tokenizer, <think>/</think> added and the thinking-dropping template."""
+    from turnforge.policy.tiny import make_thinking
+
+    return make_thinking(smollm2_tiny_dir, tmp_path_factory.mktemp("smollm2_thinking"))
+
+
 @pytest.fixture(params=["tiny", "smollm2"])
 def any_policy(request):
     """The tiny model, then a tiny model with SmolLM2's real tokenizer and template (a default

@@ -255,6 +255,14 @@ CASES = [
     ("mix-weights", ["train", "mix-tiny", "env.kwargs.weights=[1]", "--out", "run"],
      "env mix: weights [1] must be 2 non-negative numbers, not all 0 (one per env)"),
     ("vllm-backend-unknown", ["train", "rollout.backend=sglang", "--out", "run"], "bad value for 'rollout.backend'"),
+    # reasoning templates
+    ("history-unknown", ["train", "rollout.history=as_seen", "--out", "run"],
+     "bad value for 'rollout.history': Input should be 'as_sampled' or 'as_rendered'"),
+    ("history-as-rendered-summarize", ["train", "rollout.history=as_rendered", "rollout.context=summarize", "--out", "run"],
+     "rollout.history=as_rendered writes each turn's prompt as the template renders it; it needs rollout.context=full_history or window"),
+    ("thinking-budget-0", ["train", "rollout.thinking_budget=0", "--out", "run"], "rollout.thinking_budget"),
+    ("thinking-budget-no-markers", ["train", "rollout.thinking_budget=8", "--out", "run"],
+     "rollout.thinking_budget=8 but the tiny model's ChatML template has no thinking markers (<think>...</think>)"),
     ("agent-sampling-unknown", ["train", "agent.sampling=agent", "--out", "run"],
      "bad value for 'agent.sampling': Input should be 'trainer' or 'strict'"),
     # MCP tool servers and judge rewards

@@ -225,6 +225,18 @@ class RolloutConfig(Section):
         "growing context in which the policy opens sub-contexts with branch(goal) and folds them with "
         "return(message): one sample per context (turnforge.rollout.context)"
     )
+    history: Literal["as_sampled", "as_rendered"] = Field(
+        "as_sampled", description="Reasoning templates that drop earlier thinking (turnforge.policy.thinking): "
+        "'as_sampled': the context keeps every sampled token, thinking included (what is trained is what was seen; "
+        "at deployment the template shows earlier turns without their thinking); 'as_rendered': each turn's prompt is "
+        "the template's rendering of the conversation so far (earlier thinking dropped), one sample per turn. The "
+        "same for templates without thinking. Needs rollout.context full_history or window"
+    )
+    thinking_budget: int | None = Field(
+        None, ge=1, description="Thinking tokens per turn for a reasoning template (between <think> and </think>); at "
+        "the budget </think> is written and the model answers in up to rollout.max_new_tokens more. None: no budget "
+        "(thinking counts against rollout.max_new_tokens)"
+    )
     max_branches: int = Field(4, ge=1, description="fold: branch() calls per episode the engine intercepts; later ones "
                               "go to the env as text")
     summary_threshold: int | None = Field(

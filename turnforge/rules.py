@@ -79,6 +79,12 @@ def _rollout(cfg: TrainConfig) -> str | None:
     if r.context == "fold" and not r.include_instructions:
         return ("rollout.context=fold explains branch(goal) and return(message) in the system prompt; set "
                 "rollout.include_instructions=true")
+    if r.history == "as_rendered" and r.context not in ("full_history", "window"):
+        return (f"rollout.history=as_rendered writes each turn's prompt as the template renders it; it needs "
+                f"rollout.context=full_history or window (got {r.context}); or set rollout.history=as_sampled")
+    if r.thinking_budget is not None and r.context not in ("full_history", "window"):
+        return (f"rollout.thinking_budget={r.thinking_budget} closes thinking inside a turn's action; it needs "
+                f"rollout.context=full_history or window (got {r.context}); or set rollout.thinking_budget=null")
     if r.context in ("summarize", "fold") and cfg.critic.enabled:
         return ("critic.enabled=true reads values per turn of whole episodes or single turns, not of summarize segments; "
                 "use critic.mc_weight=1 (Monte-Carlo values) or another rollout.context")
@@ -254,8 +260,28 @@ def _vision(cfg: TrainConfig, env: Env) -> None:
     check_vision_options(cfg, env)
 
 
+def _chat_template(cfg: TrainConfig, env: Env) -> None:
+    """A local model's chat template is one turnforge can write token-exactly (its tokenizer only: a
+    template that rewrites earlier turns other than by dropping their thinking is refused here), and a
+    thinking budget needs a template with thinking markers (the tiny model's ChatML has none). A GGUF
+    model's template is checked once it is converted (the rollout engine)."""
+    from turnforge.errors import UserError
+    from turnforge.policy.model import load_chat_format
+
+    if cfg.model.gguf is not None:  # converted later: the rollout engine checks its template then
+        return
+    path, budget = cfg.model.path, cfg.rollout.thinking_budget
+    chat = load_chat_format(path) if path not in (None, "tiny") else None
+    if budget is None:
+        return
+    if chat is None or chat.thinking is None:
+        what = "the tiny model's ChatML template" if path in (None, "tiny") else f"the chat template of {path!r}"
+        raise UserError(f"rollout.thinking_budget={budget} but {what} has no thinking markers (<think>...</think>); "
+                        "set rollout.thinking_budget=null or use a reasoning model")
+
+
 #: The start-time checks (the run's env built, no model work yet), in the order they run.
-START_CHECKS: tuple[Callable[[TrainConfig, Env], None], ...] = (_env_capabilities, _vision)
+START_CHECKS: tuple[Callable[[TrainConfig, Env], None], ...] = (_env_capabilities, _vision, _chat_template)
 
 
 def check_run(cfg: TrainConfig, env: Env) -> None:

@@ -76,7 +76,7 @@ class Turn:
     """One agent turn of an episode, as text (the token view lives in ``Sample``)."""
 
     observation: str  # what the env showed before this turn's action (untruncated text)
-    action_text: str  # the decoded text of the generated ids (never re-tokenized for training)
+    action_text: str  # the decoded text of the generated ids, what the env got (a reasoning template's: the answer part)
     reward: float
     invalid_action: bool
     anchor_key: str  # env state key before the action (for step-level credit)

@@ -19,8 +19,19 @@ earlier call of the same rollout (its prompt and sampled completion, decoded), t
 is that call's exact token ids followed by the rest of the text, tokenized. The model then
 sees the tokens it sampled, not a re-tokenization of their text (which can differ: a
 model may sample ``Do`` + ``wn`` where the tokenizer writes ``Down``). Where the text
-differs (a template that drops reasoning, a client that rewrote a message), nothing is
-spliced and the trace compiler counts the split.
+differs (a client that rewrote a message), nothing is spliced and the trace compiler counts
+the split.
+
+Reasoning templates (``turnforge.policy.thinking``): a response carries the thinking as
+``reasoning_content`` and the answer as ``content``, as OpenAI-compatible reasoning servers do.
+A client sends its history back without the thinking (the normal case; the template drops it
+from earlier turns anyway), so an earlier call's text to match is its rendered prompt and its
+completion as the template shows it later (``Thinking.kept``). What the splice puts in its
+place follows ``rollout.history`` (``turnforge.rollout.history``): ``as_sampled``, the prompt
+and completion ids as sampled, thinking included (the trace compiler then extends one sample);
+``as_rendered``, the prompt ids and the kept completion ids (the template's rendering, the
+sampled answer ids not re-tokenized; the trace compiler starts a new sample, counted as a
+``rerendered`` split).
 """
 
 from __future__ import annotations
@@ -32,7 +43,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from turnforge.envs.tool.base import InvalidAction, parse_tool_calls
+from turnforge.policy.thinking import Thinking
 from turnforge.rollout.context import schemas_text
+from turnforge.rollout.history import AsRendered, AsSampled
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 _HERMES_BLOCK = re.compile(r"<tool_call>.*?</tool_call>", re.DOTALL)
@@ -117,10 +130,12 @@ def decode(tokenizer, ids) -> str:
 
 
 class Renderer:
-    """Renders requests for one tokenizer (see the module docstring)."""
+    """Renders requests for one tokenizer (see the module docstring). ``chat``: the policy's
+    ``ChatFormat`` (for its thinking markers); ``history``: the history policy of splices."""
 
-    def __init__(self, tokenizer, vision=None) -> None:
-        self.tok, self.vision = tokenizer, vision
+    def __init__(self, tokenizer, vision=None, chat=None, history: AsSampled | AsRendered = AsSampled()) -> None:
+        self.tok, self.vision, self.history = tokenizer, vision, history
+        self.chat = chat if chat is not None and chat.thinking is not None else None
         probe_tool = [{"type": "function", "function": {"name": "probe_fn", "description": "d",
                                                          "parameters": {"type": "object", "properties": {}}}}]
         user = [{"role": "user", "content": "hi"}]
@@ -176,8 +191,17 @@ class Renderer:
             tools = None
         return out, (tools or None)
 
-    def prompt(self, messages: Any, tools: Any, priors: list[Prior] = ()) -> tuple[tuple[int, ...], bool, tuple[bytes, ...]]:
-        """(prompt ids, spliced?, the images of its blocks) of a request, spliced onto the longest matching prior."""
+    def prior(self, text: str, prompt: tuple[int, ...], completion: tuple[int, ...]) -> Prior:
+        """What a later call of the rollout may splice onto: a call whose rendered prompt was
+        ``text`` (ids ``prompt``) and that sampled ``completion`` (see the module docstring)."""
+        if self.chat is None:
+            return Prior(prompt + completion, decode(self.tok, prompt + completion))
+        kept = self.chat.thinking.kept(completion, self.chat)
+        return Prior(prompt + self.history.shown(completion, self.chat, "user"), text + decode(self.tok, kept))
+
+    def prompt(self, messages: Any, tools: Any, priors: list[Prior] = ()) -> tuple[tuple[int, ...], bool, tuple[bytes, ...], str]:
+        """(prompt ids, spliced?, the images of its blocks, its rendered text) of a request, spliced
+        onto the longest matching prior."""
         images: list[bytes] = []
         msgs, tools = self.messages(messages, tools, images)
         try:
@@ -196,20 +220,38 @@ class Renderer:
             if written != blocks:
                 raise RequestError(f"the messages hold {written} image tokens but their {len(images)} image_url parts "
                                    f"make {blocks} ({per} block tokens): do not write image tokens as text", "messages")
-        return ids, spliced, tuple(images)
+        return ids, spliced, tuple(images), text
 
 
-def assistant_message(text: str, finish_reason: str) -> tuple[dict, str]:
+def split_reasoning(text: str, thinking: Thinking | None) -> tuple[str | None, str]:
+    """(reasoning, answer) of sampled ``text``: the thinking between the markers (None for a
+    template without them, or a completion that did not think) and what follows the last close
+    marker, its leading newlines stripped (as the templates do); a thinking never closed is all
+    reasoning, with an empty answer."""
+    if thinking is None:
+        return None, text
+    if thinking.close in text:
+        head, _, answer = text.rpartition(thinking.close)
+        return head.split(thinking.open, 1)[-1].strip("\n"), answer.lstrip("\n")
+    if thinking.prompt_opens or text.lstrip().startswith(thinking.open):
+        return text.split(thinking.open, 1)[-1].strip("\n"), ""
+    return None, text
+
+
+def assistant_message(text: str, finish_reason: str, thinking: Thinking | None = None) -> tuple[dict, str]:
     """The OpenAI assistant message of sampled ``text`` (stop token removed) and the finish
-    reason: well-formed Hermes ``<tool_call>`` blocks become ``tool_calls``; anything else
+    reason: a reasoning template's thinking goes in ``reasoning_content`` (``split_reasoning``);
+    well-formed Hermes ``<tool_call>`` blocks of the answer become ``tool_calls``; anything else
     stays in the content, as sampled."""
+    reasoning, text = split_reasoning(text, thinking)
+    extra = {} if reasoning is None else {"reasoning_content": reasoning}
     try:
         calls = parse_tool_calls(text, "hermes")
     except InvalidAction:
         calls = []
     if not calls:
-        return {"role": "assistant", "content": text}, finish_reason
+        return {"role": "assistant", "content": text, **extra}, finish_reason
     content = _HERMES_BLOCK.sub("", text).strip() or None
     tool_calls = [{"id": f"call_{uuid.uuid4().hex[:16]}", "type": "function",
                    "function": {"name": c.name, "arguments": json.dumps(c.arguments)}} for c in calls]
-    return {"role": "assistant", "content": content, "tool_calls": tool_calls}, "tool_calls"
+    return {"role": "assistant", "content": content, **extra, "tool_calls": tool_calls}, "tool_calls"

@@ -50,6 +50,7 @@ from turnforge.inference.weights import LoadedWeights, PushError, load_push, mod
 from turnforge.policy.generate import Generation
 from turnforge.policy.model import Policy
 from turnforge.rollout.actors import PolicyActor
+from turnforge.rollout.history import HISTORIES
 
 
 @dataclass
@@ -100,13 +101,16 @@ class Gateway:
     """See the module docstring. ``temperature``: the trainer's temperature, that every request
     is sampled at (when training), or None to use each request's (serving); ``sampling``: what
     happens to a request's other temperature or top_p while training (``agent.sampling``);
-    ``settings``: what its errors tell the user to change (a port in use, a prompt over the budget)."""
+    ``settings``: what its errors tell the user to change (a port in use, a prompt over the budget);
+    ``history``: what a reasoning template's re-sent history is spliced onto (``rollout.history``,
+    ``turnforge.gateway.render``)."""
 
     def __init__(self, policy: Policy, *, max_new_tokens: int, max_context_tokens: int, seed: int = 0,
                  temperature: float | None = None, sampling: SamplingPolicy = TrainerWins(), host: str = "127.0.0.1",
                  port: int = 0, batch_window_s: float = 0.005, max_wait_s: float = 0.05, max_batch: int = 64,
-                 model_name: str | None = None, settings: Settings = TRAINING) -> None:
-        self.policy, self.renderer = policy, Renderer(policy.tokenizer, policy.vision)
+                 model_name: str | None = None, settings: Settings = TRAINING, history: str = "as_sampled") -> None:
+        self.policy = policy
+        self.renderer = Renderer(policy.tokenizer, policy.vision, policy.chat, HISTORIES[history])
         self.max_new_tokens, self.max_context_tokens, self.temperature = max_new_tokens, max_context_tokens, temperature
         self.sampling, self.settings = sampling, settings
         self.batch_window_s, self.max_wait_s, self.max_batch = batch_window_s, max_wait_s, max_batch
@@ -389,7 +393,7 @@ class Gateway:
     async def _complete(self, body: dict, rollout: RolloutRecord | None, queued: list[bool]) -> dict:
         temperature, overrides, cap, stops, want_logprobs, tools = self._params(body)
         tok = self.policy.tokenizer
-        prompt, spliced, images = self.renderer.prompt(body.get("messages"), tools, rollout.priors if rollout else [])
+        prompt, spliced, images, rendered = self.renderer.prompt(body.get("messages"), tools, rollout.priors if rollout else [])
         room = self.max_context_tokens - len(prompt)
         if room < 1:
             raise RequestError(f"the prompt is {len(prompt)} tokens; the context budget is {self.max_context_tokens} "
@@ -414,11 +418,11 @@ class Gateway:
                     ids, logprobs, body_ids = ids[:k], logprobs[:k], body_ids[:k]
                     text, finish = partial[:min(hits)], "stop"
                     break
-        message, finish = assistant_message(text, finish)
+        message, finish = assistant_message(text, finish, self.policy.chat.thinking)
         if rollout is not None:
             rollout.calls.append(CallRecord(len(rollout.calls), prompt, tuple(ids), tuple(logprobs), version,
                                             temperature, finish, images, overrides))
-            rollout.priors.append(Prior(prompt + tuple(ids), decode(tok, prompt + tuple(ids))))
+            rollout.priors.append(self.renderer.prior(rendered, prompt, tuple(ids)))
             rollout.spliced_calls += spliced
         choice = {"index": 0, "message": message, "finish_reason": finish, "logprobs": None}
         if want_logprobs:

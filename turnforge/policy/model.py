@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from turnforge.errors import UserError
+from turnforge.policy.thinking import Thinking, detect, strip_final
 
 SENTINEL = "\u2063TURNFORGE_CONTENT\u2063"
 ROLES = ("user", "tool")  # roles an observation can come back as
@@ -31,9 +32,10 @@ class ChatFormat:
     go through the template's own ``tools`` argument (``start(system, tools)``). The ids the
     model sees are composed of pieces and never re-tokenized across a
     boundary, so an observation can be truncated by tokens. Works for templates that
-    render each message independently (ChatML/Qwen2, Llama 3, Mistral-style); templates
-    that rewrite earlier turns (e.g. strip reasoning from old assistant messages) are
-    rejected with a clear error.
+    render each message independently (ChatML/Qwen2, Llama 3, Mistral-style) and for reasoning
+    templates that drop the thinking of earlier assistant messages (Qwen3, DeepSeek-R1: found by
+    rendering, ``thinking``; ``turnforge.policy.thinking``); templates that rewrite earlier turns
+    in any other way are rejected with one line naming the rewrite.
     """
 
     def __init__(self, tokenizer) -> None:
@@ -42,14 +44,14 @@ class ChatFormat:
             raise UserError(f"tokenizer {name!r} has no chat_template; use an instruct/chat model or set one")
         self.tokenizer = tokenizer
         self._name = name
+        #: How the template treats thinking (``turnforge.policy.thinking``); None: it names no thinking markers.
+        self.thinking: Thinking | None = detect(self)
         u, a = {"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}
-        base = self._render([u, a], gen=False)
+        base = strip_final(self._render([u, a], gen=False), self.thinking)
         later = self._render([u, a, {"role": "user", "content": SENTINEL}], gen=True)
         if not later.startswith(base):
-            raise UserError(
-                f"chat template of {name!r} re-renders earlier turns when a message is added; "
-                "turnforge needs a template whose rendering of a conversation extends its prefix"
-            )
+            raise UserError(f"chat template of {name!r} re-renders earlier turns when a message is added ({_rewrite(base, later)}); "
+                            "turnforge needs a template whose rendering extends its prefix, or one that only drops earlier thinking")
         head, tail = self._split(later[len(base):])
         self._turns: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {"user": (self._template(head), self._template(tail))}
         self.user_head, self.user_tail = self._turns["user"]  # around a later user message's content
@@ -122,7 +124,7 @@ class ChatFormat:
             if role not in ROLES:
                 raise ValueError(f"unknown observation role {role!r}; valid roles: {', '.join(map(repr, ROLES))}")
             u, a = {"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}
-            base = self._render([u, a], gen=False)
+            base = strip_final(self._render([u, a], gen=False), self.thinking)
             try:
                 later = self._render([u, a, {"role": role, "content": SENTINEL}], gen=True)
             except Exception as err:  # jinja raise_exception for unsupported roles
@@ -145,6 +147,12 @@ class ChatFormat:
             if generated_text.endswith(close[:k]):
                 return self._template(close[k:])
         return self._template(close)
+
+
+def _rewrite(base: str, later: str) -> str:
+    """Where the rendering ``base`` changed when a message was added (``later``): "'X...' became 'Y...'"."""
+    start = len(os.path.commonprefix([base, later]))
+    return f"{base[start:start + 60]!r} became {later[start:start + 60]!r}"
 
 
 @dataclass

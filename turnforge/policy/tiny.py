@@ -50,6 +50,50 @@ CHAT_TEMPLATE = (
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
 
+THINK_TOKENS = ("<think>", "</think>")
+
+# ChatML with Qwen3's treatment of thinking, for tests and benchmarks of reasoning templates
+# (``turnforge.policy.thinking``): an assistant message after the last user message is written
+# with its thinking block (the final one with an empty block when it has none); those before
+# the last user message keep only what follows their last </think>, leading newlines stripped
+# (so thinking is kept before tool results, as Qwen3 does). Needs THINK_TOKENS in the tokenizer.
+THINKING_CHAT_TEMPLATE = (
+    "{%- set ns = namespace(last=-1) %}"
+    "{%- for m in messages %}{%- if m['role'] == 'user' %}{%- set ns.last = loop.index0 %}{%- endif %}{%- endfor %}"
+    "{%- for message in messages %}"
+    "{%- if message['role'] == 'assistant' %}"
+    "{%- set content = message['content'] %}{%- set reasoning = '' %}"
+    "{%- if '</think>' in content %}"
+    "{%- set reasoning = content.split('</think>')[0].split('<think>')[-1].strip('\\n') %}"
+    "{%- set content = content.split('</think>')[-1].lstrip('\\n') %}"
+    "{%- endif %}"
+    "{%- if loop.index0 > ns.last and (loop.last or reasoning) %}"
+    "{{- '<|im_start|>assistant\\n<think>\\n' + reasoning + '\\n</think>\\n\\n' + content + '<|im_end|>\\n' }}"
+    "{%- else %}{{- '<|im_start|>assistant\\n' + content + '<|im_end|>\\n' }}{%- endif %}"
+    "{%- else %}{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+
+def make_thinking(model_dir: str | Path, out_dir: str | Path, template: str = THINKING_CHAT_TEMPLATE) -> Path:
+    """A copy of the model in ``model_dir`` (a tiny one, or any small local model) that thinks:
+    ``<think>``/``</think>`` added to its tokenizer (its embeddings grown to match) and
+    ``template`` as its chat template (default: ChatML that drops earlier thinking, as Qwen3)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+    tok.add_tokens([AddedToken(t, normalized=False, special=False) for t in THINK_TOKENS])
+    tok.chat_template = template
+    model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True)
+    if model.get_input_embeddings().weight.shape[0] < len(tok):
+        model.resize_token_embeddings(len(tok), mean_resizing=False)
+    out = Path(out_dir)
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
 # Text the BPE merges are learned from: game vocabulary, directions, numbers and common
 # words, plus whatever corpus the caller adds (e.g. rendered observations of the envs).
 BASE_CORPUS = """

@@ -44,6 +44,7 @@ class ActorInput:
     summary: bool = False
     max_new_tokens: int | None = None  # the generation budget of this answer (None: the actor's own)
     images: tuple[bytes, ...] = ()  # the images whose blocks ``prompt`` holds, in order (vision policies)
+    part: str = ""  # "answer": the answer after a thinking cut at its budget (``turnforge.rollout.budget``), own row seed
 
 
 class Actor(Protocol):
@@ -97,7 +98,7 @@ class PolicyActor:
         if len(budgets) > 1:
             raise ValueError(f"one act() call must share max_new_tokens; got {sorted(budgets, key=str)}")
         images = [x.images for x in inputs] if any(x.images for x in inputs) else None
-        turns = [(int(x.turn), "summary") if x.summary else int(x.turn) for x in inputs]
+        turns = [(int(x.turn), "summary") if x.summary else (int(x.turn), x.part) if x.part else int(x.turn) for x in inputs]
         return self.generate([x.prompt for x in inputs], [x.trajectory_id for x in inputs],
                              max_new_tokens=budgets.pop() if budgets else None, images=images, turns=turns)
 

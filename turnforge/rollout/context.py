@@ -34,6 +34,13 @@ Three context policies:
   most ``rollout.max_branches`` per episode. Departure: FoldGRPO's process rewards for
   in-scope/out-of-scope actions are not computed.
 
+Reasoning templates (``turnforge.policy.thinking``): what later prompts show of an action follows
+``rollout.history`` (``turnforge.rollout.history``): every sampled token (``as_sampled``), or the
+template's rendering without earlier thinking (``as_rendered``: in ``full_history`` mode each turn
+is then its own sample, ``turn_index`` set, as in ``window`` mode). An action may hold ids the engine
+wrote (``act(forced=...)``: a thinking closed at ``rollout.thinking_budget``): context, loss mask 0,
+so the action is two runs of action tokens, and a several-turn sample records ``run_turns``.
+
 Episodic memory (``turnforge.rollout.episodic``): ``EpisodeContext.memory`` ids open the first
 user message of every prompt of the episode (every window, every segment), as context.
 
@@ -63,6 +70,7 @@ import numpy as np
 from turnforge.config import RolloutConfig
 from turnforge.errors import UserError
 from turnforge.policy.model import ChatFormat
+from turnforge.rollout.history import HISTORIES
 from turnforge.types import Sample
 
 
@@ -97,6 +105,7 @@ class _Action:
     logprobs: tuple[float, ...] | None  # None: not sampled (expert demonstration)
     version: int
     close: tuple[int, ...]  # template ids after the action (e.g. "\n" after <|im_end|>)
+    shown: tuple[int, ...] = ()  # what later prompts show of it, close included (``rollout.history``)
 
 
 @dataclass(frozen=True)
@@ -205,6 +214,7 @@ class EpisodeContext:
     _branch_first_turn: int = 0
     branches: int = 0  # branches opened so far
     _branch_samples: list[Sample] = field(default_factory=list)
+    _split_runs: bool = False  # an action of several runs (a forced thinking close): samples record run_turns
 
     @property
     def in_branch(self) -> bool:
@@ -355,8 +365,7 @@ class EpisodeContext:
                 out.extend(later_head)
             out.extend(obs)
             out.extend(tail if i == 0 else later_tail)
-            out.extend(act.ids)
-            out.extend(act.close)
+            out.extend(act.shown)
         out.extend(later_head if turns else ())
         out.extend(content)
         out.extend(tail if not turns else later_tail)
@@ -387,48 +396,59 @@ class EpisodeContext:
         """The images whose blocks ``prompt()`` holds, in order."""
         return self._prompt_images if self.cfg.context == "window" else tuple(self._images)
 
-    def act(self, ids: tuple[int, ...], logprobs: tuple[float, ...] | None, version: int, meta: bool = False) -> None:
+    def act(self, ids: tuple[int, ...], logprobs: tuple[float, ...] | None, version: int, meta: bool = False,
+            forced: tuple[int, int] = (0, 0)) -> None:
         """Record the action ids (exactly as generated) and the template's closing ids. ``meta``:
-        a fold meta-action (``branch``/``return``): no env turn (``branch()``/``fold_return()`` follow)."""
+        a fold meta-action (``branch``/``return``): no env turn (``branch()``/``fold_return()`` follow).
+        ``forced``: the span [a, b) of ``ids`` written, not sampled (the close of a thinking cut at
+        ``rollout.thinking_budget``): context, loss mask 0. Later prompts show the action as
+        ``rollout.history`` says (``turnforge.rollout.history``)."""
         if logprobs is not None and len(logprobs) != len(ids):
             raise ValueError(f"{len(ids)} action ids but {len(logprobs)} logprobs")
         if self.summary_due:
             raise RuntimeError("act() while a summary is due: call summarize() first")
-        if ids:
-            self._runs.append(self._actions)  # the env turn this run acts in (a meta-action: the turn it precedes)
+        mask = np.ones(len(ids), np.int8)
+        mask[forced[0]:forced[1]] = 0
+        runs = int(np.count_nonzero(np.diff(np.concatenate([[0], mask, [0]])) == 1))
+        self._runs.extend([self._actions] * runs)  # the env turn these runs act in (a meta-action: the turn it precedes)
+        self._split_runs = self._split_runs or runs > 1
         if not meta:
             self._actions += 1
+        history = HISTORIES[self.cfg.history]
+        shown = history.shown(ids, self.chat, self.spec.observation_role)
         # The closing text minus what the ids already hold (e.g. a sampled <|im_end|>): decode
         # with special tokens kept so a sampled stop token is seen.
         close = self.chat.close_after(self.chat.tokenizer.decode(ids, skip_special_tokens=False))
-        action = _Action(ids, logprobs, version, close)
-        lp = list(logprobs) if logprobs is not None else [float("nan")] * len(ids)
-        ver = version if logprobs is not None else -1
-        if self.cfg.context != "window":
+        shown_close = close if shown == ids else self.chat.close_after(self.chat.tokenizer.decode(shown, skip_special_tokens=False))
+        action = _Action(ids, logprobs, version, close, shown + shown_close)
+        lp = np.asarray(logprobs if logprobs is not None else [float("nan")] * len(ids), dtype=np.float32)
+        lp[mask == 0] = float("nan")
+        ver = np.where(mask == 1, version if logprobs is not None else -1, -1).astype(np.int32)
+        if self.cfg.context != "window" and not history.per_turn:
             self._ids.extend(ids)
-            self._mask.extend([1] * len(ids))
-            self._logprobs.extend(lp)
-            self._versions.extend([ver] * len(ids))
-            self._ids.extend(action.close)
-            self._mask.extend([0] * len(action.close))
-            self._logprobs.extend([float("nan")] * len(action.close))
-            self._versions.extend([-1] * len(action.close))
-        else:
-            prompt = self._prompt
-            n = len(prompt)
-            self.samples.append(
-                Sample(
-                    token_ids=np.asarray(prompt + ids, dtype=np.int64),
-                    loss_mask=np.concatenate([np.zeros(n, np.int8), np.ones(len(ids), np.int8)]),
-                    logprobs=np.asarray([float("nan")] * n + lp, dtype=np.float32),
-                    versions=np.asarray([-1] * n + [ver] * len(ids), dtype=np.int32),
-                    trajectory_id=self.trajectory_id,
-                    turn_index=len(self._turns),
-                    images=self._prompt_images,
-                    **self._memory_span(),
-                )
+            self._mask.extend(mask.tolist())
+            self._logprobs.extend(lp.tolist())
+            self._versions.extend(ver.tolist())
+            self._context(action.close)
+            return
+        prompt = self._prompt if self.cfg.context == "window" else tuple(self._ids)
+        n = len(prompt)
+        self.samples.append(
+            Sample(
+                token_ids=np.asarray(prompt + ids, dtype=np.int64),
+                loss_mask=np.concatenate([np.zeros(n, np.int8), mask]),
+                logprobs=np.concatenate([np.full(n, np.nan, np.float32), lp]),
+                versions=np.concatenate([np.full(n, -1, np.int32), ver]),
+                trajectory_id=self.trajectory_id,
+                turn_index=self._actions - 1,
+                images=self._prompt_images if self.cfg.context == "window" else tuple(self._images),
+                **self._memory_span(),
             )
+        )
+        if self.cfg.context == "window":
             self._turns.append((self._obs_ids, action, self._obs_images))
+        else:  # as_rendered on a growing context: the next prompt shows the action as the template renders it
+            self._context(action.shown)
 
     # ------------------------------------------------------------ fold
     def branch(self, goal: str) -> int:
@@ -485,8 +505,9 @@ class EpisodeContext:
                 self.samples.append(self._segment())
                 self._segment_first_turn = self._actions
             return self.samples
-        if self.cfg.context == "full_history" and any(self._mask):
-            self.samples = [self._buffer_sample(images=tuple(self._images))]
+        if self.cfg.context == "full_history" and not HISTORIES[self.cfg.history].per_turn and any(self._mask):
+            self.samples = [self._buffer_sample(images=tuple(self._images),
+                                                run_turns=tuple(self._runs) if self._split_runs else ())]
         return self.samples
 
 
@@ -531,7 +552,9 @@ def rerender(trajectory, observations: list[str], chat: ChatFormat, cfg: Rollout
     actions: list[tuple[np.ndarray, np.ndarray, int]] = []
     for x in sorted(trajectory.samples, key=lambda x: x.turn_index):
         segs = action_segments(x)
-        actions.extend(segs if x.turn_index < 0 else segs[-1:])
+        if x.turn_index >= 0 and len(segs) > 1:
+            return None  # a thinking closed at the budget: its forced close is not re-rendered
+        actions.extend(segs)
     if len(actions) != len(observations):
         return None
     ctx = EpisodeContext(chat, cfg, spec, marker_ids, trajectory.trajectory_id)

@@ -34,6 +34,10 @@ or restore gives such a trajectory too, with no turns and no samples, so every r
 returns one trajectory and every failure is counted (``turnforge.train.run_dir.failures``
 decides whether a stage may go on).
 
+Reasoning templates (``turnforge.policy.thinking``): the env gets the answer part of an action only
+(after the last ``</think>``); with ``rollout.thinking_budget`` a turn is sampled in up to two calls
+(``turnforge.rollout.budget``); thinking and answer tokens and the turns cut at the budget are counted.
+
 Episodic memory (``engine.memory``, ``turnforge.rollout.episodic``): at an episode's first
 observation the engine recalls the memory's most similar past successes and writes their block
 into the episode's context (``EpisodeContext.memory``); the trainer adds to the memory between
@@ -60,6 +64,7 @@ from turnforge.errors import UserError
 from turnforge.policy.generate import Generation
 from turnforge.policy.model import Policy
 from turnforge.rollout.actors import Actor, ActorInput, PolicyActor
+from turnforge.rollout.budget import NO_FORCE, think_then_answer
 from turnforge.rollout.context import (FOLD_INSTRUCTIONS, ContextOverflow, EpisodeContext, PromptSpec, SummaryLimit,
                                        check_summary_budget, fold_meta)
 from turnforge.rollout.episodic import EpisodicMemory
@@ -111,6 +116,9 @@ class RolloutStats:
     summary_limits: int = 0  # episodes ended by rollout.max_summaries
     memory_recalls: int = 0  # episodes shown past successes (episodic memory)
     memory_tokens: int = 0  # their memory blocks' tokens, once per episode
+    thinking_tokens: int = 0  # sampled tokens of generated actions before their answer (reasoning templates)
+    answer_tokens: int = 0  # sampled tokens of generated actions from the answer on (all of them without thinking)
+    thinking_cuts: int = 0  # turns whose thinking reached rollout.thinking_budget and was closed by the engine
 
 
 @dataclass
@@ -193,6 +201,9 @@ class Episode:
     action_tokens: int = 0
     summary_tokens: int = 0
     meta_actions: int = 0  # fold: branch/return calls (no env step)
+    thinking_tokens: int = 0
+    answer_tokens: int = 0
+    thinking_cuts: int = 0
     done: bool = False
 
     @property
@@ -221,6 +232,12 @@ class RolloutEngine:
                                   else FOLD_INSTRUCTIONS)
         if policy is not None:
             check_summary_budget(policy.chat, cfg)
+            if cfg.thinking_budget is not None and policy.chat.thinking is None:
+                raise UserError(f"rollout.thinking_budget={cfg.thinking_budget} but the chat template of {policy.path!r} has no "
+                                "thinking markers (<think>...</think>); set rollout.thinking_budget=null or use a reasoning model")
+        #: The thinking markers of a reasoning template (``turnforge.policy.thinking``): actions are
+        #: parsed from their answer part; None: no thinking
+        self.thinking = policy.chat.thinking if policy is not None else None
         self.caps = capabilities(env)
         if self.caps.images and policy is not None and policy.vision is None:
             raise UserError(f"env {env.env_id!r} shows images in its observations but the model is text-only; use a "
@@ -469,16 +486,21 @@ class RolloutEngine:
                                  images=e.ctx.prompt_images() if e.ctx is not None and actor.needs_tokens else ())
                       for e in group]
             t0 = time.perf_counter()
-            actions = actor.act(inputs)
+            if self.cfg.thinking_budget is not None and actor.needs_tokens:
+                assert self.thinking is not None
+                acted = think_then_answer(actor, inputs, self.thinking, self.cfg.thinking_budget, self.cfg.max_new_tokens)
+            else:
+                acted = [(a, NO_FORCE) for a in actor.act(inputs)]
             if actor.needs_tokens:
                 self.stats.generation_seconds += time.perf_counter() - t0
                 self.stats.generation_calls += 1
                 self.stats.batch_sizes = (self.stats.batch_sizes + [len(group)])[-200:]
-            gens = [a for a in actions if isinstance(a, Generation)]
-            decoded = iter(self.policy.tokenizer.batch_decode([g.ids for g in gens], skip_special_tokens=True)) if gens else iter(())
-            for e, action in zip(group, actions):
+            gens = [a for a, _ in acted if isinstance(a, Generation)]
+            decoded = iter(self._answer_text(self.policy.tokenizer.batch_decode(  # type: ignore[union-attr]
+                [self._answer(g.ids) for g in gens], skip_special_tokens=True))) if gens else iter(())
+            for e, (action, forced) in zip(group, acted):
                 if isinstance(action, Generation):
-                    self._record(e, action, texts, next(decoded))
+                    self._record(e, action, texts, next(decoded), forced)
                 else:
                     self._record(e, action, texts)
         stepping = [e for e in eps if e.slot in texts]  # the others took a fold meta-action (or ended on one)
@@ -488,21 +510,44 @@ class RolloutEngine:
             self.backend.send_step([e.slot for e in stepping], [texts[e.slot] for e in stepping],
                                    [self._probe(e, e.turn + 1) for e in stepping])
 
-    def _record(self, e: Episode, action: Generation | str, texts: dict[int, str], decoded: str | None = None) -> None:
-        """Write one action into the episode's context; ``texts[slot]`` = the text the env gets."""
+    def _answer(self, ids: Sequence[int]) -> Sequence[int]:
+        """The answer part of an action's ids (after the last ``</think>`` of a reasoning template):
+        what the env is sent. All of them without thinking markers."""
+        return ids if self.thinking is None else ids[self.thinking.split(ids):]
+
+    def _answer_text(self, texts: list[str]) -> list[str]:
+        """Decoded answers as the env gets them: a reasoning template's without the newlines after ``</think>``."""
+        return texts if self.thinking is None else [t.lstrip("\n") for t in texts]
+
+    def _record(self, e: Episode, action: Generation | str, texts: dict[int, str], decoded: str | None = None,
+                forced: tuple[int, int] = NO_FORCE) -> None:
+        """Write one action into the episode's context; ``texts[slot]`` = the text the env gets (the
+        answer part only, for a reasoning template). ``forced``: the span of the ids the engine wrote
+        (a thinking closed at its budget)."""
         if isinstance(action, Generation) and self._fold(e, action, decoded):
             return
         if isinstance(action, Generation):  # sampled ids: recorded as sampled, never re-tokenized
             version = e.actor.version
-            e.ctx.act(action.ids, action.logprobs, version)  # type: ignore[union-attr]
+            e.ctx.act(action.ids, action.logprobs, version, forced=forced)  # type: ignore[union-attr]
             e.min_version = version if e.min_version is None else min(e.min_version, version)
-            text, stopped, n = decoded, action.stopped, len(action.ids)
+            text, stopped, ids = decoded, action.stopped, action.ids
         elif e.ctx is not None:  # a text action, written as the tokens the LM should produce
             ids = self.policy.chat.encode(action) + (self.policy.stop_ids[0],)  # type: ignore[union-attr]
             e.ctx.act(ids, None, -1)
-            text, stopped, n = self.policy.tokenizer.decode(ids, skip_special_tokens=True), True, len(ids)  # type: ignore[union-attr]
-        else:
-            text, stopped, n = action, True, 0
+            text = self._answer_text([self.policy.tokenizer.decode(self._answer(ids), skip_special_tokens=True)])[0]  # type: ignore[union-attr]
+            stopped = True
+        else:  # no token context: a text action's answer part (what follows a reasoning template's last </think>)
+            answer = action if self.thinking is None else action.rpartition(self.thinking.close)[2]
+            text, stopped, ids = self._answer_text([answer])[0], True, ()
+        split = len(ids) - len(self._answer(ids))
+
+        def sampled(a: int, b: int) -> int:  # ids in [a, b) not written by the engine
+            return b - a - max(0, min(b, forced[1]) - max(a, forced[0]))
+
+        n = sampled(0, len(ids))
+        e.thinking_tokens += sampled(0, split)
+        e.answer_tokens += sampled(split, len(ids))
+        e.thinking_cuts += forced != NO_FORCE
         e.generation_truncations += not stopped
         e.action_tokens += n
         self.stats.generated_tokens += n
@@ -596,6 +641,9 @@ def rollout_stats(episodes: Sequence[Episode]) -> RolloutStats:
         summary_limits=sum(e.reason == "summary_limit" for e in episodes),
         memory_recalls=sum(bool(e.ctx.memory) for e in episodes if e.ctx is not None),
         memory_tokens=sum(len(e.ctx.memory) for e in episodes if e.ctx is not None),
+        thinking_tokens=sum(e.thinking_tokens for e in episodes),
+        answer_tokens=sum(e.answer_tokens for e in episodes),
+        thinking_cuts=sum(e.thinking_cuts for e in episodes),
     )
 
 
