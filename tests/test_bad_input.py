@@ -143,7 +143,12 @@ CASES = [
      "flywheel.pass_at_k=true measures pass@k after each round with eval.pass_at_k_samples samples per task; set it above 0"),
     # flywheel: names checked before any work (the data command's cases are in tests/data/test_query_store.py)
     ("flywheel-unknown-mechanism", ["flywheel", "flywheel.mechanisms=[guidance,magic]", "--out", "run"],
-     "bad value for 'flywheel.mechanisms' (['guidance', 'magic']): unknown name 'magic'; valid: retry, guidance, curriculum, anchor, evolve, replay"),
+     "bad value for 'flywheel.mechanisms' (['guidance', 'magic']): unknown name 'magic'; valid: retry, guidance, curriculum, anchor, evolve, replay, keep, negatives"),
+    ("flywheel-negative-weight", ["flywheel", "flywheel.mechanisms=[negatives]", "flywheel.negative_weight=-1", "--out", "run"],
+     "bad value for 'flywheel.negative_weight' (-1): Input should be greater than 0"),
+    ("flywheel-boundary-budget", ["flywheel", "flywheel.allocation=boundary", "--out", "run"],
+     "flywheel.allocation=boundary deals (group_size - probe_rollouts) rollouts per task by closeness to the boundary; "
+     "with flywheel.group_size=flywheel.probe_rollouts=2 there are none"),
     ("flywheel-unknown-filter", ["flywheel", "flywheel.filters=[success,shiny]", "--out", "run"],
      "unknown name 'shiny'; valid: infra, success, reward, truncation, loops, length, dedup, task_cap"),
     ("flywheel-unknown-stage", ["flywheel", "flywheel.stages=[dpo]", "--out", "run"], "unknown name 'dpo'; valid: rft, rl"),
@@ -212,7 +217,7 @@ CASES = [
     ("memory-async", ["train", "memory.enabled=true", "engine.mode=async", "--out", "run"],
      "memory.enabled=true with engine.mode=async"),
     ("memory-source-unknown", ["train", "memory.sources=[guided]", "--out", "run"],
-     "unknown memory source 'guided'; valid sources: demo, plain, retry, curriculum, anchor, evolved"),
+     "unknown memory source 'guided'; valid sources: demo, plain, retry, curriculum, anchor, evolved, kept"),
     # turnforge merge
     ("merge-method-unknown", ["merge", "{ckpt}", "{ckpt}", "--method", "soup", "--out", "m"],
      "unknown merge method 'soup'; valid methods: linear, slerp, task_arithmetic, ties, dare, ram"),

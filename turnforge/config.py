@@ -355,6 +355,10 @@ class RLConfig(Section):
     )
     kl_coef: float = Field(0.0, ge=0, description="Weight of the KL-to-reference loss term (0 = no reference model)")
     kl_estimator: Literal["k1", "k2", "k3"] = Field("k3", description="Per-token KL estimator of the reference term")
+    reference_reset_every: int = Field(
+        0, ge=0, description="ProRL's reference resets: every N RL iterations the KL reference becomes a frozen copy of "
+        "the current policy and the optimizer's state is cleared (saved as RUN/checkpoints/reference for a resume; "
+        "needs kl_coef > 0 and full fine-tuning; 0 = the reference stays the BC policy)")
     kl_mode: Literal["loss", "reward"] = Field(
         "loss",
         description="'loss': kl_coef * KL is a loss term; 'reward': kl_coef * KL summed over a turn's action tokens "
@@ -599,10 +603,15 @@ class FlywheelConfig(Section):
         "episodes together); rounds stop admitting new tasks once it is spent")
     tasks_per_wave: int = Field(64, ge=1, description="Fresh train tasks drawn at a time until the round's budget is spent")
     group_size: int = Field(4, ge=1, description="Rollouts per task (uniform allocation; the most a task gets when adaptive)")
-    allocation: Literal["uniform", "adaptive"] = Field(
+    allocation: Literal["uniform", "adaptive", "boundary"] = Field(
         "adaptive", description="'uniform': group_size rollouts per task; 'adaptive' (XRPO-style): probe_rollouts per task "
-        "first, the rest of group_size only for tasks whose outcome is uncertain (some but not all probes succeeded)")
-    probe_rollouts: int = Field(2, ge=1, description="adaptive: first rollouts per task")
+        "first, the rest of group_size only for tasks whose outcome is uncertain (some but not all probes succeeded); "
+        "'boundary' (BroRL-style, the same rollouts per wave as uniform): probe_rollouts per task first, then the wave's "
+        "other (group_size - probe_rollouts) x tasks rollouts dealt in proportion to 1 - (c + 1/2) / (n + 1) of each "
+        "task's probes (many on rarely solved tasks, few on always-solved ones), at most boundary_max_rollouts a task")
+    probe_rollouts: int = Field(2, ge=1, description="adaptive, boundary: first rollouts per task")
+    boundary_max_rollouts: int = Field(
+        8, ge=1, description="boundary: the most rollouts of one task in a wave, probes included (at least group_size)")
     temperature: float = Field(1.0, gt=0, description="Sampling temperature of the flywheel's collection")
     mechanisms: list[str] = Field(
         default_factory=lambda: ["guidance", "replay"],
@@ -653,6 +662,18 @@ class FlywheelConfig(Section):
     replay_size: int = Field(2000, ge=1, description="replay: the most episodes the buffer keeps (oldest out first)")
     replay_max_success: float = Field(
         0.5, ge=0, le=1, description="replay: a success enters the buffer when its task's plain success rate is at most this")
+    keep_tasks: int = Field(
+        64, ge=1, description="keep: the starting policy's solved levels re-tested each round after the first (its "
+        "first wave; the ones lost at their last re-test first, then round robin)")
+    keep_pool: int = Field(
+        512, ge=1, description="keep: the most levels kept from round 1 (the starting policy's kept successes on hard tasks)")
+    negative_weight: float = Field(
+        1.0, gt=0, le=10, description="negatives: weight of a failed turn's unlikelihood -log(1 - p(action)) in the rft "
+        "loss, against 1 for a kept success's likelihood (in (0, 10])")
+    negative_scope: Literal["state", "task"] = Field(
+        "task", description="negatives: which failed turns of a task with a success are pushed down: 'task' every one "
+        "whose action no success took in its state; 'state' only those in a state a success visited (about a tenth as "
+        "many on the default job; pass@64 kept less: docs/results.md)")
     rft_epochs: int = Field(2, ge=1, description="rft: passes over the round's training samples")
     rft_lr: LearningRate = Field(3e-4, description="rft: AdamW learning rate")
     rft_batch_size: int = Field(64, ge=1, description="rft: samples per gradient step")

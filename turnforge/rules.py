@@ -56,11 +56,35 @@ def _flywheel(cfg: TrainConfig) -> str | None:
             return f"{w} weighs each turn's sample and needs rollout.context=window (got {cfg.rollout.context})"
         if fw.weighting == "group_awr" and fw.group_size < 2:
             return "flywheel.weighting=group_awr compares the turns of a task's group taken in one state: set flywheel.group_size >= 2"
+    if fw.rounds > 0 and fw.allocation != "uniform" and fw.probe_rollouts > fw.group_size:
+        return (f"flywheel.probe_rollouts={fw.probe_rollouts} is above flywheel.group_size={fw.group_size}, the rollouts of a "
+                f"task; set flywheel.probe_rollouts <= {fw.group_size}")
+    if fw.rounds > 0 and fw.allocation == "boundary":
+        if fw.group_size == fw.probe_rollouts:
+            return (f"flywheel.allocation=boundary deals (group_size - probe_rollouts) rollouts per task by closeness to "
+                    f"the boundary; with flywheel.group_size=flywheel.probe_rollouts={fw.group_size} there are none: raise "
+                    "flywheel.group_size or lower flywheel.probe_rollouts")
+        if fw.boundary_max_rollouts < fw.group_size:
+            return (f"flywheel.boundary_max_rollouts={fw.boundary_max_rollouts} is below flywheel.group_size={fw.group_size}: "
+                    f"a wave's budget could not be dealt; set it to at least {fw.group_size}")
     if fw.rounds > 0:
         for mechanism in enabled(fw.mechanisms):
             conflict = mechanism.conflict(cfg)
             if conflict:
                 return conflict
+    return None
+
+
+def _reference_resets(cfg: TrainConfig) -> str | None:
+    rl = cfg.rl
+    if rl.reference_reset_every == 0:
+        return None
+    if rl.kl_coef == 0:
+        return (f"rl.reference_reset_every={rl.reference_reset_every} resets the KL reference, but rl.kl_coef=0 uses none; "
+                "set rl.kl_coef > 0 (ProRL: 1e-4 to 1e-3) or rl.reference_reset_every=0")
+    if cfg.model.lora.r > 0:
+        return ("rl.reference_reset_every > 0 copies the policy as the new reference; under LoRA the reference is the "
+                "adapter's frozen base: set model.lora.r=0 or rl.reference_reset_every=0")
     return None
 
 
@@ -234,8 +258,8 @@ def _dist(cfg: TrainConfig) -> str | None:
 
 #: The config-time rules, in the order they are asked.
 CONFIG_RULES: tuple[Callable[[TrainConfig], str | None], ...] = (
-    _estimator_and_critic, _flywheel, _critic_pretraining, _rollout, _lora, _agent, _judge, _vllm, _server, _engine, _memory, _ray,
-    _dist,
+    _estimator_and_critic, _flywheel, _reference_resets, _critic_pretraining, _rollout, _lora, _agent, _judge, _vllm,
+    _server, _engine, _memory, _ray, _dist,
 )
 
 

@@ -90,3 +90,38 @@ def test_mutual_information_refuses_rows_that_are_not_distributions():
 def test_softmax_rows():
     p = softmax_rows(np.array([[0.0, math.log(3.0)], [-1000.0, -1000.0]]))
     np.testing.assert_allclose(p, [[0.25, 0.75], [0.5, 0.5]])
+
+
+def test_gained_and_lost_hand_computed():
+    from turnforge.algos.boundary import gained_and_lost
+
+    assert gained_and_lost([0, 2, 3, 7], [0, 1, 3, 9]) == ((1, 9), (2, 7))
+    assert gained_and_lost([], [4]) == ((4,), ())
+    assert gained_and_lost([5], [5]) == ((), ())
+
+
+def test_boundary_weight_hand_computed():
+    from turnforge.algos.boundary import boundary_weight
+
+    # 1 - (c + 1/2) / (n + 1)
+    assert boundary_weight(1, 0) == pytest.approx(0.75) and boundary_weight(1, 1) == pytest.approx(0.25)
+    assert boundary_weight(2, 0) == pytest.approx(5 / 6) and boundary_weight(2, 1) == pytest.approx(0.5)
+    assert boundary_weight(2, 2) == pytest.approx(1 / 6)
+    with pytest.raises(ValueError, match="0 <= successes <= samples"):
+        boundary_weight(1, 2)
+
+
+def test_boundary_allotment_deals_in_proportion_up_to_the_cap():
+    from turnforge.algos.boundary import boundary_allotment
+
+    # D'Hondt, weights 0.75, 0.25, 0.75, 4 rollouts: quotients 0.75 (t0), 0.75 (t2), 0.375 (t0), 0.375 (t2)
+    assert boundary_allotment([0.75, 0.25, 0.75], 4, cap=7) == [2, 0, 2]
+    # 5 rollouts: the fifth to the largest of 0.25, 0.25 (t0: 0.75/3), 0.25 (t2): the first of the ties
+    assert boundary_allotment([0.75, 0.25, 0.75], 5, cap=7) == [3, 0, 2]
+    # three times the weight, three times the rollouts
+    assert boundary_allotment([0.75, 0.25], 8, cap=10) == [6, 2]
+    # the cap: what t0 cannot take goes to the others; what no task can take is left undealt
+    assert boundary_allotment([0.75, 0.25], 8, cap=3) == [3, 3]
+    assert boundary_allotment([0.5, 0.5], 0, cap=3) == [0, 0]
+    with pytest.raises(ValueError, match="extra >= 0"):
+        boundary_allotment([0.5], -1, cap=3)

@@ -124,3 +124,29 @@ def test_entropy_floor_penalty_hand_computed():
     zero = entropy_floor_penalty(above, torch.tensor([[0.0, 1.0, 1.0]]), floor=0.8, coef=2.0)
     zero.backward()
     assert zero.item() == 0.0 and not above.grad.any()  # at or above the floor: no pull at all
+
+
+def test_signed_nll_hand_computed():
+    from turnforge.algos import signed_nll
+
+    # row 0: a success, weight 1, two action tokens: -(-0.5 - 1.0) = 1.5
+    # row 1: a failure, weight -0.5, one action token of p = 0.5: 0.5 x 1 x -log(1 - 0.5) = 0.5 ln 2
+    lp = torch.tensor([[-0.5, -1.0], [-math.log(2.0), -3.0]], requires_grad=True)
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
+    loss = signed_nll(lp, mask, torch.tensor([1.0, -0.5]))
+    assert math.isclose(loss.item(), (1.5 + 0.5 * math.log(2.0)) / 3, rel_tol=1e-6)
+    loss.backward()
+    # d/dlp of 0.5 x -log(1 - e^lp) = 0.5 x p / (1 - p) = 0.5 at p = 0.5; over 3 tokens; the masked token: 0
+    assert torch.allclose(lp.grad, torch.tensor([[-1 / 3, -1 / 3], [0.5 / 3, 0.0]]))
+
+
+def test_signed_nll_is_weighted_nll_without_negatives_and_bounded_near_certainty():
+    from turnforge.algos import signed_nll
+
+    lp = torch.tensor([[-0.2, -0.7], [-1.5, -0.1]])
+    mask = torch.tensor([[1.0, 0.0], [1.0, 1.0]])
+    w = torch.tensor([0.5, 2.0])
+    assert torch.equal(signed_nll(lp, mask, w), weighted_nll(lp, mask, w))
+    # a failed action the policy is sure of: p clamped to 1 - 1e-6, a finite loss of -log(1e-6)
+    sure = signed_nll(torch.zeros(1, 1), torch.ones(1, 1), torch.tensor([-1.0]))
+    assert math.isfinite(sure.item()) and math.isclose(sure.item(), -math.log(1e-6), rel_tol=1e-3)

@@ -97,11 +97,11 @@ def task_ids(tasks) -> list[int]:
 
 
 def test_the_registry_is_the_one_list_of_mechanisms_and_sources():
-    assert list(MECHANISMS) == ["retry", "guidance", "curriculum", "anchor", "evolve", "replay"]
-    assert SOURCES == ("demo", "plain", "retry", "guided", "curriculum", "anchor", "evolved")
-    assert MEMORY_SOURCES == ("demo", "plain", "retry", "curriculum", "anchor", "evolved")  # hinted episodes are not recalled
+    assert list(MECHANISMS) == ["retry", "guidance", "curriculum", "anchor", "evolve", "replay", "keep", "negatives"]
+    assert SOURCES == ("demo", "plain", "retry", "guided", "curriculum", "anchor", "evolved", "kept")
+    assert MEMORY_SOURCES == ("demo", "plain", "retry", "curriculum", "anchor", "evolved", "kept")  # hinted episodes are not recalled
     assert [cls.name for cls in enabled(["replay", "retry", "anchor"])] == ["retry", "anchor", "replay"]  # registry order
-    with pytest.raises(UserError, match=r"unknown name 'bogus'; valid: retry, guidance, curriculum, anchor, evolve, replay"):
+    with pytest.raises(UserError, match=r"unknown name 'bogus'; valid: retry, guidance, curriculum, anchor, evolve, replay, keep, negatives"):
         load_config("sokoban-tiny", ["flywheel.mechanisms=[bogus]"])
 
 

@@ -25,6 +25,7 @@ from turnforge.algos.losses import (
     masked_mean,
     ppo_clip_loss,
     sft_loss,
+    signed_nll,
     value_loss,
     weighted_nll,
 )
@@ -50,6 +51,7 @@ __all__ = [
     "rloo",
     "w_reinforce",
     "sft_loss",
+    "signed_nll",
     "value_loss",
     "weighted_nll",
     "ImportanceStats",

@@ -78,3 +78,40 @@ def softmax_rows(scores: np.ndarray) -> np.ndarray:
     scores = np.asarray(scores, dtype=np.float64)
     z = np.exp(scores - scores.max(axis=1, keepdims=True))
     return z / z.sum(axis=1, keepdims=True)
+
+
+def gained_and_lost(start: Sequence[int], end: Sequence[int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Tasks gained and lost against the start: ``start`` and ``end`` are the indices of the tasks
+    solved at least once (in N samples) by the starting and the trained policy; returns the sorted
+    indices solved only at the end (gained) and only at the start (lost)."""
+    a, b = set(start), set(end)
+    return tuple(sorted(b - a)), tuple(sorted(a - b))
+
+
+def boundary_weight(samples: int, successes: int) -> float:
+    """How close a task is to the boundary of what the policy solves, from its probes:
+    ``1 - p`` with ``p = (c + 1/2) / (n + 1)`` (the success rate, pulled toward 1/2 so that one
+    probe is not a verdict). 0/1 -> 0.75, 1/1 -> 0.25, 0/2 -> 5/6, 1/2 -> 1/2, 2/2 -> 1/6:
+    rarely solved tasks weigh most, always-solved ones least."""
+    if not 0 <= successes <= samples:
+        raise ValueError(f"boundary_weight needs 0 <= successes <= samples; got {samples}, {successes}")
+    return 1.0 - (successes + 0.5) / (samples + 1)
+
+
+def boundary_allotment(weights: Sequence[float], extra: int, cap: int) -> list[int]:
+    """``extra`` rollouts dealt to tasks in proportion to their ``weights`` (the D'Hondt rule: each
+    next rollout goes to the task with the largest ``w / (given + 1)``, ties to the first), at
+    most ``cap`` per task; what no task can take (all at ``cap``) is left undealt. Returns the
+    rollouts per task."""
+    if extra < 0 or cap < 0:
+        raise ValueError(f"boundary_allotment needs extra >= 0 and cap >= 0; got extra={extra}, cap={cap}")
+    given = [0] * len(weights)
+    for _ in range(extra):
+        best, score = None, -1.0
+        for i, w in enumerate(weights):
+            if given[i] < cap and w / (given[i] + 1) > score:
+                best, score = i, w / (given[i] + 1)
+        if best is None:
+            break
+        given[best] += 1
+    return given

@@ -135,6 +135,26 @@ def weighted_nll(logprobs: torch.Tensor, mask: torch.Tensor, weights: torch.Tens
     return -(logprobs * (mask * weights[:, None])).sum() / mask.sum().clamp(min=1)
 
 
+def signed_nll(logprobs: torch.Tensor, mask: torch.Tensor, weights: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """``weighted_nll`` with negative samples: a row of weight ``w >= 0`` adds ``-w`` times its
+    action tokens' logprobs (as ``weighted_nll``); a row of weight ``w < 0`` adds ``|w| x n x
+    -log(1 - p)`` with ``p = exp(sum of its action tokens' logprobs)``, the probability of its whole
+    action, and ``n`` its action tokens (unlikelihood, Welleck et al. 2019: a failed action pushed
+    down, its gradient vanishing as ``p -> 0``, unlike ``+log p``'s, which never stops). The sum
+    is divided by the action tokens of every row, so with no negative row it is ``weighted_nll``
+    exactly. ``logprobs``, ``mask`` ``[B, T]``, ``weights`` ``[B]``; ``p`` is clamped to
+    ``1 - eps``."""
+    mask = mask.to(logprobs.dtype)
+    neg = weights < 0
+    pos_w = torch.where(neg, torch.zeros_like(weights), weights)
+    positive = -(logprobs * (mask * pos_w[:, None])).sum()
+    seq = (logprobs * mask).sum(dim=1)  # [B] log-probability of each row's whole action
+    p = torch.exp(seq).clamp(max=1.0 - eps)
+    unlikely = -torch.log1p(-p) * mask.sum(dim=1)  # [B]
+    negative = (unlikely * torch.where(neg, -weights, torch.zeros_like(weights))).sum()
+    return (positive + negative) / mask.sum().clamp(min=1)
+
+
 def entropy_floor_penalty(entropy: torch.Tensor, mask: torch.Tensor, floor: float, coef: float,
                           mean=masked_mean) -> torch.Tensor:
     """The entropy guard of fine-tuning on the policy's own successes: ``coef * max(0, floor - H)``

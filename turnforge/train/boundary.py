@@ -25,7 +25,8 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from turnforge.algos.boundary import distinct_successes, mean_pass_at_k, mutual_information, never_solved_share, softmax_rows
+from turnforge.algos.boundary import (distinct_successes, gained_and_lost, mean_pass_at_k, mutual_information,
+                                      never_solved_share, softmax_rows)
 from turnforge.config import TrainConfig
 from turnforge.policy.generate import PrefillCache, pad_right, token_logprobs
 from turnforge.batching import SCORING_BATCH, batches
@@ -106,6 +107,7 @@ def measure_boundary(engine: Engine, policy: Policy, p: PassAtKPlan, *, tag: str
         eval_temperature=eval_temperature, eval_malformed_rate=evaluation.invalid_action_rate,
         episodes=len(ok), infra_failures=failed, turns=sum(t.num_turns for t in trajectories),
         seconds=round(time.time() - t0, 2), policy_version=policy.version, env_events=event_counts(ok),
+        solved=tuple(i for i, (_, c) in enumerate(counts) if c > 0),
     )
 
 
@@ -174,3 +176,19 @@ def format_boundary(r: BoundaryReport) -> str:
     failures = f", {r.infra_failures} infrastructure failures left out" if r.infra_failures else ""
     return ", ".join(parts) + f" [{r.seconds:.0f}s{failures}]"
 
+
+def format_levels(start: BoundaryReport, now: BoundaryReport) -> str | None:
+    """One line for the log: the tasks solved at least once in N samples now against the start's,
+    those gained and those lost (their indices); None when either report lacks them or they were
+    measured on different tasks or sample counts."""
+    if (start.tasks, start.samples_per_task, start.split) != (now.tasks, now.samples_per_task, now.split):
+        return None
+    if not start.solved and not now.solved:
+        return None
+    gained, lost = gained_and_lost(start.solved, now.solved)
+
+    def ids(xs: tuple[int, ...]) -> str:
+        return f" ({', '.join(map(str, xs))})" if xs else ""
+
+    return (f"levels {now.tag} vs start ({now.tasks} {now.split} tasks, solved in {now.samples_per_task} samples): "
+            f"{len(now.solved)} against {len(start.solved)}; gained {len(gained)}{ids(gained)}, lost {len(lost)}{ids(lost)}")

@@ -11,11 +11,16 @@ Each round, top to bottom (``flywheel`` section of the config; the mechanisms of
    - ``allocation=adaptive`` (XRPO's idea, simplified): ``probe_rollouts`` per task first,
      the rest of ``group_size`` only where the outcome is uncertain (some probes succeeded,
      not all); solved and hopeless tasks get no more plain rollouts;
+   - ``allocation=boundary`` (BroRL's idea, within the same budget): ``probe_rollouts`` per task
+     first, then the wave's other ``(group_size - probe_rollouts) x tasks`` rollouts dealt by
+     closeness to the boundary (``turnforge.algos.boundary.boundary_weight``: many on rarely
+     solved tasks, few on always-solved ones), at most ``boundary_max_rollouts`` per task;
 2. exploration aids on each wave's tasks no rollout solved (``retry``: more plain attempts;
    ``guidance``: re-attempts with the env's hints); the tasks still unsolved go to the
    mechanisms after collection (``anchor``: to the expert; ``evolve``: derived tasks);
 3. filter (``turnforge.data.filters``) and route: the kept episodes go to rejection-sampling
-   fine-tuning (``rft``: the loss on the policy's own action tokens); a kept success on a
+   fine-tuning (``rft``: the loss on the policy's own action tokens; mechanisms may add samples,
+   ``negatives`` failed turns pushed down by unlikelihood); a kept success on a
    task the plain policy mostly fails (plain success <= ``replay_max_success``) is a success
    on a hard task, which mechanisms keep (``replay``: trained on again in later rounds;
    ``curriculum``: a start state); with ``weighting=mc_awr`` (for stochastic envs) every turn
@@ -44,7 +49,8 @@ from typing import Any, Callable
 
 import torch
 
-from turnforge.algos import entropy_floor_penalty, weighted_nll
+from turnforge.algos import entropy_floor_penalty, signed_nll, weighted_nll
+from turnforge.algos.boundary import boundary_allotment, boundary_weight
 from turnforge.config import TrainConfig
 from turnforge.data.filters import Candidate, FilterCount, FilterParams, apply_filters, kept_samples
 from turnforge.data.store import write_trajectories
@@ -185,6 +191,10 @@ def _round(s: Session, st: FlywheelState, mechs: list[Mechanism], optimizer: tor
             if not samples:
                 raise RunStopped(f"flywheel round {r + 1}: no episode passed the filters ({_funnel(counts)}); "
                                  "nothing to train on (loosen flywheel.filters or raise flywheel.env_steps_per_round)")
+            if awr is None:  # the mechanisms' own samples (negatives: failed turns, weight < 0)
+                for m in mechs:
+                    more, w = m.rft_extra(col)
+                    samples, weights = samples + more, weights + w
             rft_samples = len(samples)
             _rft(s, step, samples, weights, r, fw.entropy_floor * (st.start_entropy or 0.0))
         else:
@@ -247,12 +257,19 @@ def collect(col: Collection, mechs: list[Mechanism], awr: AWRRound | None) -> tu
 def _play_groups(col: Collection, tasks: list[Task], source: str, plain: dict[str, list[Trajectory]]) -> None:
     """A wave's groups (``flywheel.allocation``), added to ``plain`` by task id."""
     fw = col.cfg.flywheel
-    first = fw.probe_rollouts if fw.allocation == "adaptive" else fw.group_size
+    first = fw.group_size if fw.allocation == "uniform" else fw.probe_rollouts
     for t in col.play(col.requests(tasks, first, "p"), source):
         plain.setdefault(t.task.task_id, []).append(t)
     if fw.allocation == "adaptive" and fw.group_size > first:
         unsure = [t for t in tasks if 0 < _successes(plain[t.task_id]) < len(plain[t.task_id])]
         for t in col.play(col.requests(unsure, fw.group_size - first, "p", first), source):
+            plain[t.task.task_id].append(t)
+    if fw.allocation == "boundary" and fw.group_size > first:  # the wave's uniform budget, dealt by closeness to the boundary
+        weights = [boundary_weight(len(ok := [x for x in plain[t.task_id] if x.infra_failure is None]), _successes(ok))
+                   for t in tasks]
+        more = boundary_allotment(weights, (fw.group_size - first) * len(tasks), fw.boundary_max_rollouts - first)
+        reqs = [q for t, n in zip(tasks, more) if n for q in col.requests([t], n, "p", first)]
+        for t in col.play(reqs, source):
             plain[t.task.task_id].append(t)
 
 
@@ -340,7 +357,8 @@ def _rft(s: Session, step: GuardedStep, samples: list[Sample], weights: list[flo
                 batch = collate([samples[i] for i in idx], policy.pad_id, vision=policy.vision)
                 lp, ent = token_logprobs(model, batch.ids, batch.attention, with_entropy=floor > 0,
                                          positions=batch.mask, vision=batch.vision)
-                loss = weighted_nll(lp, batch.mask, w_all[idx])
+                w = w_all[idx]
+                loss = signed_nll(lp, batch.mask, w) if bool((w < 0).any()) else weighted_nll(lp, batch.mask, w)
                 if share != 1.0:
                     loss = loss * share
                 if floor > 0:

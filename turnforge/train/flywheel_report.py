@@ -146,6 +146,12 @@ def boundary_lines(summary: RunSummary) -> list[str]:
         lines.append(f"| {name} | " + " | ".join(fmt(r.at(k)) for k in ks) + f" | {fmt(r.never_solved_at_8)} | "
                      f"{fmt(r.distinct_successes, 2)} | {fmt(r.entropy)} | {fmt(r.action_mi)} | {r.malformed_rate:.3f} | "
                      f"{r.eval_malformed_rate:.3f} |")
+    if summary.boundary_start is not None and summary.boundary_after is not None:
+        from turnforge.train.boundary import format_levels  # (torch: only when there is a boundary to report)
+
+        line = format_levels(summary.boundary_start, summary.boundary_after)
+        if line is not None:
+            lines += ["", line[0].upper() + line[1:] + "."]
     return lines
 
 

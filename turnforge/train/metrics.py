@@ -129,6 +129,8 @@ class BoundaryReport:
     seconds: float  # wall time of the measurement (sampling and scoring)
     policy_version: int
     env_events: dict[str, int] = field(default_factory=dict)  # event counters (``n_*`` info keys) of its scored samples
+    solved: tuple[int, ...] = ()  # indices of the tasks with at least one success among their N samples (levels
+    #   gained and lost against the start: ``turnforge.algos.boundary.gained_and_lost``; () in records before it)
     env_steps: int = 0
     time: float = 0.0
 
@@ -167,7 +169,7 @@ class FlywheelRound:
     plain: tuple[int, int]  # the waves' episodes of fresh tasks
     unsolved_tasks: int  # tasks of the waves none of whose rollouts succeeded (after the mechanisms' re-attempts)
     filters: list[FilterCount]  # what each filter kept, in order
-    rft_samples: int  # samples of the round's RFT stage (kept + replayed)
+    rft_samples: int  # samples of the round's RFT stage (kept + replayed + the mechanisms' own: negatives' failed turns)
     entropy: float | None  # mean next-token entropy on the round's plain action tokens, before the update
     eval: EvalResult
     seconds: float

@@ -11,7 +11,9 @@ Each iteration, top to bottom:
 3. policy update (``turnforge.train.update.ppo_update``): PPO-clip with the chosen loss
    aggregation, optional KL to the reference as a loss term (``rl.kl_mode=loss``), entropy
    bonus, dual clip; asynchronous or vLLM rollouts use the decoupled objective;
-4. critic update (``gae`` with a learned critic): clipped value loss on the targets;
+4. critic update (``gae`` with a learned critic): clipped value loss on the targets; every
+   ``rl.reference_reset_every`` iterations (ProRL's hard reset) the KL reference becomes a
+   frozen copy of the current policy and the optimizer's state is cleared;
 5. log, evaluate, checkpoint.
 
 Departures from the GRPO paper: the reward is the return of a multi-turn episode, not a
@@ -51,7 +53,7 @@ from turnforge.train.metrics import (CriticStats, IterationMetrics, RunWarning, 
                                      summary_text)
 from turnforge.train.rehearsal import Rehearsal, load_or_play
 from turnforge.train.rollouts import RolloutBatch, make_rollouts
-from turnforge.train.run_dir.checkpoint import TrainingState, keep_weights, save_resumable
+from turnforge.train.run_dir.checkpoint import TrainingState, keep_weights, save_model, save_resumable
 from turnforge.train.run_dir.failures import check_trajectories
 from turnforge.train.session import Session
 from turnforge.train.update import ppo_update
@@ -139,6 +141,11 @@ def run_rl(
             sync_sampler(policy)  # on several ranks: the sharded trainer's new weights into the sampling model
             policy.version += 1
             rollouts.after_update()  # weight sync to the rollout worker (nothing to do when it shares the model)
+            if reference is not None and reference_reset_due(it, rl.reference_reset_every):
+                reference = reset_reference(policy.model, optimizer)
+                save_model(policy, s.run_dir / "checkpoints" / "reference")  # (every rank; rank 0 writes) a resume's reference
+                s.progress.message(f"rl iteration {it + 1}: the KL reference reset to the current policy, "
+                                   "the optimizer's state cleared")
 
             # 5. log, evaluate, checkpoint
             s.state.iteration = it + 1
@@ -321,6 +328,19 @@ def training_state(policy: Policy, optimizer: torch.optim.Optimizer | None, crit
         critic_optimizer=optimizer_state(critic.train_model, critic.optimizer) if critic is not None else None,
         memory=memory.state() if memory is not None else None, flywheel=flywheel,
     )
+
+
+def reference_reset_due(iteration: int, every: int) -> bool:
+    """Whether the reference resets after (0-based) ``iteration``: after every ``every``-th one
+    (iterations ``every - 1``, ``2 every - 1``, ...); never with ``every`` 0."""
+    return every > 0 and (iteration + 1) % every == 0
+
+
+def reset_reference(policy_model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> torch.nn.Module:
+    """ProRL's hard reset: a frozen copy of the current policy as the new KL reference, and the
+    optimizer's moments and step counts cleared (the learning rate stays the schedule's)."""
+    optimizer.state.clear()
+    return make_reference(policy_model)
 
 
 def make_reference(policy_model: torch.nn.Module) -> torch.nn.Module:

@@ -18,7 +18,7 @@ from turnforge.policy.generate import PrefillCache
 from turnforge.policy.model import Policy
 from turnforge.rollout.engine import Engine, EngineEnv, RolloutEngine
 from turnforge.rollout.episodic import EpisodicMemory
-from turnforge.train.boundary import format_boundary, measure_boundary, plan
+from turnforge.train.boundary import format_boundary, format_levels, measure_boundary, plan
 from turnforge.train.common import event_counts
 from turnforge.train.evaluate import evaluate, prefill_cache
 from turnforge.train.metrics import BoundaryReport, EvalRecord
@@ -123,4 +123,7 @@ class Session:
                                       max_failure_share=self.cfg.max_failure_share, on_progress=advance)
         report = self.metrics.log(report, self.state.env_steps)
         self.progress.message(format_boundary(report))
+        start = self.state.boundary_start
+        if tag != "start" and start is not None and (line := format_levels(start, report)) is not None:
+            self.progress.message(line)
         return report

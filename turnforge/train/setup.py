@@ -348,7 +348,8 @@ def rl_references(cfg: TrainConfig, run_dir: Path, policy: Policy) -> tuple[Poli
     """``(bc_policy, reference)`` for the RL stage: the frozen BC policy when Monte-Carlo
     rollouts play it (``critic.mc_policy=bc``) or it is the KL reference of full fine-tuning;
     the KL reference (``rl.kl_coef > 0``): under LoRA the adapter's frozen base (no copy),
-    else the frozen BC model."""
+    else the frozen BC model (after a reference reset, ``rl.reference_reset_every``: the last
+    reset's, ``checkpoints/reference``)."""
     bc_policy = None
     mc_by_bc = cfg.critic.mc_policy == "bc" and ESTIMATORS[cfg.rl.advantage].monte_carlo(cfg)
     if mc_by_bc or (cfg.rl.kl_coef > 0 and cfg.model.lora.r == 0):
@@ -358,4 +359,7 @@ def rl_references(cfg: TrainConfig, run_dir: Path, policy: Policy) -> tuple[Poli
         reference: torch.nn.Module | None = FrozenBase(policy.model)
     else:
         reference = bc_policy.model if bc_policy is not None and cfg.rl.kl_coef > 0 else None
+    last_reset = run_dir / "checkpoints" / "reference"  # rl.reference_reset_every: a resume after a reset
+    if reference is not None and cfg.rl.reference_reset_every > 0 and last_reset.exists():
+        reference = make_reference(load_policy(last_reset, cfg.model.dtype, resolve_device(cfg.model.device)).model)
     return bc_policy, reference

@@ -13,7 +13,9 @@ declares what it needs and owns its state, so the config, the start checks, the 
 - hooks at the points of a round where mechanisms act (``Mechanism``'s docstring), called in
   registry order: ``retry`` narrows a wave's unsolved tasks before ``guidance`` sees them;
   ``curriculum``'s and ``anchor``'s episodes come before the waves, ``evolve``'s tasks first
-  among them; ``curriculum`` stores start states before ``replay`` takes the round's successes.
+  among them, ``keep``'s re-tests of the start's levels last; ``curriculum`` stores start states
+  before ``replay`` takes the round's successes; ``negatives`` adds the failed turns the round's
+  successes contradict to the rft stage (``rft_extra``).
 
 The config imports this package to validate ``flywheel.mechanisms`` and to run the rules, so the
 declarations import nothing heavy; the hooks import torch and the engine when they run. Adding a
@@ -30,11 +32,14 @@ from turnforge.train.mechanisms.base import ExpertUse, Mechanism, MechanismRecor
 from turnforge.train.mechanisms.curriculum import Curriculum
 from turnforge.train.mechanisms.evolve import Evolve
 from turnforge.train.mechanisms.guidance import Guidance
+from turnforge.train.mechanisms.keep import Keep
+from turnforge.train.mechanisms.negatives import Negatives
 from turnforge.train.mechanisms.replay import Replay
 from turnforge.train.mechanisms.retry import Retry
 
 #: Every mechanism by its ``flywheel.mechanisms`` name, in the order they act in a round.
-MECHANISMS: dict[str, type[Mechanism]] = {cls.name: cls for cls in (Retry, Guidance, Curriculum, Anchoring, Evolve, Replay)}
+MECHANISMS: dict[str, type[Mechanism]] = {cls.name: cls for cls in (Retry, Guidance, Curriculum, Anchoring, Evolve, Replay, Keep,
+                                                                  Negatives)}
 
 #: Where an episode came from (the trajectory store's ``source`` column): ``demo`` (the expert's:
 #: BC's demonstrations, the anchor mechanism's solutions), ``plain`` (the policy from a task's

@@ -62,7 +62,9 @@ class Mechanism:
     5. ``candidates``: more episodes offered to the filters, after the played ones;
     6. ``route``: the kept successes on hard tasks; returns earlier episodes to train on again;
     7. ``sample_weights``: the RFT weights of the samples of its source's candidates;
-    8. ``record``: its part of the round's record.
+    8. ``rft_extra``: more samples for the rft stage with their weights (a negative weight: pushed
+       down, ``turnforge.algos.signed_nll``);
+    9. ``record``: its part of the round's record.
     """
 
     name: ClassVar[str]  # its flywheel.mechanisms name
@@ -133,6 +135,10 @@ class Mechanism:
     def sample_weights(self, policy: Policy, samples: list[Sample]) -> list[float] | None:
         """Weights of the samples of its source's candidates in the RFT stage (None: 1 each)."""
         return None
+
+    def rft_extra(self, col: Collection) -> tuple[list[Sample], list[float]]:
+        """Samples it adds to the round's rft stage and their weights (< 0: pushed down); none by default."""
+        return [], []
 
     def record(self, episodes: tuple[int, int] | None) -> MechanismRecord:
         """Its part of the round's record, given its source's (scored episodes, successes)."""
