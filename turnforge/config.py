@@ -119,6 +119,8 @@ class TinyModelConfig(Section):
                                  "envs, expert actions) the tokenizer is trained on")
     split_digits: bool = Field(False, description="Every digit its own token (as Llama's and Qwen's tokenizers do): a "
                                "number's digits carry its magnitude (e.g. click coordinates)")
+    thinking: bool = Field(False, description="A reasoning model: <think> and </think> in the tokenizer and a chat "
+                           "template that drops earlier thinking, as Qwen3's (turnforge.policy.tiny.add_thinking)")
     vision: TinyVisionConfig = Field(default_factory=TinyVisionConfig, description="An optional vision tower (a tiny VLM)")
 
 

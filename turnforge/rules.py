@@ -287,7 +287,8 @@ def _vision(cfg: TrainConfig, env: Env) -> None:
 def _chat_template(cfg: TrainConfig, env: Env) -> None:
     """A local model's chat template is one turnforge can write token-exactly (its tokenizer only: a
     template that rewrites earlier turns other than by dropping their thinking is refused here), and a
-    thinking budget needs a template with thinking markers (the tiny model's ChatML has none). A GGUF
+    thinking budget needs a template with thinking markers (the tiny model's ChatML has them with
+    model.tiny.thinking only). A GGUF
     model's template is checked once it is converted (the rollout engine)."""
     from turnforge.errors import UserError
     from turnforge.policy.model import load_chat_format
@@ -298,10 +299,12 @@ def _chat_template(cfg: TrainConfig, env: Env) -> None:
     chat = load_chat_format(path) if path not in (None, "tiny") else None
     if budget is None:
         return
-    if chat is None or chat.thinking is None:
-        what = "the tiny model's ChatML template" if path in (None, "tiny") else f"the chat template of {path!r}"
+    tiny = path in (None, "tiny")
+    if (tiny and not cfg.model.tiny.thinking) or (not tiny and (chat is None or chat.thinking is None)):
+        what = "the tiny model's ChatML template" if tiny else f"the chat template of {path!r}"
+        fix = "set model.tiny.thinking=true" if tiny else "use a reasoning model"
         raise UserError(f"rollout.thinking_budget={budget} but {what} has no thinking markers (<think>...</think>); "
-                        "set rollout.thinking_budget=null or use a reasoning model")
+                        f"set rollout.thinking_budget=null or {fix}")
 
 
 #: The start-time checks (the run's env built, no model work yet), in the order they run.

@@ -48,6 +48,7 @@ from typing import Any, Callable, Mapping, NoReturn, Sequence
 from turnforge.envs.base import Env, InvalidAction, capabilities, close_env
 from turnforge.envs.levels import LevelEnv
 from turnforge.errors import UserError
+from turnforge.policy.thinking import MARKERS
 from turnforge.types import EnvSnapshot, StepResult, Task
 
 #: An action text no env should accept.
@@ -297,9 +298,13 @@ def _valid_words(env: LevelEnv) -> tuple[str, ...]:
 
 
 def _expert(env: Env) -> str:
+    """The expert's action as the engine sends it to the env: a thought before it (``<think>...</think>``,
+    for reasoning models) removed."""
     action = env.expert_action()
     if not isinstance(action, str):
         _fail(f"{_name(env)}.expert_action() returned {type(action).__name__}; return the action text")
+    for _, close in MARKERS:
+        action = action.rpartition(close)[2].lstrip("\n") if close in action else action
     return action
 
 

@@ -170,6 +170,7 @@ class FrozenLakeEnv(LevelEnv[FrozenLakeLevel]):
         success_reward: float = 1.0,
         guidance: int = 0,
         first_word: bool = False,
+        expert_thoughts: bool = False,
     ) -> None:
         super().__init__(invalid_action_penalty=invalid_action_penalty, max_steps=max_steps, guidance=guidance,
                          first_word=first_word)
@@ -179,6 +180,7 @@ class FrozenLakeEnv(LevelEnv[FrozenLakeLevel]):
             raise UserError(f"frozenlake: hole_prob must be in [0, 1), got {hole_prob}")
         self.size, self.hole_prob, self.is_slippery = int(size), float(hole_prob), bool(is_slippery)
         self.success_reward = float(success_reward)
+        self.expert_thoughts = bool(expert_thoughts)
         self._policies: dict[FrozenLakeLevel, dict[Pos, int]] = {}
 
     @property
@@ -254,16 +256,32 @@ class FrozenLakeEnv(LevelEnv[FrozenLakeLevel]):
         return 0.0 if path is None else 1.0 - len(path) / s.level.size**2
 
     def expert_action(self) -> str:
-        """BFS shortest path on plain ice; on slippery ice the value-iteration policy."""
+        """BFS shortest path on plain ice; on slippery ice the value-iteration policy. With
+        ``expert_thoughts`` the move follows a short thought, as a reasoning model writes it:
+        ``<think>\nTHOUGHT\n</think>\n\nMOVE`` (``expert_thought``); the env is sent the move only
+        (the engine parses actions from the part after ``</think>``)."""
         s: FrozenLakeState = self.state
         if not self.is_slippery:
             path = shortest_path(s.level, s.player)
-            return ACTIONS[path[0] if path else 0]
-        if s.level not in self._policies:
-            if len(self._policies) > 10_000:
-                self._policies.clear()
-            self._policies[s.level] = slippery_policy(s.level)
-        return ACTIONS[self._policies[s.level].get(s.player, 0)]
+            move = ACTIONS[path[0] if path else 0]
+        else:
+            if s.level not in self._policies:
+                if len(self._policies) > 10_000:
+                    self._policies.clear()
+                self._policies[s.level] = slippery_policy(s.level)
+            move = ACTIONS[self._policies[s.level].get(s.player, 0)]
+        return f"<think>\n{self.expert_thought()}\n</think>\n\n{move}" if self.expert_thoughts else move
+
+    def expert_thought(self) -> str:
+        """The expert's thought before its move: on plain ice its plan, the moves of a shortest safe
+        path ("path Down Down Right"); on slippery ice, where no plan survives the ice, where the goal
+        lies ("goal 2 Down 1 Right")."""
+        s: FrozenLakeState = self.state
+        if not self.is_slippery:
+            path = shortest_path(s.level, s.player) or []
+            return " ".join(["path", *(ACTIONS[a] for a in path)])
+        (r, c), (gr, gc) = s.player, s.level.goal
+        return f"goal {gr - r} Down {gc - c} Right"
 
     # ------------------------------------------------------------ guidance
     def hints(self, level: int) -> list[str]:

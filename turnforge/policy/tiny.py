@@ -76,15 +76,22 @@ THINKING_CHAT_TEMPLATE = (
 )
 
 
+def add_thinking(tok, template: str = THINKING_CHAT_TEMPLATE):
+    """``tok`` (changed in place and returned) with ``<think>``/``</think>`` as single tokens and
+    ``template`` as its chat template: what makes a tokenizer a reasoning model's
+    (``make_thinking``, ``model.tiny.thinking``)."""
+    tok.add_tokens([AddedToken(t, normalized=False, special=False) for t in THINK_TOKENS])
+    tok.chat_template = template
+    return tok
+
+
 def make_thinking(model_dir: str | Path, out_dir: str | Path, template: str = THINKING_CHAT_TEMPLATE) -> Path:
     """A copy of the model in ``model_dir`` (a tiny one, or any small local model) that thinks:
     ``<think>``/``</think>`` added to its tokenizer (its embeddings grown to match) and
     ``template`` as its chat template (default: ChatML that drops earlier thinking, as Qwen3)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
-    tok.add_tokens([AddedToken(t, normalized=False, special=False) for t in THINK_TOKENS])
-    tok.chat_template = template
+    tok = add_thinking(AutoTokenizer.from_pretrained(model_dir, local_files_only=True), template)
     model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True)
     if model.get_input_embeddings().weight.shape[0] < len(tok):
         model.resize_token_embeddings(len(tok), mean_resizing=False)
@@ -113,9 +120,10 @@ calculator python result error output true false none
 CORPUS_MAX_STEPS = 100  # expert steps per corpus episode (an expert that never ends is cut here)
 
 
-def build_tokenizer(corpus: list[str], vocab_size: int = 512, split_digits: bool = False):
+def build_tokenizer(corpus: list[str], vocab_size: int = 512, split_digits: bool = False, thinking: bool = False):
     """Train a byte-level BPE on ``BASE_CORPUS + corpus`` and return a ``PreTrainedTokenizerFast``
-    (``split_digits``: every digit its own token, as Llama's and Qwen's tokenizers do)."""
+    (``split_digits``: every digit its own token, as Llama's and Qwen's tokenizers do; ``thinking``:
+    a reasoning model's, ``add_thinking``: two more tokens, the same BPE merges)."""
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
@@ -134,7 +142,7 @@ def build_tokenizer(corpus: list[str], vocab_size: int = 512, split_digits: bool
     )
     tok.train_from_iterator([BASE_CORPUS, *corpus], trainer=trainer)
     tok.add_tokens([AddedToken(t, normalized=False, special=False) for t in TOOL_TOKENS])
-    return PreTrainedTokenizerFast(
+    fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         eos_token=IM_END,
         pad_token=PAD_TOKEN,
@@ -142,6 +150,7 @@ def build_tokenizer(corpus: list[str], vocab_size: int = 512, split_digits: bool
         model_max_length=4096,
         clean_up_tokenization_spaces=False,
     )
+    return add_thinking(fast) if thinking else fast
 
 
 def default_corpus(samples_per_env: int = 20, env_ids: tuple[str, ...] = CORPUS_ENVS,
@@ -320,7 +329,7 @@ def build_tiny_model(out_dir: str | Path, cfg: TinyModelConfig | None = None, co
     images: list[bytes] = []  # the corpus envs' screenshots (a caller's own text corpus has none: SigLIP's statistics)
     wants_images = cfg.vision.enabled and cfg.vision.normalize == "corpus"
     texts = default_corpus(cfg.corpus_episodes, cfg.corpus_envs, images if wants_images else None) if corpus is None else corpus
-    tokenizer = build_tokenizer(texts, cfg.vocab_size, cfg.split_digits)
+    tokenizer = build_tokenizer(texts, cfg.vocab_size, cfg.split_digits, cfg.thinking)
     special = {
         "bos_token_id": tokenizer.convert_tokens_to_ids(PAD_TOKEN),
         "eos_token_id": tokenizer.convert_tokens_to_ids(IM_END),

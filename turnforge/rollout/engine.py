@@ -63,6 +63,7 @@ from turnforge.envs.registry import build_env
 from turnforge.errors import UserError
 from turnforge.policy.generate import Generation
 from turnforge.policy.model import Policy
+from turnforge.policy.thinking import MARKERS
 from turnforge.rollout.actors import Actor, ActorInput, PolicyActor
 from turnforge.rollout.budget import NO_FORCE, think_then_answer
 from turnforge.rollout.context import (FOLD_INSTRUCTIONS, ContextOverflow, EpisodeContext, PromptSpec, SummaryLimit,
@@ -532,6 +533,10 @@ class RolloutEngine:
             e.min_version = version if e.min_version is None else min(e.min_version, version)
             text, stopped, ids = decoded, action.stopped, action.ids
         elif e.ctx is not None:  # a text action, written as the tokens the LM should produce
+            if self.thinking is None and any(close in action for _, close in MARKERS):
+                raise UserError(f"the expert's action {action[:60]!r} holds a thought but the chat template of "
+                                f"{self.policy.path!r} has no thinking markers; set model.tiny.thinking=true, use a reasoning "  # type: ignore[union-attr]
+                                "model, or turn the env's expert thoughts off (env.kwargs.expert_thoughts=false)")
             ids = self.policy.chat.encode(action) + (self.policy.stop_ids[0],)  # type: ignore[union-attr]
             e.ctx.act(ids, None, -1)
             text = self._answer_text([self.policy.tokenizer.decode(self._answer(ids), skip_special_tokens=True)])[0]  # type: ignore[union-attr]

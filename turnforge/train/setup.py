@@ -134,7 +134,7 @@ def _tokenizer(cfg: TrainConfig) -> Any:
     """The run's tokenizer, before any model is built: the tiny model's is trained (seconds)."""
     if cfg.model.path == "tiny":
         tiny = cfg.model.tiny
-        return build_tokenizer(default_corpus(tiny.corpus_episodes, tiny.corpus_envs), tiny.vocab_size, tiny.split_digits)
+        return build_tokenizer(default_corpus(tiny.corpus_episodes, tiny.corpus_envs), tiny.vocab_size, tiny.split_digits, tiny.thinking)
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(cfg.model.path)
