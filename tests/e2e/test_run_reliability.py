@@ -169,7 +169,9 @@ def test_sigterm_before_the_first_checkpoint_then_a_new_model_config(tmp_path):
     # a BC stage of minutes, so the signal lands before the first checkpoint on any machine (with FAST's
     # 3 BC steps an idle machine finished the whole run before the signal arrived)
     proc = cli("train", *FAST, "bc.epochs=2000", "--out", str(out))
-    wait_for(lambda: (out / "base_model").exists(), proc)
+    # metrics.jsonl is written once the signal handlers are in place (base_model/ appears while the
+    # base model is still being written, before them: a signal then ended the process unhandled)
+    wait_for(lambda: (out / "metrics.jsonl").exists(), proc)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 143, err
