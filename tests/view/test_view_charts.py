@@ -124,6 +124,12 @@ def test_pass_at_k_is_a_curve_with_its_figures(page, page_file, view_run):
         assert figure("eval_malformed_rate").startswith(f"{100 * report['eval_malformed_rate']:.1f}%")
         assert figure("solved_tasks") == f"{report['solved_tasks']} / {report['tasks']}"
         assert int(figure("infra_failures")) == report["infra_failures"]
+        pass_at = {p["k"]: p["value"] for p in report["pass_at_k"]}
+        assert float(figure("pass_at_1")) == pytest.approx(pass_at[1], abs=1e-3)
+        assert float(figure(f"pass_at_{max(pass_at)}")) == pytest.approx(pass_at[max(pass_at)], abs=1e-3)
+    start, after = (set(summary[tag]["solved"]) for tag in ("boundary_start", "boundary_after"))
+    assert page.locator("[data-key='boundary_after.gained_lost']").inner_text() == f"{len(after - start)} / {len(start - after)}"
+    assert page.locator("[data-key='boundary_start.gained_lost']").count() == 0  # the start has nothing to compare with
     assert page.locator("text=boundary_start.pass_at_k").count() == 0  # no raw key = value pairs
 
 

@@ -359,7 +359,18 @@ function boundaryPanel(o) {
   // the figures, one row each, one column per report
   const never = [...new Set(reports.flatMap((r) => Object.keys(r.report).filter((k) => /^never_solved/.test(k) && typeof r.report[k] === "number")))];
   const temp = (t) => (t != null ? ` at T=${t}` : "");
+  // pass@1 and pass@k at the largest k first: sharpening raises the one, expansion the other; then the
+  // levels (tasks) solved at the end but not at the start and the reverse, where both reports list them
+  const kMax = ks[ks.length - 1];
+  const passAt = (k) => ({ key: `pass_at_${k}`, label: `pass@${k}`, value: (x) => x.points.find(([j]) => j === k)?.[1], text: (v) => num(v, 3) });
+  const start = reports.find((r) => r.report.tag === "start");
+  const solved = (r) => (Array.isArray(r.report.solved) && r.report.solved.length ? new Set(r.report.solved) : null);
+  const gainedLost = { key: "gained_lost", label: "tasks solved, gained / lost against the start",
+    value: (x) => { const a = start && x !== start && solved(start), b = solved(x);
+      return a && b ? [[...b].filter((t) => !a.has(t)).length, [...a].filter((t) => !b.has(t)).length] : undefined; },
+    text: ([g, l]) => `${g} / ${l}` };
   const figures = [
+    ...(ks.includes(1) ? [passAt(1)] : []), ...(kMax > 1 ? [passAt(kMax)] : []), gainedLost,
     { key: "tasks", label: "tasks × samples", text: (x) => `${num(x.tasks)} × ${num(x.samples_per_task)}${temp(x.temperature)}` },
     ...never.map((key) => ({ key, label: key === "never_solved_share" ? "never solved" : `never solved in ${key.replace(/^never_solved_(at_)?/, "")} samples`,
       text: (x) => pct(x[key]) })),
@@ -369,10 +380,13 @@ function boundaryPanel(o) {
     { key: "malformed_rate", label: "malformed actions in the samples", text: (x) => pct(x.malformed_rate) },
     { key: "eval_malformed_rate", label: "malformed actions in the evaluation", text: (x) => `${pct(x.eval_malformed_rate)}${temp(x.eval_temperature)}` },
     { key: "infra_failures", label: "samples lost to infrastructure failures", text: (x) => num(x.infra_failures) },
-  ].filter((f) => reports.some((r) => typeof r.report[f.key] === "number"));
+  ];
+  // a figure's value in one report: its own function, else the report's number under its key
+  const valueOf = (f, r) => (f.value ? f.value(r) : typeof r.report[f.key] === "number" ? r.report : undefined);
+  const shown = figures.filter((f) => reports.some((r) => valueOf(f, r) != null));
   const columns = [{ label: "", get: (f) => f.label }, ...reports.map((r) => ({ label: r.label, n: 1,
-    get: (f) => (typeof r.report[f.key] === "number" ? el("span", { "data-key": `${r.name}.${f.key}` }, f.text(r.report)) : "–") }))];
-  return el("div", { class: "boundary" }, box, table(columns, figures, { cls: "boundary-figures" }));
+    get: (f) => { const v = valueOf(f, r); return v != null ? el("span", { "data-key": `${r.name}.${f.key}` }, f.text(v)) : "–"; } }))];
+  return el("div", { class: "boundary" }, box, table(columns, shown, { cls: "boundary-figures" }));
 }
 
 // where the run's figures repeat bit for bit: the CPU, torch's kernel path, threads, versions (summary.json's software)
