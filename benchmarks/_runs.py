@@ -17,7 +17,8 @@ once per seed, then RL once per variant from that checkpoint, and where their ou
   at once.
 - ``from_bc(checkpoint)``: the overrides that start a run from it (``model.path=...``,
   ``bc.enabled=false``).
-- ``run_all(jobs, workers)``: several ``Job``s in a process pool (results in job order).
+- ``run_all(jobs, workers)``: several ``Job``s in a process pool (results in job order);
+  ``run_fresh(recipe, overrides, out_dir)``: ``run`` in a process of its own (timings).
 - ``model_dir(spec)``: the model directory of a ``--model`` argument (``tiny``, a directory, a GGUF source).
 
 Run directories are reused by name only: after changing a budget or an option, give the
@@ -87,6 +88,14 @@ def run(recipe: str, overrides: Sequence[str], out_dir: str | Path) -> RunSummar
 def run_job(job: Job) -> RunSummary | None:
     """``run`` of one ``Job`` (a top-level function, so a process pool can call it)."""
     return run(job.recipe, job.overrides, job.out_dir)
+
+
+def run_fresh(recipe: str, overrides: Sequence[str], out_dir: str | Path) -> RunSummary | None:
+    """``run`` in a fresh (spawned) process of its own, as a user's ``turnforge train`` runs:
+    for timings, where what an earlier run left in this process (allocator, caches) would
+    weigh on a later one."""
+    with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(run_job, Job(recipe, tuple(overrides), Path(out_dir))).result()
 
 
 def run_all(jobs: Sequence[Job], workers: int = 1) -> list[RunSummary | None]:

@@ -17,8 +17,9 @@ the first push is full (the base), every later one the adapter alone.
 RL runs from it with an env-step budget, envs in ``EnvPool`` workers) on ``sokoban-slow`` (lognormal
 step latency), three runs per seed side by side: ``in_process_sync`` (the lock-step engine sampling
 in the trainer's process, rollout.noise=episode), ``server_sync`` (the same, sampling on one replica)
-and ``server_async`` (one replica, ``engine.mode=async``, eta = 4). Per run: trajectories/s over the
-RL stage, the trainer's idle ratio, pushes, held-out success (greedy, plain ``sokoban``).
+and ``server_async`` (one replica, ``engine.mode=async``, eta = 4), each run in a process of its own
+(``_runs.run_fresh``). Per run: trajectories/s over the RL stage, the trainer's idle ratio, the
+trained trajectories' mean staleness, pushes, held-out success (greedy, plain ``sokoban``).
 
 Results: ``--out`` (JSON, Markdown next to it), with the CPU model.
 """
@@ -114,7 +115,7 @@ RUNS = {
 def throughput(out_dir: Path, env_steps: int, seeds: int, eval_episodes: int, bc: Sequence[str]) -> dict:
     from rollout import heldout  # benchmarks/rollout.py: the greedy held-out evaluation
 
-    from _runs import run
+    from _runs import run_fresh
     from turnforge.train.metrics import read_metrics
 
     start = bc_start(out_dir, RECIPE, BASE[:-3] + list(bc), seed=0)
@@ -123,7 +124,7 @@ def throughput(out_dir: Path, env_steps: int, seeds: int, eval_episodes: int, bc
     for seed in range(seeds):
         for name, extra in RUNS.items():
             run_dir = out_dir / f"{name}-s{seed}"
-            summary = run(RECIPE, BASE + extra + from_bc(start) + [f"rl.max_env_steps={env_steps}", f"seed={seed}"], run_dir)
+            summary = run_fresh(RECIPE, BASE + extra + from_bc(start) + [f"rl.max_env_steps={env_steps}", f"seed={seed}"], run_dir)
             if summary is None:
                 raise SystemExit(f"benchmark stopped: run {run_dir} failed (see {run_dir.with_suffix('.log')})")
             cfg = load_config(str(run_dir / "config.yaml"))
@@ -133,6 +134,7 @@ def throughput(out_dir: Path, env_steps: int, seeds: int, eval_episodes: int, bc
             row = {"trajectories_per_s": trajectories / summary.rl_seconds, "rl_seconds": summary.rl_seconds,
                    "iterations": len(its), "env_steps": summary.env_steps,
                    "trainer_idle_ratio": sum(m.stream.trainer_wait_seconds for m in its) / summary.rl_seconds,
+                   "staleness_mean": statistics.mean(m.stream.staleness_mean for m in its) if its else 0.0,
                    "pushes": inference.pushes if inference else 0,
                    "heldout_success": heldout(eval_cfg, run_dir / "checkpoints" / "final", eval_episodes, seed).success_rate}
             result["runs"].setdefault(name, []).append(row)

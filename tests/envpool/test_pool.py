@@ -91,6 +91,24 @@ def test_recv_returns_the_fast_result_before_the_slow_one():
         assert [r.env_id for r in second] == [0] and second[0].seconds >= 1.0
 
 
+def test_waiting_requests_reach_the_worker_by_priority_and_outlive_its_crash():
+    """With one request on the worker at a time, the others wait in the parent and go lowest
+    priority first; a request that kills the worker twice fails, and those waiting behind it
+    still run (nothing is left waiting once the worker is replaced)."""
+    with EnvPool("test-script", num_envs=4, num_workers=1, dispatch_depth=1) as pool:
+        pool.send_reset(range(4), [0, 1, 2, 3])
+        pool.recv(batch_size=4)
+        pool.send_step(range(4), ["sleep 0.2", "m", "m", "m"], priorities=[3, 2, 1, 0])
+        got = pool.recv(batch_size=4)
+        assert [r.env_id for r in got] == [0, 3, 2, 1]  # env 0 went at once (the worker was free), then by priority
+        assert all(r.status == "ok" and r.observation == run_reference(r.env_id, ["m"])[1] for r in got)
+        pool.send_step(range(4), ["crash", "m", "m", "m"], priorities=[0, 1, 2, 3])
+        got = {r.env_id: r for r in pool.recv(batch_size=4)}
+        assert got[0].status == "failed" and "worker died" in got[0].error
+        assert [got[i].observation for i in (1, 2, 3)] == [run_reference(i, ["m", "m"])[2] for i in (1, 2, 3)]
+        assert pool.stats().restarts == 2
+
+
 def test_killed_worker_restores_envs_and_resumes_the_in_flight_step():
     actions = ["a", "b", "sleep 0.5", "c", "d"]
     with EnvPool("test-script", num_envs=4, num_workers=2) as pool:

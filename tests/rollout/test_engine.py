@@ -80,11 +80,11 @@ class ShuffledBackend:
                 r = EnvResult.failed(r.env_id, r.kind, "injected", 0.0)
             self.waiting.append((int(self.rng.paretovariate(1.2)), r))
 
-    def send_reset(self, ids, seeds, tasks, probes=None):
+    def send_reset(self, ids, seeds, tasks, probes=None, priorities=None):
         self.inline.send_reset(ids, seeds, tasks, probes)
         self._queue()
 
-    def send_step(self, ids, texts, probes=None):
+    def send_step(self, ids, texts, probes=None, priorities=None):
         self.inline.send_step(ids, texts, probes)
         self._queue()
 

@@ -5,9 +5,10 @@
 - ``RayEnvPool``: the same on Ray actors across machines (``cluster=ray``).
 
 All three run requests with the same ``EnvHost`` (``turnforge.envpool.host``) and answer the
-same calls: ``send_reset``/``send_restore``/``send_step`` (non-blocking), ``recv``, ``stats``,
-``close``. ``make_backend`` is how every caller (the rollout engine's sources: evaluation,
-demonstrations, RL, Monte-Carlo rollouts) gets one. ``RayEnvPool`` and ``connect_ray`` are
+same calls: ``send_reset``/``send_restore``/``send_step`` (non-blocking; ``priorities``: lower
+first where requests wait for a worker), ``recv``, ``stats``, ``close``. ``make_backend`` is
+how every caller (the rollout engine's sources: evaluation, demonstrations, RL, Monte-Carlo
+rollouts) gets one. ``RayEnvPool`` and ``connect_ray`` are
 imported lazily, so importing this package imports neither Ray nor torch (worker processes
 import it).
 """
@@ -30,12 +31,14 @@ class EnvBackend(Protocol):
     num_envs: int
 
     def send_reset(self, env_ids: Sequence[int], seeds: Sequence[int | None] | None = None,
-                   tasks: Sequence[Any] | None = None, probes: Sequence[Probe] | None = None) -> None: ...
+                   tasks: Sequence[Any] | None = None, probes: Sequence[Probe] | None = None,
+                   priorities: Sequence[int] | None = None) -> None: ...
 
     def send_restore(self, env_ids: Sequence[int], snapshots: Sequence[Any], reseeds: Sequence[int | None] | None = None,
-                     probes: Sequence[Probe] | None = None) -> None: ...
+                     probes: Sequence[Probe] | None = None, priorities: Sequence[int] | None = None) -> None: ...
 
-    def send_step(self, env_ids: Sequence[int], action_texts: Sequence[str], probes: Sequence[Probe] | None = None) -> None: ...
+    def send_step(self, env_ids: Sequence[int], action_texts: Sequence[str], probes: Sequence[Probe] | None = None,
+                  priorities: Sequence[int] | None = None) -> None: ...
 
     def recv(self, batch_size: int = 1, timeout: float | None = None) -> list[EnvResult]: ...
 

@@ -40,18 +40,21 @@ class InlineEnvs:
         self._busy, self._t_start = 0.0, time.perf_counter()
 
     def send_reset(self, env_ids: Sequence[int], seeds: Sequence[int | None] | None = None,
-                   tasks: Sequence[Task | None] | None = None, probes: Sequence[Probe] | None = None) -> None:
+                   tasks: Sequence[Task | None] | None = None, probes: Sequence[Probe] | None = None,
+                   priorities: Sequence[int] | None = None) -> None:  # each runs at once: no order to keep
         n = len(env_ids)
         for i, seed, task, probe in zip(env_ids, per_env(seeds, n), per_env(tasks, n), per_env(probes, n, NO_PROBE)):
             self._run(i, "reset", (seed, task, probe))
 
     def send_restore(self, env_ids: Sequence[int], snapshots: Sequence[EnvSnapshot],
-                     reseeds: Sequence[int | None] | None = None, probes: Sequence[Probe] | None = None) -> None:
+                     reseeds: Sequence[int | None] | None = None, probes: Sequence[Probe] | None = None,
+                     priorities: Sequence[int] | None = None) -> None:
         n = len(env_ids)
         for i, snap, reseed, probe in zip(env_ids, snapshots, per_env(reseeds, n), per_env(probes, n, NO_PROBE)):
             self._run(i, "restore", (snap, reseed, probe))
 
-    def send_step(self, env_ids: Sequence[int], action_texts: Sequence[str], probes: Sequence[Probe] | None = None) -> None:
+    def send_step(self, env_ids: Sequence[int], action_texts: Sequence[str], probes: Sequence[Probe] | None = None,
+                  priorities: Sequence[int] | None = None) -> None:
         for i, text, probe in zip(env_ids, action_texts, per_env(probes, len(env_ids), NO_PROBE)):
             self._run(i, "step", (text, probe))
 

@@ -3,8 +3,16 @@
 Env ``i`` lives on worker ``i % M``. ``send_reset``/``send_restore``/``send_step`` queue one
 request per env (at most one in flight per env) and return at once; ``recv(batch_size)``
 returns as soon as ``batch_size`` results are ready. Each worker runs its requests one at a
-time, in the order they were sent, with the same ``EnvHost`` code as the in-process backend
-(``turnforge.envpool.host``).
+time with the same ``EnvHost`` code as the in-process backend (``turnforge.envpool.host``).
+
+Order: a worker holds at most ``dispatch_depth`` requests at once; the others wait in the
+parent, and each reply lets in the waiting request with the lowest ``priority`` (then the
+oldest). The rollout engine gives each request its episode's admission order, so when many
+more episodes run than workers can step at once (asynchronous rollouts), the oldest move
+first and finish first, instead of every episode advancing one step per lap of a FIFO queue:
+the first trajectories of a run, and every trajectory after them, are done sooner and are
+less stale, and the workers are as busy as before. Without priorities the order is the order
+of sending.
 
 Fault tolerance: after every successful request the worker sends back ``env.snapshot()`` with
 the result (envs with the snapshot capability), and the parent keeps the latest one per env:
@@ -30,6 +38,7 @@ module the worker can import; spawned workers inherit the parent's ``sys.path``)
 
 from __future__ import annotations
 
+import heapq
 import multiprocessing as mp
 import os
 import pickle
@@ -69,8 +78,13 @@ class _Request:
     env_id: int
     kind: str
     payload: Any  # (seed, task, probe), (snapshot, reseed, probe) or (action text, probe)
+    priority: int = 0  # lower runs first among the requests waiting for the same worker
+    order: int = 0  # when it was first sent (ties of priority)
     attempts: int = 0  # times it was running when its worker died or hung
     resent: bool = False
+
+    def key(self) -> tuple[int, int]:
+        return self.priority, self.order
 
 
 # ---------------------------------------------------------------------------- worker side
@@ -263,6 +277,12 @@ def _shutdown(workers: list[Worker]) -> None:
 
 
 # ---------------------------------------------------------------------------- bookkeeping
+#: Requests a worker holds at once (module docstring: Order). A worker runs one and has the
+#: next ones at hand while the parent is away from ``recv`` (a generation call of the engine
+#: takes about as long as one to three steps of a slow env); the rest wait in the parent by priority.
+DISPATCH_DEPTH = 4
+
+
 class BasePool:
     """Requests, snapshots and recovery (see the module docstring) over any ``Worker``
     transport: ``new_workers(n)`` makes ``n`` unstarted workers (called once, after the env
@@ -271,9 +291,13 @@ class BasePool:
 
     def __init__(self, env_id: str, num_envs: int, num_workers: int, env_kwargs: dict | None, *,
                  step_timeout: float, max_restarts: int, start_timeout: float,
-                 new_workers: Callable[[int], list[Worker]], wait: Callable[[list[Worker], float], None]) -> None:
+                 new_workers: Callable[[int], list[Worker]], wait: Callable[[list[Worker], float], None],
+                 dispatch_depth: int = DISPATCH_DEPTH) -> None:
         if num_envs < 1 or num_workers < 1:
             raise ValueError(f"num_envs and num_workers must be >= 1, got {num_envs} and {num_workers}")
+        if dispatch_depth < 1:
+            raise ValueError(f"dispatch_depth must be >= 1, got {dispatch_depth}")
+        self.dispatch_depth = int(dispatch_depth)
         self.env_kwargs = dict(env_kwargs or {})
         probe_env = make(env_id, **self.env_kwargs)  # a bad id or option raises UserError before any worker starts
         self.spec = list_envs()[env_id]
@@ -298,6 +322,9 @@ class BasePool:
         # per worker: the requests sent to it and not yet answered, oldest first; the worker runs
         # them in order, so the oldest started when it was sent or when the previous reply came
         self._queues: list[deque[_Request]] = [deque() for _ in range(self.num_workers)]
+        # per worker: the requests not sent to it yet (it holds dispatch_depth), a heap by _Request.key
+        self._waiting: list[list[tuple[tuple[int, int], _Request]]] = [[] for _ in range(self.num_workers)]
+        self._sent = 0
         self._head_started: list[float] = [0.0] * self.num_workers
         self._steps = self._resets = self._restarts = self._timeouts = self._failed = 0
         self._busy = 0.0
@@ -343,37 +370,54 @@ class BasePool:
                 raise ValueError(f"env {i} already has a request in flight; recv() its result first")
 
     def _send(self, req: _Request) -> None:
+        """Queue ``req`` for its env's worker: sent now while the worker holds fewer than
+        ``dispatch_depth`` requests, else when a reply makes room (lowest priority first)."""
         w_idx = req.env_id % self.num_workers
         self._in_flight[req.env_id] = True
-        if not self._queues[w_idx]:
-            self._head_started[w_idx] = time.perf_counter()
-        self._queues[w_idx].append(req)
-        self._workers[w_idx].send((req.env_id, req.kind, req.payload))
+        if not req.order:
+            self._sent += 1
+            req.order = self._sent
+        heapq.heappush(self._waiting[w_idx], (req.key(), req))
+        self._dispatch(w_idx)
+
+    def _dispatch(self, w_idx: int) -> None:
+        queue, waiting = self._queues[w_idx], self._waiting[w_idx]
+        while waiting and len(queue) < self.dispatch_depth:
+            _, req = heapq.heappop(waiting)
+            if not queue:
+                self._head_started[w_idx] = time.perf_counter()
+            queue.append(req)
+            self._workers[w_idx].send((req.env_id, req.kind, req.payload))
 
     def send_reset(self, env_ids: Sequence[int], seeds: Sequence[int | None] | None = None,
-                   tasks: Sequence[Task | None] | None = None, probes: Sequence[Probe] | None = None) -> None:
-        """Queue a reset per env (``seeds``/``tasks`` default to None each). Non-blocking."""
+                   tasks: Sequence[Task | None] | None = None, probes: Sequence[Probe] | None = None,
+                   priorities: Sequence[int] | None = None) -> None:
+        """Queue a reset per env (``seeds``/``tasks`` default to None each). Non-blocking.
+        ``priorities``: see the module docstring (default 0 each: the order of sending)."""
         n = len(env_ids)
         seeds, tasks, probes = per_env(seeds, n), per_env(tasks, n), per_env(probes, n, NO_PROBE)
         self._check_ids(env_ids, len(seeds), "seeds")
         self._check_ids(env_ids, len(tasks), "tasks")
-        for i, seed, task, probe in zip(env_ids, seeds, tasks, probes):
-            self._send(_Request(int(i), "reset", (seed, task, probe)))
+        for i, seed, task, probe, prio in zip(env_ids, seeds, tasks, probes, per_env(priorities, n, 0)):
+            self._send(_Request(int(i), "reset", (seed, task, probe), int(prio)))
 
     def send_restore(self, env_ids: Sequence[int], snapshots: Sequence[EnvSnapshot],
-                     reseeds: Sequence[int | None] | None = None, probes: Sequence[Probe] | None = None) -> None:
+                     reseeds: Sequence[int | None] | None = None, probes: Sequence[Probe] | None = None,
+                     priorities: Sequence[int] | None = None) -> None:
         """Queue a restore per env: the env goes to ``snapshots[k]`` (then ``reseed`` unless None). Non-blocking."""
         n = len(env_ids)
         reseeds, probes = per_env(reseeds, n), per_env(probes, n, NO_PROBE)
         self._check_ids(env_ids, len(snapshots), "snapshots")
-        for i, snap, reseed, probe in zip(env_ids, snapshots, reseeds, probes):
-            self._send(_Request(int(i), "restore", (snap, reseed, probe)))
+        for i, snap, reseed, probe, prio in zip(env_ids, snapshots, reseeds, probes, per_env(priorities, n, 0)):
+            self._send(_Request(int(i), "restore", (snap, reseed, probe), int(prio)))
 
-    def send_step(self, env_ids: Sequence[int], action_texts: Sequence[str], probes: Sequence[Probe] | None = None) -> None:
+    def send_step(self, env_ids: Sequence[int], action_texts: Sequence[str], probes: Sequence[Probe] | None = None,
+                  priorities: Sequence[int] | None = None) -> None:
         """Queue one step per env. Non-blocking."""
+        n = len(env_ids)
         self._check_ids(env_ids, len(action_texts), "action texts")
-        for i, text, probe in zip(env_ids, action_texts, per_env(probes, len(env_ids), NO_PROBE)):
-            self._send(_Request(int(i), "step", (text, probe)))
+        for i, text, probe, prio in zip(env_ids, action_texts, per_env(probes, n, NO_PROBE), per_env(priorities, n, 0)):
+            self._send(_Request(int(i), "step", (text, probe), int(prio)))
 
     # ------------------------------------------------------------------ results
     def recv(self, batch_size: int = 1, timeout: float | None = None) -> list[EnvResult]:
@@ -435,6 +479,7 @@ class BasePool:
         assert req.env_id == env_id, f"worker replied for env {env_id}, expected {req.env_id}"
         self._head_started[w_idx] = time.perf_counter()
         self._busy += seconds
+        self._dispatch(w_idx)
         if not ok:
             self._fail(req, payload, seconds)
             return
@@ -482,6 +527,7 @@ class BasePool:
                 self._fail(req, f"{why}; env {self.env_id!r} has no snapshot() to resume its episode from", seconds)
                 continue
             self._send(req)
+        self._dispatch(w_idx)  # what waited in the parent, where nothing was re-sent
 
     # ------------------------------------------------------------------ metrics & lifecycle
     def stats(self) -> PoolStats:
@@ -520,7 +566,8 @@ class EnvPool(BasePool):
 
     def __init__(self, env_id: str, num_envs: int, num_workers: int, env_kwargs: dict | None = None, *,
                  step_timeout: float = 30.0, memory_limit_mb: int | None = None, cpu_limit_s: int | None = None,
-                 max_restarts: int = 100, start_method: str = "spawn", start_timeout: float = 60.0) -> None:
+                 max_restarts: int = 100, start_method: str = "spawn", start_timeout: float = 60.0,
+                 dispatch_depth: int = DISPATCH_DEPTH) -> None:
         if start_method not in ("spawn", "forkserver"):
             raise ValueError(f"start_method must be 'spawn' or 'forkserver', got {start_method!r}")
         ctx = mp.get_context(start_method)
@@ -528,7 +575,7 @@ class EnvPool(BasePool):
         super().__init__(env_id, num_envs, num_workers, env_kwargs, step_timeout=step_timeout,
                          max_restarts=max_restarts, start_timeout=start_timeout,
                          new_workers=lambda n: [_ProcessWorker(ctx, limits) for _ in range(n)],
-                         wait=_wait_processes)
+                         wait=_wait_processes, dispatch_depth=dispatch_depth)
 
 
 def per_env(values: Sequence[Any] | None, n: int, default: Any = None) -> list[Any]:

@@ -177,7 +177,7 @@ class Episode:
 
     request: EpisodeRequest
     actor: Actor
-    seq: int  # admission order: lock-step rounds act in this order
+    seq: int  # admission order: lock-step rounds act in this order; env workers step the oldest first
     slot: int  # env id in the backend
     ctx: EpisodeContext | None  # None when no token context is kept (text actors only)
     keep_snapshots: bool
@@ -354,9 +354,9 @@ class RolloutEngine:
         self.stats.admitted_episodes += 1
         probe = self._probe(ep, 0)
         if req.start is None:
-            self.backend.send_reset([slot], [req.env_seed], [req.task], [probe])
+            self.backend.send_reset([slot], [req.env_seed], [req.task], [probe], [ep.seq])
         else:
-            self.backend.send_restore([slot], [req.start], [req.reseed], [probe])
+            self.backend.send_restore([slot], [req.start], [req.reseed], [probe], [ep.seq])
         return ep
 
     def _probe(self, ep: Episode, turn: int) -> Probe:
@@ -509,7 +509,7 @@ class RolloutEngine:
             e.awaiting_action = False
         if stepping:
             self.backend.send_step([e.slot for e in stepping], [texts[e.slot] for e in stepping],
-                                   [self._probe(e, e.turn + 1) for e in stepping])
+                                   [self._probe(e, e.turn + 1) for e in stepping], [e.seq for e in stepping])
 
     def _answer(self, ids: Sequence[int]) -> Sequence[int]:
         """The answer part of an action's ids (after the last ``</think>`` of a reasoning template):
