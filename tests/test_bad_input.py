@@ -372,6 +372,29 @@ CONFIG_CASES = [
 ]
 
 
+#: (overrides of sokoban-tiny, the start of the line after "invalid config: "): a round's budget
+#: smaller than what it must play first (``rules._flywheel``)
+RULE_CASES = [
+    (["flywheel.env_steps_per_round=10"], "flywheel.env_steps_per_round=10 is smaller than one episode of "
+     "rollout.max_turns=15, 15 env steps: raise it to at least 15"),
+    (["flywheel.allocation=boundary", "flywheel.group_size=4", "flywheel.env_steps_per_round=900"],
+     "flywheel.env_steps_per_round=900 is smaller than one episode on each task of a boundary wave "
+     "(flywheel.tasks_per_wave=64 x rollout.max_turns=15), 960 env steps"),
+    (["flywheel.mechanisms=[keep]", "flywheel.keep_tasks=2000"], "flywheel.env_steps_per_round=20000 is smaller than "
+     "one episode on each kept level re-tested (flywheel.keep_tasks=2000 x rollout.max_turns=15), 30000 env steps"),
+]
+
+
+@pytest.mark.parametrize("overrides, expected", RULE_CASES, ids=[o[-1] for o, _ in RULE_CASES])
+def test_a_round_budget_smaller_than_what_it_must_play_first_is_refused(overrides, expected):
+    from turnforge.config import load_config
+
+    with pytest.raises(UserError) as err:
+        load_config("sokoban-tiny", overrides)
+    assert str(err.value).startswith(f"invalid config: {expected}")
+    load_config("sokoban-tiny", [o for o in overrides if "env_steps" not in o and "keep_tasks" not in o])  # within budget
+
+
 @pytest.mark.parametrize("overrides, expected", CONFIG_CASES, ids=[o[0] for o, _ in CONFIG_CASES])
 def test_config_refuses_booleans_for_numbers_and_absurd_learning_rates(overrides, expected):
     from turnforge.config import load_config

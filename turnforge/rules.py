@@ -68,6 +68,20 @@ def _flywheel(cfg: TrainConfig) -> str | None:
             return (f"flywheel.boundary_max_rollouts={fw.boundary_max_rollouts} is below flywheel.group_size={fw.group_size}: "
                     f"a wave's budget could not be dealt; set it to at least {fw.group_size}")
     if fw.rounds > 0:
+        # a round's budget must give each level it plays first one episode (rollout.max_turns steps
+        # at most): a fresh task, each task of a boundary wave, each kept level's re-test
+        turns, budget = cfg.rollout.max_turns, fw.env_steps_per_round
+        first = [(f"one episode of rollout.max_turns={turns}", turns)]
+        if fw.allocation == "boundary":
+            first.append((f"one episode on each task of a boundary wave (flywheel.tasks_per_wave={fw.tasks_per_wave} "
+                          f"x rollout.max_turns={turns})", fw.tasks_per_wave * turns))
+        if "keep" in fw.mechanisms:
+            first.append((f"one episode on each kept level re-tested (flywheel.keep_tasks={fw.keep_tasks} x "
+                          f"rollout.max_turns={turns})", fw.keep_tasks * turns))
+        for what, steps in first:
+            if budget < steps:
+                return (f"flywheel.env_steps_per_round={budget} is smaller than {what}, {steps} env steps: raise it to "
+                        f"at least {steps} or play fewer levels a round")
         for mechanism in enabled(fw.mechanisms):
             conflict = mechanism.conflict(cfg)
             if conflict:

@@ -64,7 +64,8 @@ def test_pick_retests_lost_first_then_round_robin():
 
 
 def test_keep_retests_the_starts_levels_and_rehearses_the_lost_ones():
-    cfg = load_config("sokoban-tiny", [*FAST, "flywheel.mechanisms=[retry,keep]", "flywheel.keep_tasks=3"])
+    cfg = load_config("sokoban-tiny", [*FAST, "flywheel.mechanisms=[retry,keep]", "flywheel.keep_tasks=3",
+                                       "rollout.max_turns=3"])  # the fake's episodes: 2-3 turns
     engine = FakeEngine()
     mechs = [cls(cfg) for cls in enabled(cfg.flywheel.mechanisms)]
     keep = mechs[1]
@@ -86,7 +87,8 @@ def test_keep_retests_the_starts_levels_and_rehearses_the_lost_ones():
 def test_boundary_allocation_deals_the_waves_budget_by_closeness_to_the_boundary():
     cfg = load_config("sokoban-tiny", [*FAST, "flywheel.mechanisms=[]", "flywheel.allocation=boundary",
                                        "flywheel.probe_rollouts=1", "flywheel.group_size=2",
-                                       "flywheel.boundary_max_rollouts=4", "flywheel.env_steps_per_round=1"])
+                                       "flywheel.boundary_max_rollouts=4", "flywheel.env_steps_per_round=12",
+                                       "rollout.max_turns=3"])  # one wave: 4 tasks x 3 turns at most
     col, plain, *_ = play_round(cfg, FakeEngine(), [], 0)
     # one wave of tasks 1-4, one probe each: 1 and 2 solved (weight 1/4), 3 and 4 not (3/4); 4 more rollouts
     # dealt 3/4, 3/4, 3/8, 3/8 -> 2 each to tasks 3 and 4
