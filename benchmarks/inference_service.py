@@ -5,13 +5,15 @@
     python benchmarks/inference_service.py --part push --model tiny    # a quick check
 
 ``push``: the trainer's policy (``--model``, float32) and one replica (``turnforge serve`` in its
-own process, ``--threads`` torch threads). ``--repeats`` times: the weights move (a small random
-step), the version goes up, and ``ServerSampler.push`` publishes them (the file transport:
-``turnforge.inference.weights``) and has the replica load them. Timed apart: writing the push
-(``write``), from the push written to the replica serving it (``load``: the HTTP round trip
-included), and both (``push to served``); then a one-row ``/v1/generate`` confirms the replica
-samples at the new push. The same with a LoRA adapter (``--lora-r``, the default target modules):
-the first push is full (the base), every later one the adapter alone.
+own process, ``--threads`` torch threads), per transport (``--transports``: ``file``,
+``turnforge.inference.weights``; ``gloo``, a broadcast, ``turnforge.inference.collective``).
+``--repeats`` times: the weights move (a small random step), the version goes up, and
+``ServerSampler.push`` publishes them and has the replica load them. Timed apart: writing the
+push (``write``; a broadcast only stages it), from then to the replica serving it (``load``: the
+HTTP round trip, and the broadcast, included), and both (``push to served``); then a one-row
+``/v1/generate`` confirms the replica samples at the new push. The same with a LoRA adapter
+(``--lora-r``, the default target modules): the first push is full (the base), every later one
+the adapter alone.
 
 ``throughput``: ``benchmarks/rollout.py``'s set-up (the BC warm start once on ``sokoban-tiny``, ``--bc``,
 RL runs from it with an env-step budget, envs in ``EnvPool`` workers) on ``sokoban-slow`` (lognormal
@@ -21,7 +23,8 @@ and ``server_async`` (one replica, ``engine.mode=async``, eta = 4), each run in 
 (``_runs.run_fresh``). Per run: trajectories/s over the RL stage, the trainer's idle ratio, the
 trained trajectories' mean staleness, pushes, held-out success (greedy, plain ``sokoban``).
 
-Results: ``--out`` (JSON, Markdown next to it), with the CPU model.
+Results: ``--out`` (JSON, Markdown next to it), with the CPU model; the parts not run keep their
+earlier results there.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ import torch
 from _runs import RESULTS, bc_start, cpu, from_bc, model_dir
 from turnforge.config import LoraConfig, load_config
 from turnforge.inference.client import ReplicaSpec, ServerSampler, start_replicas
+from turnforge.inference.collective import CollectiveWeightSync
 from turnforge.inference.weights import FileWeightSync, model_fingerprint
 from turnforge.policy.lora import add_lora
 from turnforge.policy.model import load_policy
@@ -58,8 +62,8 @@ def _median(xs: Sequence[float]) -> float:
     return float(statistics.median(xs))
 
 
-def time_pushes(path: Path, repeats: int, threads: int, lora_r: int) -> dict:
-    """Push timings, full then LoRA (see the module docstring)."""
+def time_pushes(path: Path, repeats: int, threads: int, lora_r: int, transport: str) -> dict:
+    """Push timings over ``transport``, full then LoRA (see the module docstring)."""
     out: dict = {}
     work = Path(tempfile.mkdtemp(prefix="bench-push-"))
     replicas = start_replicas(ReplicaSpec(path, context=512, max_new_tokens=8, threads=threads, log_dir=work / "logs"),
@@ -70,7 +74,9 @@ def time_pushes(path: Path, repeats: int, threads: int, lora_r: int) -> dict:
             if kind == "lora":
                 add_lora(policy, LoraConfig(r=lora_r), 0, "rl")
             fp = model_fingerprint(policy.model, policy.tokenizer, policy.stop_ids)
-            sampler = ServerSampler(replicas, FileWeightSync(work / f"weights-{kind}"), fp, timeout_s=300, min_replicas=1.0)
+            sync = (FileWeightSync(work / f"weights-{kind}") if transport == "file"
+                    else CollectiveWeightSync(transport, "127.0.0.1", 300))
+            sampler = ServerSampler(replicas, sync, fp, timeout_s=300, min_replicas=1.0)
             sampler.check()
             writes, loads, totals, sizes = [], [], [], []
             prompt = policy.tokenizer.encode("Hello")
@@ -92,7 +98,8 @@ def time_pushes(path: Path, repeats: int, threads: int, lora_r: int) -> dict:
             out[kind] = {"kind": push.kind, "bytes": sizes[-1], "mb": sizes[-1] / 2**20, "repeats": len(totals),
                          "write_s": _median(writes), "load_s": _median(loads), "push_to_served_s": _median(totals),
                          "push_to_served_s_max": max(totals), "push_to_served_s_min": min(totals)}
-            print(f"{kind}: {out[kind]['mb']:.2f} MB, write {out[kind]['write_s']:.3f} s, load {out[kind]['load_s']:.3f} s, "
+            sampler.sync.close()
+            print(f"{transport}, {kind}: {out[kind]['mb']:.2f} MB, write {out[kind]['write_s']:.3f} s, load {out[kind]['load_s']:.3f} s, "
                   f"push to served {out[kind]['push_to_served_s']:.3f} s (median of {len(totals)})", flush=True)
     finally:
         for r in replicas:
@@ -152,12 +159,14 @@ def to_markdown(result: dict) -> str:
     lines = [f"CPU: {result['cpu']}", ""]
     if "push" in result:
         p = result["push"]
-        lines += [f"Weight pushes to one replica ({p['model']}, float32, median of {p['full']['repeats']}):", "",
-                  "| push | size | write | replica load | push to served |", "|---|---:|---:|---:|---:|"]
-        for kind in ("full", "lora"):
-            r = p[kind]
-            lines.append(f"| {kind} ({r['kind']}) | {r['mb']:.2f} MB | {r['write_s']:.3f} s | {r['load_s']:.3f} s | "
-                         f"{r['push_to_served_s']:.3f} s |")
+        lines += [f"Weight pushes to one replica ({p['model']}, float32, median of {p['repeats']}; CPU: {p['cpu']}):", "",
+                  "| push | transport | size | write (a broadcast: staged) | replica load | push to served |",
+                  "|---|---|---:|---:|---:|---:|"]
+        for transport in p["transports"]:
+            for kind in ("full", "lora"):
+                r = p[transport][kind]
+                lines.append(f"| {kind} ({r['kind']}) | {transport} | {r['mb']:.2f} MB | {r['write_s']:.3f} s | "
+                             f"{r['load_s']:.3f} s | {r['push_to_served_s']:.3f} s |")
         lines.append("")
     if "throughput" in result:
         t = result["throughput"]
@@ -176,6 +185,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--threads", type=int, default=0, help="push: the replica's torch threads (0: one per core, as a run's one replica)")
     ap.add_argument("--lora-r", type=int, default=16)
+    ap.add_argument("--transports", nargs="+", choices=["file", "gloo"], default=["file", "gloo"])
     ap.add_argument("--seeds", type=int, default=1)
     ap.add_argument("--env-steps", type=int, default=6000)
     ap.add_argument("--eval-episodes", type=int, default=200)
@@ -184,11 +194,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--runs-dir", type=Path, default=RESULTS / "inference_service")
     ap.add_argument("--out", type=Path, default=RESULTS / "inference_service.json")
     args = ap.parse_args(argv)
-    result: dict = {"cpu": cpu()}
+    result: dict = json.loads(args.out.read_text()) if args.out.exists() else {}  # the parts not run stay
+    result["cpu"] = cpu()
     if args.part in ("push", "all"):
-        result["push"] = {"model": args.model, **time_pushes(model_dir(args.model), args.repeats, args.threads, args.lora_r)}
+        path = model_dir(args.model)
+        result["push"] = {"model": args.model, "cpu": cpu(), "repeats": args.repeats, "transports": args.transports,
+                          **{t: time_pushes(path, args.repeats, args.threads, args.lora_r, t) for t in args.transports}}
     if args.part in ("throughput", "all"):
-        result["throughput"] = throughput(args.runs_dir, args.env_steps, args.seeds, args.eval_episodes, args.bc)
+        result["throughput"] = {"cpu": cpu(), **throughput(args.runs_dir, args.env_steps, args.seeds, args.eval_episodes,
+                                                            args.bc)}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     md = to_markdown(result)

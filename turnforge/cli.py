@@ -675,18 +675,10 @@ def serve_cmd(
         check_device_name(device)
     except ValueError as err:
         raise UserError(f"--device: {err}") from None
-    import torch
+    from turnforge.gateway.server import open_replica
 
-    from turnforge.gateway.server import SERVE, Gateway
-    from turnforge.policy.model import load_policy, quiet_hf, resolve_device
-
-    device = resolve_device(device, "--device")
-    quiet_hf()
-    torch.set_num_threads(threads or max(1, os.cpu_count() or 1))
-    policy = load_policy(checkpoint, dtype, device)
-    policy.prefix_cache = prefix_cache
-    gateway = Gateway(policy, max_new_tokens=max_tokens, max_context_tokens=context, seed=seed,
-                      host=host, port=port, model_name=checkpoint.name, settings=SERVE)  # binds now: a port in use is one line
+    gateway = open_replica(checkpoint, host=host, port=port, max_tokens=max_tokens, context=context, dtype=dtype,
+                           device=device, seed=seed, threads=threads, prefix_cache=prefix_cache)
     with gateway:
         # one plain line (rich would wrap a long path in the middle of the URL a user or a script reads off it)
         print(f"serving {checkpoint} on {gateway.url}/v1 (model {gateway.model_name!r}); Ctrl-C stops", flush=True)

@@ -206,9 +206,12 @@ class ServerConfig(Section):
                           "ports, ending with the run")
     urls: list[str] = Field(default_factory=list, description="Replicas already running (`turnforge serve MODEL --port P` "
                             "of the run's model, here or on another machine), as http://host:port; beside the started ones")
-    transport: Literal["file", "nccl"] = Field(
+    transport: Literal["file", "gloo", "nccl"] = Field(
         "file", description="How weights reach the replicas: 'file' (a safetensors push per update under "
-        "rollout.server.weights_dir, a LoRA run's adapter only); 'nccl' (a broadcast on GPUs) is not implemented")
+        "rollout.server.weights_dir); 'gloo' (CPUs) or 'nccl' (GPUs): a broadcast, tensor by tensor, in a process group of "
+        "the trainer and the replicas (turnforge.inference.collective). Either way a LoRA run pushes its adapter only")
+    group_host: str = Field("127.0.0.1", description="With transport gloo or nccl: the trainer's address the replicas "
+                            "reach its rendezvous store on (a free port is picked)")
     weights_dir: str | None = Field(None, description="Where pushes are written (None: RUN/weights); every replica must "
                                     "read it (a shared filesystem for replicas on other machines)")
     timeout_s: float = Field(120.0, gt=0, description="Longest wait for a replica's start, a weight load or a sample request; "
@@ -216,7 +219,12 @@ class ServerConfig(Section):
     min_replicas: float = Field(0.5, gt=0, le=1, description="The run stops when fewer than this share of its replicas "
                                 "remain in rotation")
     threads: int | None = Field(None, ge=1, description="torch threads of each started replica (None: the CPU cores "
-                                "divided among them)")
+                                "divided among them; a Ray actor asks for as many CPUs)")
+    launch: Literal["process", "ray"] = Field(
+        "process", description="How the run starts its replicas: 'process' (a `turnforge serve` process each, on this "
+        "machine) or 'ray' (a Ray actor each, placed on the cluster at engine.ray_address, or a local Ray instance)")
+    ray_resources: dict[str, float] = Field(default_factory=dict, description="With launch=ray: custom Ray resources "
+                                            "each replica actor asks for beside its CPUs (e.g. {inference: 1})")
 
 
 class RolloutConfig(Section):

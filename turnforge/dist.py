@@ -158,8 +158,21 @@ def sync_weights(trainer: torch.nn.Module | None, plain: torch.nn.Module) -> Non
 
 
 def sync_sampler(policy) -> None:
-    """The policy's trainer's new weights into the model it samples with (``sync_weights``)."""
+    """The policy's trainer's new weights into the model it samples with (``sync_weights``), at the
+    policy's version (bumped first); on several ranks with inference replicas, on to them
+    (``ServerSampler.publish``, a collective; in a world of one the replicas get the weights when
+    they are next sampled with)."""
     sync_weights(getattr(policy, "trainer", None), policy.model)
+    publish_weights(policy)
+
+
+def publish_weights(policy) -> None:
+    """On several ranks with inference replicas (``rollout.backend=server``): the policy's
+    sampling model at its version, to them (``ServerSampler.publish``, a collective every rank
+    calls alike); nothing otherwise."""
+    publish = getattr(policy.sampler, "publish", None)
+    if publish is not None and _WORLD.distributed:
+        publish(policy.model, policy.version)
 
 
 @torch.no_grad()

@@ -176,6 +176,13 @@ def _vllm(cfg: TrainConfig) -> str | None:
     return None
 
 
+def _on_gpu(device: str) -> bool:
+    """Whether ``model.device`` puts the model on a GPU ('auto': when this machine has one)."""
+    import torch
+
+    return device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
+
+
 def _server(cfg: TrainConfig) -> str | None:
     """Inference replicas (``turnforge.inference``): what they cannot do yet is refused by name."""
     srv = cfg.rollout.server
@@ -186,9 +193,9 @@ def _server(cfg: TrainConfig) -> str | None:
     bad = [u for u in srv.urls if not u.startswith(("http://", "https://"))]
     if bad:
         return f"rollout.server.urls: {bad[0]!r} is not an http://host:port address"
-    if srv.transport == "nccl":
-        return ("rollout.server.transport=nccl (a weight broadcast on GPUs) is not implemented; use "
-                "rollout.server.transport=file")
+    if srv.transport == "nccl" and not _on_gpu(cfg.model.device):
+        return (f"rollout.server.transport=nccl broadcasts between GPUs and needs model.device=cuda (got "
+                f"model.device={cfg.model.device}); use rollout.server.transport=gloo (or file) on a CPU")
     if cfg.rollout.noise == "batch":
         return ("rollout.backend=server with rollout.noise=batch: one generator in the trainer cannot draw for several "
                 "replicas; use rollout.noise=episode (or auto)")
@@ -225,16 +232,21 @@ def _memory(cfg: TrainConfig) -> str | None:
 
 
 def _ray(cfg: TrainConfig) -> str | None:
-    if cfg.engine.ray_address is not None and cfg.cluster != "ray":
-        return f"engine.ray_address={cfg.engine.ray_address} is only used with cluster=ray (got cluster={cfg.cluster})"
+    ray_replicas = cfg.rollout.backend == "server" and cfg.rollout.server.launch == "ray"
+    if cfg.engine.ray_address is not None and cfg.cluster != "ray" and not ray_replicas:
+        return (f"engine.ray_address={cfg.engine.ray_address} is only used with cluster=ray or rollout.server.launch=ray "
+                f"(got cluster={cfg.cluster})")
+    if cfg.rollout.server.ray_resources and not ray_replicas:
+        return "rollout.server.ray_resources places replica actors; set rollout.backend=server rollout.server.launch=ray"
     return None
 
 
 def _dist(cfg: TrainConfig) -> str | None:
     """What runs on several trainer ranks so far (``turnforge.dist``; with ``cluster=ray`` the ranks
     are Ray actors, ``turnforge.ray_ranks``): BC, the flywheel, synchronous RL with or without the
-    learned critic (and its value pretraining), Monte-Carlo values and rehearsal; the other stages
-    are refused by name."""
+    learned critic (and its value pretraining), Monte-Carlo values and rehearsal, sampling in the
+    ranks' processes or on shared inference replicas (``rollout.backend=server``); the other
+    stages are refused by name."""
     n = cfg.dist.nproc
     if cfg.rollout.noise == "episode" and cfg.rollout.backend == "vllm":
         return "rollout.noise=episode is the built-in sampler's; vLLM draws its own noise (use rollout.noise=auto)"
@@ -260,13 +272,13 @@ def _dist(cfg: TrainConfig) -> str | None:
     unsupported = [
         ("engine.mode=async", cfg.engine.mode == "async"),
         ("rollout.backend=vllm", cfg.rollout.backend == "vllm"),
-        ("rollout.backend=server", cfg.rollout.backend == "server"),
         ("agent.entrypoint", cfg.agent.entrypoint is not None), ("reward.judge.enabled=true", cfg.reward.judge.enabled),
     ]
     for key, on in unsupported:
         if on:
             return (f"dist.nproc={n} with {key}: that stage does not run on several trainer ranks yet "
-                    "(BC, the flywheel, synchronous RL, the critic, Monte-Carlo values and rehearsal do); use dist.nproc=1 or turn it off")
+                    "(BC, the flywheel, synchronous RL, the critic, Monte-Carlo values, rehearsal and inference replicas do); "
+                    "use dist.nproc=1 or turn it off")
     return None
 
 

@@ -1,6 +1,7 @@
 """The OpenAI-compatible gateway: ``/v1/chat/completions`` and ``/v1/models`` on the policy;
 as an inference replica (``turnforge serve``, ``rollout.backend=server``) also ``POST
-/v1/generate`` (token ids in and out) and ``/v1/weights`` (load a weight push; what it serves).
+/v1/generate`` (token ids in and out) and ``/v1/weights`` (load a weight push from its files,
+join a broadcast group or receive a push over it; ``GET``: what it serves).
 
 ``Gateway`` runs FastAPI on uvicorn in a thread of the trainer's process, on a free local
 port (or the one given). Each rollout gets its own root, ``/rollouts/<id>/v1``, so that any
@@ -32,12 +33,14 @@ replaced by the trainer's and recorded on the call (``CallRecord.overrides``); u
 import asyncio
 import concurrent.futures
 import errno
+import os
 import queue
 import socket
 import threading
 import time
 import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -46,6 +49,7 @@ from turnforge.gateway.render import Prior, Renderer, RequestError, assistant_me
 from turnforge.gateway.sampling import (Override, SamplingPolicy, SamplingRefused, TrainerWins, cap_tokens,
                                         settle_sampling)
 from turnforge.gateway.trace import CallRecord
+from turnforge.inference.collective import TORN, GroupMember, TornPush
 from turnforge.inference.weights import LoadedWeights, PushError, load_push, model_fingerprint
 from turnforge.policy.generate import Generation
 from turnforge.policy.model import Policy
@@ -121,6 +125,7 @@ class Gateway:
         self.batch_sizes: list[int] = []
         self.fingerprint = model_fingerprint(policy.model, policy.tokenizer, policy.stop_ids)
         self.held = LoadedWeights()  # the weights' push and version (inference replica routes)
+        self.member = GroupMember(str(next(policy.model.parameters()).device))  # pushes by broadcast
         self.lock = threading.Lock()  # held while sampling (and while the actor is swapped)
         self._jobs: queue.Queue[_Job] = queue.Queue()
         self._arriving = 0  # requests received and not yet queued (being rendered): the batcher waits for them
@@ -286,9 +291,16 @@ class Gateway:
         async def _load(request: Request):
             body = await request.json()
             try:
+                if isinstance(body, dict) and "group" in body:
+                    return await asyncio.to_thread(self.member.join, body["group"])
+                if isinstance(body, dict) and "collective" in body:
+                    return await asyncio.to_thread(self.receive_weights, body["collective"])
                 return await asyncio.to_thread(self.load_weights, str(body["path"]))
-            except (KeyError, TypeError):
-                return error(400, "a weight push request is {'path': '<push directory>'}", "path")
+            except (KeyError, TypeError, ValueError) as err:
+                return error(400, "a weight request is {'path': '<push directory>'}, {'group': {...}} or "
+                             f"{{'collective': {{...}}}} (turnforge.inference) ({type(err).__name__}: {err})", "path")
+            except TornPush as err:
+                return error(409, str(err), "collective", TORN)
             except PushError as err:
                 return error(409, str(err), "path", "bad_push")
 
@@ -324,6 +336,22 @@ class Gateway:
         t0 = time.perf_counter()
         with self.lock:
             push, held = load_push(self.policy.model, path, self.held, self.fingerprint)
+            self.held = held
+            self.policy.version = push.push
+        return {**self.weights_info(), "seconds": time.perf_counter() - t0}
+
+    def receive_weights(self, spec: dict) -> dict:
+        """Receive a push broadcast over this replica's group (``turnforge.inference.collective``),
+        between requests like ``load_weights``; a broadcast cut off mid-way leaves a full push's
+        weights torn, held as push -1 until a whole push lands."""
+        t0 = time.perf_counter()
+        with self.lock:
+            try:
+                push, held = self.member.receive(self.policy.model, spec, self.held, self.fingerprint)
+            except TornPush as err:
+                self.held = err.held
+                self.policy.version = -1 if err.held.push == -1 else self.policy.version
+                raise
             self.held = held
             self.policy.version = push.push
         return {**self.weights_info(), "seconds": time.perf_counter() - t0}
@@ -434,6 +462,22 @@ class Gateway:
             "model": self.model_name, "choices": [choice],
             "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(ids), "total_tokens": len(prompt) + len(ids)},
         }
+
+
+def open_replica(checkpoint: Path, *, host: str, port: int, max_tokens: int, context: int, dtype: str, device: str,
+                 seed: int, threads: int, prefix_cache: bool) -> Gateway:
+    """``turnforge serve``'s gateway on ``checkpoint`` (bound, not started): in its process, or in
+    a Ray actor as an inference replica (``turnforge.inference.ray_replicas``). ``threads`` 0: one
+    per CPU core."""
+    from turnforge.policy.model import load_policy, quiet_hf, resolve_device
+
+    device = resolve_device(device, "--device")
+    quiet_hf()
+    torch.set_num_threads(threads or max(1, os.cpu_count() or 1))
+    policy = load_policy(checkpoint, dtype, device)
+    policy.prefix_cache = prefix_cache
+    return Gateway(policy, max_new_tokens=max_tokens, max_context_tokens=context, seed=seed, host=host, port=port,
+                   model_name=Path(checkpoint).name, settings=SERVE)  # binds now: a port in use is one line
 
 
 def _truncate(g: Generation, n: int) -> Generation:

@@ -24,11 +24,23 @@ weights than asked) is taken out of rotation for the rest of the run, counted, a
 line (transport, replica, push and version); its rows go to the replicas left, so nothing it
 half-sampled is used (an answer is whole or not at all). When fewer than
 ``rollout.server.min_replicas`` of the replicas remain the run stops with one line.
+
+On several trainer ranks (``turnforge.dist``) the ranks share the replicas: rank 0 starts them
+and tells the others their addresses; every rank samples its own share of the episodes on them.
+A push is a collective, ``publish``, at the points every rank reaches alike (the run's start,
+``sync_sampler`` after each update, the end of behaviour cloning): the sharded trainer's weights
+are first gathered into each rank's sampling model one tensor at a time (``sync_weights``, never
+a second full copy), rank 0 writes the push from that model and has the replicas load it, and
+every rank learns which push each replica holds. A replica that any rank found failed leaves the
+rotation of all of them at that point, counted once. Sampling never pushes on several ranks (a
+rank that samples no episode between two updates would leave the others waiting); a sample at
+weights not published is a bug, refused.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import os
 import re
 import signal
@@ -38,10 +50,11 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
+from turnforge.dist import broadcast, gather, world
 from turnforge.errors import RunStopped, UserError
 from turnforge.inference.weights import WeightPush, WeightSync
 from turnforge.policy.generate import Generation
@@ -58,10 +71,22 @@ class Replica:
     alive: bool = True
     push: int = 0  # the push it holds
     reason: str | None = None  # why it left the rotation
+    actor: Any = None  # started by this run as a Ray actor (rollout.server.launch=ray)
 
     @property
     def name(self) -> str:
         return f"replica {self.index} ({self.url})"
+
+    def stop(self) -> None:
+        """End it if this run started it (its process terminated, its actor killed)."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+        if self.actor is not None:
+            import ray
+
+            if ray.is_initialized():
+                ray.kill(self.actor)
+            self.actor = None
 
 
 @dataclass
@@ -78,11 +103,17 @@ class ServerStats:
     retried_rows: int = 0  # rows sampled again on another replica after theirs failed
     replicas_lost: int = 0
     replicas_alive: int = 0
+    regroups: int = 0  # broadcast transports: groups formed again after a failed forming or broadcast
     last_push: WeightPush | None = None
 
 
 class ReplicaFailed(Exception):
-    """A request to one replica failed (the message says how)."""
+    """A request to one replica failed (the message says how); ``status``: the HTTP status of
+    its answer (None when it did not answer)."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class ServerSampler:
@@ -107,13 +138,16 @@ class ServerSampler:
         return self
 
     # ------------------------------------------------------------------ HTTP
-    def _call(self, replica: Replica, method: str, route: str, body: dict | None = None) -> dict:
+    def _call(self, replica: Replica, method: str, route: str, body: dict | None = None, waits: int = 1) -> dict:
+        """One request; its answer within ``waits`` times ``rollout.server.timeout_s`` (a replica's
+        part of a broadcast push is bounded by one timeout per step of its own)."""
         import httpx
 
         try:
-            r = self._client.request(method, f"{replica.url}{route}", json=body)
+            r = self._client.request(method, f"{replica.url}{route}", json=body, timeout=waits * self.timeout_s)
         except httpx.TimeoutException:
-            raise ReplicaFailed(f"no answer within rollout.server.timeout_s={self.timeout_s:g} s") from None
+            times = "" if waits == 1 else f"{waits} x "
+            raise ReplicaFailed(f"no answer within {times}rollout.server.timeout_s={self.timeout_s:g} s") from None
         except httpx.HTTPError as err:
             raise ReplicaFailed(f"{type(err).__name__}: {err}") from None
         try:
@@ -122,7 +156,7 @@ class ServerSampler:
             raise ReplicaFailed(f"HTTP {r.status_code} with a body that is not JSON") from None
         if r.status_code != 200:
             message = data.get("error", {}).get("message") if isinstance(data, dict) else None
-            raise ReplicaFailed(f"HTTP {r.status_code}: {message or data}")
+            raise ReplicaFailed(f"HTTP {r.status_code}: {message or data}", r.status_code)
         return data
 
     # ------------------------------------------------------------------ rotation
@@ -135,8 +169,7 @@ class ServerSampler:
         replica.alive, replica.reason = False, f"{what}: {reason}"
         self.stats.replicas_lost += 1
         self.stats.replicas_alive = len(self.alive)
-        if replica.process is not None and replica.process.poll() is None:
-            replica.process.terminate()
+        replica.stop()
         left = len(self.alive)
         self.log(f"inference: {replica.name} failed {what} ({reason}); out of rotation, {left} of "
                  f"{len(self.replicas)} replicas left")
@@ -168,27 +201,84 @@ class ServerSampler:
         """Publish ``model`` at ``version`` and have every replica in rotation load it, unless
         they hold it already (the same model, or a copy of it, ``copies_weights_of``, at the
         same version); returns the push (None when nothing was pushed)."""
-        source = getattr(model, "_turnforge_weights_of", model)
-        if self._loaded is not None and self._loaded[0] is source and self._loaded[1] == version:
+        if self._holds(model, version):
             return None
+        source = getattr(model, "_turnforge_weights_of", model)
         pushed = self.sync.publish(model, version, self.fingerprint)
         t0 = time.perf_counter()
         st = self.stats
         st.pushes, st.full_pushes = st.pushes + 1, st.full_pushes + (pushed.kind == "full")
         st.push_bytes, st.push_seconds, st.last_push = st.push_bytes + pushed.bytes, st.push_seconds + pushed.seconds, pushed
-        futures = {r: self._pool.submit(self._call, r, "POST", "/v1/weights", {"path": pushed.path}) for r in self.alive}
-        for replica, fut in futures.items():
-            try:
-                held = fut.result()
-                if int(held["push"]) != pushed.push:
-                    raise ReplicaFailed(f"it holds push {held['push']} after loading")
+        load = functools.partial(self._load, expect=pushed.push)
+        for replica, failed in self.sync.deliver(pushed, self.alive, load).items():
+            if failed is None:
                 replica.push = pushed.push
-            except ReplicaFailed as err:
-                self._drop(replica, f"to load push {pushed.push} (version {version}) over {self.sync.transport}", str(err))
+            else:
+                self._drop(replica, f"to load push {pushed.push} (version {version}) over {self.sync.transport}", failed)
+        st.regroups = getattr(self.sync, "regroups", 0)
         st.last_load_seconds = time.perf_counter() - t0
         st.load_seconds += st.last_load_seconds
         self._loaded = (source, version)
         return pushed
+
+    def _load(self, replica: Replica, body: dict, expect: int) -> concurrent.futures.Future:
+        """``POST /v1/weights`` of ``body`` on ``replica``, started; unless the body joins a group,
+        the answer must say the replica holds push ``expect``."""
+        def call() -> dict:  # joining a group or receiving a broadcast: the replica's own waits end first
+            held = self._call(replica, "POST", "/v1/weights", body, waits=1 if "path" in body else 2)
+            if "group" not in body and int(held.get("push", -1)) != expect:
+                raise ReplicaFailed(f"it holds push {held.get('push')} after loading push {expect}")
+            return held
+
+        return self._pool.submit(call)
+
+    def publish(self, model: torch.nn.Module, version: int) -> None:
+        """On several trainer ranks, called by every rank alike where the weights changed (see the
+        module docstring): the replicas any rank found failed leave the rotation (counted once,
+        their requests and retried rows added to rank 0's counters), rank 0 pushes ``model`` at
+        ``version``, and every rank learns what each replica holds; ``RunStopped`` on every rank
+        when too few replicas are left. A world of one: nothing (the next ``sample`` pushes when
+        the weights it is given are not the replicas'; the asynchronous rollout thread samples with
+        older weights than the trainer holds)."""
+        w = world()
+        if not w.distributed:
+            return
+        with self._lock:
+            seen = gather(([r.index for r in self.replicas if not r.alive and r.reason is not None],
+                           self.stats.requests, self.stats.retried_rows, [r.reason for r in self.replicas]))
+            stopped = None
+            try:
+                for rank, (lost, _, _, reasons) in enumerate(seen):
+                    for i in lost:
+                        if self.replicas[i].alive:
+                            self._drop(self.replicas[i], f"on rank {rank}", reasons[i])
+            except RunStopped as err:
+                stopped = str(err)
+            if w.main:
+                self.stats.requests += sum(n for _, n, _, _ in seen[1:])
+                self.stats.retried_rows += sum(n for _, _, n, _ in seen[1:])
+                if stopped is None:
+                    self._loaded = None  # the weights changed, whatever the version says (behaviour cloning)
+                    try:
+                        self.push(model, version)
+                    except RunStopped as err:
+                        stopped = str(err)
+            else:
+                self.stats.requests = self.stats.retried_rows = 0  # reported to rank 0
+            told = broadcast((stopped, [(r.alive, r.push, r.reason) for r in self.replicas],
+                              self.stats.replicas_lost) if w.main else None)
+            stopped, held, lost_count = told
+            for replica, (alive, push, reason) in zip(self.replicas, held):
+                replica.alive, replica.push, replica.reason = alive, push, reason
+            self.stats.replicas_lost, self.stats.replicas_alive = lost_count, len(self.alive)
+            if stopped is not None:
+                raise RunStopped(stopped)
+            self._loaded = (getattr(model, "_turnforge_weights_of", model), version)
+
+    def _holds(self, model: torch.nn.Module, version: int) -> bool:
+        """Whether the replicas hold ``model``'s weights at ``version`` (see ``push``)."""
+        source = getattr(model, "_turnforge_weights_of", model)
+        return self._loaded is not None and self._loaded[0] is source and self._loaded[1] == version
 
     # ------------------------------------------------------------------ sampling
     def sample(self, model: torch.nn.Module, version: int, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
@@ -201,7 +291,11 @@ class ServerSampler:
             return []
         keys = list(keys) or [str(i) for i in range(len(prompts))]
         with self._lock:
-            self.push(model, version)
+            if not world().distributed:
+                self.push(model, version)
+            elif not self._holds(model, version):
+                raise RuntimeError(f"sampling at policy version {version} on several trainer ranks before every rank "
+                                   "published those weights (ServerSampler.publish, from sync_sampler)")
             out: list[Generation | None] = [None] * len(prompts)
             todo = list(range(len(prompts)))
             while todo:
@@ -231,11 +325,11 @@ class ServerSampler:
 
     def close(self) -> None:
         """Stop the replicas this run started."""
+        self.sync.close()
         self._pool.shutdown(wait=False, cancel_futures=True)
         self._client.close()
         for r in self.replicas:
-            if r.process is not None and r.process.poll() is None:
-                r.process.terminate()
+            r.stop()
         for r in self.replicas:
             if r.process is not None:
                 try:
@@ -324,18 +418,41 @@ def check_urls(srv) -> None:
 
 
 def open_sampler(srv, policy, *, model_dir: Path, run_dir: Path, context: int, max_new_tokens: int, dtype: str,
-                 device: str, prefix_cache: bool, seed: int, log: Callable[[str], None] | None = None) -> ServerSampler:
+                 device: str, prefix_cache: bool, seed: int, ray_address: str | None = None,
+                 log: Callable[[str], None] | None = None) -> ServerSampler:
     """The run's ``ServerSampler`` (``srv``: ``rollout.server``): its replicas started from
-    ``model_dir`` (logs in ``RUN/logs/``) plus those of ``srv.urls``, every one checked to serve
-    the policy's model; pushes under ``srv.weights_dir`` (default ``RUN/weights``)."""
+    ``model_dir`` (processes with their logs in ``RUN/logs/``, or Ray actors on the cluster at
+    ``ray_address``: ``srv.launch``) plus those of ``srv.urls``, every one checked to serve
+    the policy's model; pushes under ``srv.weights_dir`` (default ``RUN/weights``). On several
+    trainer ranks every rank calls it alike, and rank 0 starts the replicas; then ``publish``
+    (every rank) before the first sample."""
     from turnforge.inference.weights import FileWeightSync, model_fingerprint
 
     fingerprint = model_fingerprint(policy.model, policy.tokenizer, policy.stop_ids)
     threads = srv.threads or max(1, (os.cpu_count() or 1) // max(srv.replicas, 1))
-    started = start_replicas(ReplicaSpec(model_dir, context, max_new_tokens, dtype, device, threads, prefix_cache, seed,
-                                         run_dir / "logs"), srv.replicas, srv.timeout_s) if srv.replicas else []
+    started, failed = [], None
+    if world().main and srv.replicas:  # on several trainer ranks rank 0 starts them, the others learn where
+        spec = ReplicaSpec(model_dir, context, max_new_tokens, dtype, device, threads, prefix_cache, seed, run_dir / "logs")
+        try:
+            if srv.launch == "ray":
+                from turnforge.inference.ray_replicas import start_ray_replicas
+
+                started = start_ray_replicas(spec, srv.replicas, srv.timeout_s, ray_address, srv.ray_resources)
+            else:
+                started = start_replicas(spec, srv.replicas, srv.timeout_s)
+        except RunStopped as err:
+            failed = str(err)
+    failed, urls = broadcast((failed, [r.url for r in started]))
+    if failed is not None:
+        raise RunStopped(failed)
+    started = started or [Replica(i, url) for i, url in enumerate(urls)]
     given = [Replica(len(started) + i, url.rstrip("/").removesuffix("/v1")) for i, url in enumerate(srv.urls)]
-    sync = FileWeightSync(Path(srv.weights_dir) if srv.weights_dir else run_dir / "weights")
+    if srv.transport == "file":
+        sync: WeightSync = FileWeightSync(Path(srv.weights_dir) if srv.weights_dir else run_dir / "weights")
+    else:
+        from turnforge.inference.collective import CollectiveWeightSync
+
+        sync = CollectiveWeightSync(srv.transport, srv.group_host, srv.timeout_s)
     sampler = ServerSampler(started + given, sync, fingerprint, timeout_s=srv.timeout_s, min_replicas=srv.min_replicas,
                             log=log)
     try:

@@ -19,7 +19,8 @@ before any work.
 
 Where it departs from peers: prime-rl's filesystem fallback writes whole HF checkpoints per
 step; a push here is one safetensors file plus a JSON marker, and LoRA pushes carry the adapter
-only (as ART ships adapters). The NCCL transport of GPU peers is not implemented.
+only (as ART ships adapters). The broadcast transports (gloo, NCCL) carry the same tensors
+(``push_tensors``) and are numbered alike (``PushSequence``): ``turnforge.inference.collective``.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol, Sequence
 
 import torch
 
@@ -55,16 +56,25 @@ class WeightPush:
 
 
 class WeightSync(Protocol):
-    """Publishes the trainer's weights for replicas to load (see the module docstring)."""
+    """Publishes the trainer's weights and has replicas load them: ``FileWeightSync`` (here),
+    ``CollectiveWeightSync`` (``turnforge.inference.collective``)."""
 
     transport: str
 
     def publish(self, model: torch.nn.Module, version: int, fingerprint: str) -> WeightPush:
-        """Write ``model``'s weights at ``version``; the replicas load the returned push."""
+        """Write (or stage) a push of ``model``'s weights at ``version``."""
+        ...
+
+    def deliver(self, push: WeightPush, replicas: Sequence[Any], load: Callable[[Any, dict], Any]) -> dict[Any, str | None]:
+        """Have ``replicas`` load ``push``: ``load(replica, body)`` starts ``POST /v1/weights`` on
+        one and returns its future. Per replica None (it holds the push) or why not."""
         ...
 
     def invalidate(self) -> None:
         """The base weights changed (behaviour cloning, a LoRA adapter merged): the next push is full."""
+        ...
+
+    def close(self) -> None:
         ...
 
 
@@ -113,8 +123,9 @@ def lora_layers(model: torch.nn.Module) -> dict[str, tuple[torch.Tensor, torch.T
     return out
 
 
-def _untied(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """``state`` without tensors sharing storage with an earlier one (safetensors refuses shared tensors)."""
+def _untied(state: dict[str, torch.Tensor], move: Callable[[torch.Tensor], torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``state`` without tensors sharing storage with an earlier one (safetensors refuses shared
+    tensors), each through ``move``."""
     seen: set[tuple[int, int]] = set()
     out = {}
     for key, value in state.items():
@@ -122,8 +133,78 @@ def _untied(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         if ident in seen:
             continue
         seen.add(ident)
-        out[key] = value.detach().contiguous().cpu()
+        out[key] = move(value.detach())
     return out
+
+
+@dataclass
+class PushTensors:
+    """What a push carries, whatever the transport: ``full``, the plain weights (a tensor tied to
+    an earlier one left out) of a full push; ``adapter``, ``<name>.lora_A``/``<name>.lora_B`` of
+    every adapted layer of a LoRA model, with ``scales[name] = [scale, fan_in_fan_out]``."""
+
+    full: dict[str, torch.Tensor] | None
+    adapter: dict[str, torch.Tensor] | None
+    scales: dict[str, list] | None
+
+    @property
+    def bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for part in (self.full, self.adapter) if part for t in part.values())
+
+
+def push_tensors(model: torch.nn.Module, kind: str, on_cpu: bool = True) -> PushTensors:
+    """The tensors of a ``kind`` ('full' or 'adapter') push of ``model``: views of its own
+    weights (copied to the CPU with ``on_cpu`` when the model is on a GPU)."""
+    from turnforge.policy.lora import is_lora
+
+    move = (lambda t: t.contiguous().cpu()) if on_cpu else (lambda t: t.contiguous())
+    full = _untied(plain_state_dict(model), move) if kind == "full" else None
+    if not is_lora(model):
+        return PushTensors(full, None, None)
+    adapter, scales = {}, {}
+    for name, (a, b, scale, transposed) in lora_layers(model).items():
+        adapter[f"{name}.lora_A"], adapter[f"{name}.lora_B"] = move(a), move(b)
+        scales[name] = [scale, transposed]
+    return PushTensors(full, adapter, scales)
+
+
+class PushSequence:
+    """Push numbers and kinds, whatever the transport: pushes are numbered 1, 2, ...; the first,
+    and the first after ``invalidate``, is full; a LoRA model's others are adapter pushes on
+    the last full one; a plain model's are all full."""
+
+    def __init__(self) -> None:
+        self.last = 0
+        self._base: int | None = None  # the full push adapter pushes apply to (None: the next push is full)
+
+    def invalidate(self) -> None:
+        self._base = None
+
+    def next(self, model: torch.nn.Module) -> tuple[int, str, int]:
+        """(number, kind, base) of the next push of ``model``."""
+        from turnforge.policy.lora import is_lora
+
+        n = self.last + 1
+        kind = "adapter" if is_lora(model) and self._base is not None else "full"
+        return n, kind, n if kind == "full" else self._base
+
+    def done(self, model: torch.nn.Module, push: WeightPush) -> None:
+        from turnforge.policy.lora import is_lora
+
+        self.last, self._base = push.push, push.base if is_lora(model) else None
+
+
+def deliver_all(body: dict, replicas: Sequence[Any], load: Callable[[Any, dict], Any]) -> dict[Any, str | None]:
+    """``load`` (an HTTP call's future) of ``body`` on every replica at once; per replica None or why it failed."""
+    futures = {r: load(r, body) for r in replicas}
+    outcome: dict[Any, str | None] = {}
+    for replica, fut in futures.items():
+        try:
+            fut.result()
+            outcome[replica] = None
+        except Exception as err:  # noqa: BLE001 - the sampler's ReplicaFailed; the replica is named by the caller
+            outcome[replica] = str(err)
+    return outcome
 
 
 class FileWeightSync:
@@ -136,41 +217,36 @@ class FileWeightSync:
         self.root, self.keep = Path(root), keep
         self.root.mkdir(parents=True, exist_ok=True)
         self.pushes: list[WeightPush] = []
-        self._base: int | None = None  # the full push adapter pushes apply to (None: the next push is full)
+        self.sequence = PushSequence()
 
     def invalidate(self) -> None:
-        self._base = None
+        self.sequence.invalidate()
+
+    def deliver(self, push: WeightPush, replicas: Sequence[Any], load: Callable[[Any, dict], Any]) -> dict[Any, str | None]:
+        """Have every replica load ``push`` from its directory."""
+        return deliver_all({"path": push.path}, replicas, load)
+
+    def close(self) -> None:
+        pass
 
     def publish(self, model: torch.nn.Module, version: int, fingerprint: str) -> WeightPush:
         from safetensors.torch import save_file
 
-        from turnforge.policy.lora import is_lora
-
         t0 = time.perf_counter()
-        n = (self.pushes[-1].push if self.pushes else 0) + 1
-        lora = is_lora(model)
-        kind = "adapter" if lora and self._base is not None else "full"
+        n, kind, base = self.sequence.next(model)
         final, tmp = self.root / f"push-{n}", self.root / f".push-{n}.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
-        written = 0
-        if kind == "full":
-            tensors = _untied(plain_state_dict(model))
-            save_file(tensors, str(tmp / MODEL_FILE))
-            written += sum(t.numel() * t.element_size() for t in tensors.values())
-        if lora:
-            tensors, scales = {}, {}
-            for name, (a, b, scale, transposed) in lora_layers(model).items():
-                tensors[f"{name}.lora_A"], tensors[f"{name}.lora_B"] = a.contiguous().cpu(), b.contiguous().cpu()
-                scales[name] = [scale, transposed]
-            save_file(tensors, str(tmp / ADAPTER_FILE), metadata={"scales": json.dumps(scales)})
-            written += sum(t.numel() * t.element_size() for t in tensors.values())
-        base = n if kind == "full" else self._base
-        push = WeightPush(n, version, kind, base, str(final), written, 0.0, fingerprint)
+        carried = push_tensors(model, kind)
+        if carried.full is not None:
+            save_file(carried.full, str(tmp / MODEL_FILE))
+        if carried.adapter is not None:
+            save_file(carried.adapter, str(tmp / ADAPTER_FILE), metadata={"scales": json.dumps(carried.scales)})
+        push = WeightPush(n, version, kind, base, str(final), carried.bytes, 0.0, fingerprint)
         (tmp / PUSH_FILE).write_text(json.dumps(asdict(push)) + "\n")
         os.replace(tmp, final)
         push = WeightPush(**{**asdict(push), "seconds": time.perf_counter() - t0})
-        self._base = base if lora else None  # a plain model's pushes are all full
+        self.sequence.done(model, push)
         self.pushes.append(push)
         self._retire()
         return push
@@ -216,48 +292,57 @@ def load_push(model: torch.nn.Module, path: str | Path, held: LoadedWeights, fin
     from safetensors.torch import load_file
 
     push = read_push(path)
-    if push.fingerprint != fingerprint:
-        raise PushError(f"push {push.push} is of another model (fingerprint {push.fingerprint}, this replica's {fingerprint})")
+    check_push(push, held, fingerprint)
     root = Path(path)
+    own = model.state_dict()
     if push.kind == "full":
         tensors = load_file(str(root / MODEL_FILE))
-        own = model.state_dict()
-        unexpected = sorted(set(tensors) - set(own))
-        tied = {k for k in own if k not in tensors}
-        if unexpected or any(not _is_tied(own, k) for k in tied):
-            raise PushError(f"push {push.push} does not match the model: unexpected {unexpected[:3]}, "
-                            f"missing {sorted(k for k in tied if not _is_tied(own, k))[:3]}")
+        check_names(push, own, tensors)
         with torch.no_grad():
             for key, value in tensors.items():
                 own[key].copy_(value)
-        base_layers = None
-        if (root / ADAPTER_FILE).exists():
-            names = _adapter_names(root / ADAPTER_FILE)
-            base_layers = {k: own[k].detach().clone() for k in names}
-        held = LoadedWeights(push.push, push.version, push.push, base_layers)
-    else:
-        if push.base != held.base or held.base_layers is None:
-            raise PushError(f"adapter push {push.push} applies to full push {push.base}; this replica holds {held.base}")
-        held = LoadedWeights(push.push, push.version, held.base, held.base_layers)
+    adapter, scales = None, None
     if (root / ADAPTER_FILE).exists():
-        tensors = load_file(str(root / ADAPTER_FILE))
+        adapter = load_file(str(root / ADAPTER_FILE))
         with safe_open(str(root / ADAPTER_FILE), "pt") as f:
             scales = json.loads(f.metadata()["scales"])
-        own = model.state_dict()
-        with torch.no_grad():
-            for name, (scale, transposed) in scales.items():  # W = base + scale * B @ A, in place
-                w = own[name]
-                a, b = tensors[f"{name}.lora_A"].to(w.dtype), tensors[f"{name}.lora_B"].to(w.dtype)
-                w.copy_(held.base_layers[name])
-                w.addmm_(a.T, b.T, alpha=scale) if transposed else w.addmm_(b, a, alpha=scale)
-    return push, held
+    return push, loaded(model, push, held, adapter, scales)
 
 
-def _adapter_names(path: Path) -> list[str]:
-    from safetensors import safe_open
+def check_push(push: WeightPush, held: LoadedWeights, fingerprint: str) -> None:
+    """``PushError`` for a push of another model, or an adapter push on a base this replica does not hold."""
+    if push.fingerprint != fingerprint:
+        raise PushError(f"push {push.push} is of another model (fingerprint {push.fingerprint}, this replica's {fingerprint})")
+    if push.kind != "full" and (push.base != held.base or held.base_layers is None):
+        raise PushError(f"adapter push {push.push} applies to full push {push.base}; this replica holds {held.base}")
 
-    with safe_open(str(path), "pt") as f:
-        return list(json.loads(f.metadata()["scales"]))
+
+def check_names(push: WeightPush, own: dict[str, torch.Tensor], names) -> None:
+    """``PushError`` unless a full push's tensor ``names`` are ``own``'s (a tied weight written once)."""
+    unexpected = sorted(set(names) - set(own))
+    missing = sorted(k for k in own if k not in names and not _is_tied(own, k))
+    if unexpected or missing:
+        raise PushError(f"push {push.push} does not match the model: unexpected {unexpected[:3]}, missing {missing[:3]}")
+
+
+@torch.no_grad()
+def loaded(model: torch.nn.Module, push: WeightPush, held: LoadedWeights, adapter: dict[str, torch.Tensor] | None,
+           scales: dict[str, list] | None) -> LoadedWeights:
+    """What ``model`` holds once ``push`` is in it: a full push's weights already copied in, its
+    adapter (or an adapter push's) applied here on the base layers of the full push: each
+    adapted weight ``W = base + scale * B @ A``."""
+    own = model.state_dict()
+    if push.kind == "full":
+        base_layers = None if scales is None else {k: own[k].detach().clone() for k in scales}
+        held = LoadedWeights(push.push, push.version, push.push, base_layers)
+    else:
+        held = LoadedWeights(push.push, push.version, held.base, held.base_layers)
+    for name, (scale, transposed) in (scales or {}).items():
+        w = own[name]
+        a, b = adapter[f"{name}.lora_A"].to(w.dtype), adapter[f"{name}.lora_B"].to(w.dtype)
+        w.copy_(held.base_layers[name])
+        w.addmm_(a.T, b.T, alpha=scale) if transposed else w.addmm_(b, a, alpha=scale)
+    return held
 
 
 def _is_tied(state: dict[str, torch.Tensor], key: str) -> bool:

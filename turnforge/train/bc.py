@@ -17,7 +17,7 @@ import torch
 from turnforge.algos import sft_loss
 from turnforge.config import TrainConfig
 from turnforge.data.store import write_trajectories
-from turnforge.dist import all_sum, attach_trainer, minibatch_share, share_weighted, sync_sampler, world
+from turnforge.dist import all_sum, attach_trainer, minibatch_share, share_weighted, sync_weights, world
 from turnforge.errors import RunStopped
 from turnforge.policy.generate import token_logprobs
 from turnforge.policy.lora import trainable_parameters
@@ -98,7 +98,7 @@ def run_bc(s: Session) -> BCStats:
             s.progress.update(n, loss=loss_value, tokens_per_s=s.state.train_tokens / (time.time() - t0))
         s.metrics.log(BCEpoch(epoch, loss_sum / loss_tokens if loss_tokens else float("nan")), s.state.env_steps)
     model.eval()
-    sync_sampler(policy)
+    sync_weights(policy.trainer, policy.model)  # on several ranks: into the sampling model (freeze_bc pushes it)
 
     # 3. record
     stats = BCStats(

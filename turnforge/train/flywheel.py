@@ -199,8 +199,8 @@ def _round(s: Session, st: FlywheelState, mechs: list[Mechanism], optimizer: tor
             _rft(s, step, samples, weights, r, fw.entropy_floor * (st.start_entropy or 0.0))
         else:
             _grpo(s, optimizer, step, [t for v in plain.values() for t in v], replayed, r)
-        sync_sampler(s.policy)  # on several ranks: the sharded trainer's new weights into the sampling model
         s.policy.version += 1
+        sync_sampler(s.policy)  # on several ranks: the sharded trainer's new weights into the sampling model
 
     # 5. record, evaluate
     if world().main:  # (on several ranks every rank played the round alike; rank 0 writes it)

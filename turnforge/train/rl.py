@@ -138,8 +138,8 @@ def run_rl(
 
             # 3-4. policy update, then the critic's (``learn``)
             learned = learn(ok, credit, cfg, it, policy, step, reference=reference, critic=critic, rehearsal=rehearsal)
-            sync_sampler(policy)  # on several ranks: the sharded trainer's new weights into the sampling model
             policy.version += 1
+            sync_sampler(policy)  # on several ranks: the sharded trainer's new weights into the sampling model
             rollouts.after_update()  # weight sync to the rollout worker (nothing to do when it shares the model)
             if reference is not None and reference_reset_due(it, rl.reference_reset_every):
                 reference = reset_reference(policy.model, optimizer)

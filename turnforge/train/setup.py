@@ -26,7 +26,8 @@ import yaml
 from turnforge import errors
 from turnforge.config import TrainConfig, config_from_dict
 from turnforge.critic.value import build_value_model
-from turnforge.dist import attach_trainer, broadcast, broadcast_weights, load_optimizer_state, sharded_copy, world
+from turnforge.dist import (attach_trainer, broadcast, broadcast_weights, load_optimizer_state, publish_weights,
+                            sharded_copy, world)
 from turnforge.envs.base import Env
 from turnforge.envs.checker import check_action_lengths
 from turnforge.envs.registry import build_env
@@ -100,7 +101,8 @@ def preflight(cfg: TrainConfig, run_dir: Path, resume: bool) -> Checked:
         check_run(cfg, checked.env)  # the options against the env and the model (turnforge.rules)
         if cfg.check_env:
             check_env_at_start(cfg)
-    if cfg.cluster == "ray":  # an unreachable cluster is a one-line error now, not after the BC stage
+    if cfg.cluster == "ray" or (cfg.rollout.backend == "server" and cfg.rollout.server.launch == "ray"):
+        # an unreachable cluster (or Ray not installed) is a one-line error now, not after the BC stage
         from turnforge.envpool.ray_pool import connect_ray
 
         connect_ray(cfg.engine.ray_address)
@@ -195,11 +197,13 @@ def open_run(cfg: TrainConfig, run_dir: Path, checked: Checked, stack: ExitStack
         policy.sampler = open_sampler(cfg.rollout.server, policy, model_dir=model_path, run_dir=run_dir,
                                       context=cfg.rollout.max_context_tokens, max_new_tokens=cfg.rollout.max_new_tokens,
                                       dtype=cfg.model.dtype, device=cfg.model.device, prefix_cache=cfg.rollout.prefix_cache,
-                                      seed=cfg.seed, log=progress.message)
+                                      seed=cfg.seed, ray_address=cfg.engine.ray_address, log=progress.message)
         stack.callback(policy.sampler.close)
     engine, too_long = _make_engine(cfg, policy, run_dir, checked, stack)
     if training is not None:
         policy.version = training.version
+    if found is not None:  # on several ranks with inference replicas: the weights resumed from, to them (a new run's first push is freeze_bc's)
+        publish_weights(policy)
     memory = None
     if cfg.memory.enabled and isinstance(engine, RolloutEngine):  # memory.store's, or the run's own (as checkpointed)
         memory = checked.memory or EpisodicMemory.from_state(cfg.memory, engine.env.env_id,
@@ -322,6 +326,7 @@ def freeze_bc(s: Session) -> None:
     if s.cfg.model.lora.r > 0:
         add_lora(policy, s.cfg.model.lora, s.cfg.seed, "rl")
     attach_trainer(policy)  # on several ranks: a sharded copy of what the next stages train
+    publish_weights(policy)  # on several ranks with inference replicas: the weights as trained, to them
 
 
 def make_critic(s: Session, training: TrainingState | None) -> Critic | None:
