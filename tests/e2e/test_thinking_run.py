@@ -1,7 +1,7 @@
 """A model whose chat template drops earlier thinking trains end to end under both history policies,
 with a thinking budget: BC clones an expert that thinks before it answers, the stored samples are one
 per episode (as sampled) or one per turn (as the template renders), no turn thinks past the budget, and
-the metrics count thinking and answer tokens. (Whether the tiny model thinks in its RL rollouts after
+the metrics (RL iterations and flywheel rounds) count thinking and answer tokens. (Whether the tiny model thinks in its RL rollouts after
 so little BC is left to chance; the budget's cut is tested with a scripted actor in
 tests/rollout/test_thinking.py.)"""
 
@@ -38,7 +38,8 @@ def test_a_thinking_model_trains_under_each_history_policy(tmp_path, tiny_thinki
                  "check_env=false", "rollout.context=full_history", f"rollout.history={history}",
                  f"rollout.thinking_budget={budget}", "bc.num_demos=4", "bc.epochs=6", "bc.batch_size=1", "bc.lr=0.01", "rl.iterations=1",
                  "rl.tasks_per_iteration=2", "rl.group_size=2", "rollout.max_turns=3", "rollout.max_new_tokens=4",
-                 "eval.episodes=2", "eval.bc_temperatures=[]", "eval.pass_at_k_samples=0", "flywheel.rounds=0",
+                 "eval.episodes=2", "eval.bc_temperatures=[]", "eval.pass_at_k_samples=0", "flywheel.rounds=1",
+                 "flywheel.filters=[infra]", "flywheel.env_steps_per_round=6", "flywheel.eval_episodes=2", "flywheel.mechanisms=[]",
                  "rl.lr=0.001"]
     out = tmp_path / "run"
     summary = train(load_config("sokoban-hf", overrides), out, live=False)
@@ -70,3 +71,6 @@ def test_a_thinking_model_trains_under_each_history_policy(tmp_path, tiny_thinki
     it = read_metrics(out).iterations[0]
     assert it.rollout.answer_tokens > 0
     assert it.rollout.thinking_tokens + it.rollout.answer_tokens == it.rollout.generated_tokens
+    fw = read_metrics(out).flywheel[0]  # the flywheel's round counts them too
+    played = duckdb.sql(f"SELECT sum(list_sum(loss_mask)) FROM '{out}/trajectories/flywheel_00000.parquet'")
+    assert fw.answer_tokens > 0 and fw.thinking_tokens + fw.answer_tokens == played.fetchall()[0][0]

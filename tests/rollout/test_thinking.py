@@ -25,6 +25,9 @@ from turnforge.rollout.engine import EpisodeRequest
 
 #: DeepSeek-R1's way: every assistant message keeps only what follows its last </think>, newlines included.
 R1_STYLE = THINKING_CHAT_TEMPLATE.replace("and (loop.last or reasoning)", "and false").replace(".lstrip('\\n')", "")
+#: DeepSeek-R1's newer templates: the generation prompt opens the thinking, so the model's turn starts inside it.
+R1_OPENS = R1_STYLE.replace("{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}",
+                            "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n<think>\\n' }}")
 #: Not a dropped thinking: earlier thinking replaced by a marker.
 REPLACES = THINKING_CHAT_TEMPLATE.replace("content.split('</think>')[-1].lstrip('\\n')", "'[thought] ' + content.split('</think>')[-1]")
 #: No thinking markers; the last assistant message is written differently from earlier ones.
@@ -89,11 +92,12 @@ def _chat(model_dir, template: str | None = None) -> ChatFormat:
     return ChatFormat(tok)
 
 
-@pytest.fixture(scope="module", params=["tiny", "tiny-qwen3", "smollm2"])
+@pytest.fixture(scope="module", params=["tiny", "tiny-qwen3", "tiny-r1-opens", "smollm2"])
 def chat(request):
     if request.param == "smollm2":
         return _chat(request.getfixturevalue("smollm2_thinking_dir"))
-    return _chat(request.getfixturevalue("tiny_thinking_dir"), QWEN3 if request.param == "tiny-qwen3" else None)
+    template = {"tiny-qwen3": QWEN3, "tiny-r1-opens": R1_OPENS}.get(request.param)
+    return _chat(request.getfixturevalue("tiny_thinking_dir"), template)
 
 
 def test_the_templates_behaviour_is_found_by_rendering(tiny_model_dir, tiny_thinking_dir):
@@ -101,7 +105,10 @@ def test_the_templates_behaviour_is_found_by_rendering(tiny_model_dir, tiny_thin
     qwen3 = _chat(tiny_thinking_dir).thinking
     assert qwen3 is not None and qwen3.drops and qwen3.lstrip and not qwen3.prompt_opens
     r1 = _chat(tiny_thinking_dir, R1_STYLE).thinking
-    assert r1 is not None and r1.drops and not r1.lstrip
+    assert r1 is not None and r1.drops and not r1.lstrip and not r1.prompt_opens
+    opens = _chat(tiny_thinking_dir, R1_OPENS)  # the generation prompt opens thinking: supported
+    assert opens.thinking.prompt_opens and opens.thinking.drops and opens.opened == "<think>\n"
+    assert opens.continuing("<think>\nT\n</think>\n\nA") == "T\n</think>\n\nA" and opens.continuing("A") == "A"
     with pytest.raises(UserError, match=r"rewrites an earlier assistant message .* as '\[thought\] ") as err:
         _chat(tiny_thinking_dir, REPLACES)
     assert "\n" not in str(err.value)
@@ -159,11 +166,12 @@ def test_every_sample_is_the_templates_rendering_of_its_prompt_plus_the_sampled_
             rng = np.random.default_rng(seed)
             body = [int(i) for i in rng.choice(safe, 3)]
             tail = [int(i) for i in rng.choice(safe, 3)]
-            ids = (think.open_id, *body, think.close_id, *tail, im_end)
+            opening = () if think.prompt_opens else (think.open_id,)
+            ids = (*opening, *body, think.close_id, *tail, im_end)
             canonical = False
-        else:
-            ids = chat.encode(f"<think>\n{thought}\n</think>\n\n{answer}") + (im_end,)
-        assert think.open_id in ids and think.close_id in ids
+        else:  # (a prompt that opens thinking: the model's turn starts inside it)
+            ids = chat.encode(chat.continuing(f"<think>\n{thought}\n</think>\n\n{answer}")) + (im_end,)
+        assert (think.open_id in ids) != think.prompt_opens and think.close_id in ids
         texts.append(tok.decode(ids[:-1], skip_special_tokens=False))
         ctx.act(ids, tuple(-1.0 for _ in ids), 0)
         if history == "as_rendered":  # this turn's sample: its prompt as the template renders it, then the sampled ids
@@ -260,6 +268,52 @@ def test_the_engine_sends_the_env_the_answer_only_and_counts_thinking(tiny_think
                 assert samples[0].run_turns == (0, 0, 1, 1, 2, 2)  # each turn: its thinking, then its answer
             else:  # later prompts show earlier turns without their thinking
                 assert t.open_id not in samples[2].token_ids[: len(samples[2].token_ids) - 5 - 3 - len(answer) - 1]
+        engine.close()
+
+
+class Thoughtful:
+    """A text actor (an expert) whose every action is a thought and a move."""
+
+    needs_tokens, version = False, 0
+
+    def probe(self, task, trajectory_id, turn):
+        return NO_PROBE
+
+    def act(self, inputs):
+        return ["<think>\nplan\n</think>\n\nup" for _ in inputs]
+
+
+def test_a_template_whose_generation_prompt_opens_thinking_trains_token_exact(tiny_thinking_dir):
+    """The model's turn starts inside its thinking: sampled ids have no open marker, the budget
+    still closes it, an expert's written thought is not opened twice, and under as_rendered the
+    earlier answers follow the assistant header without the prompt's opening, as the template renders."""
+    policy = load_policy(tiny_thinking_dir)
+    policy.tokenizer.chat_template = R1_OPENS
+    policy.chat = ChatFormat(policy.tokenizer)
+    chat, t = policy.chat, policy.chat.thinking
+    stop = policy.stop_ids[0]
+    thought, answer = chat.encode("left wall box move"), chat.encode("up")
+    script = {f"t{i}": thought * 3 for i in range(2)}  # thinks past the budget from its first token
+    for history in ("as_sampled", "as_rendered"):
+        cfg = RolloutConfig(context="full_history", history=history, max_turns=3, max_new_tokens=4, thinking_budget=5)
+        engine = inline_engine(policy, "test-echo", cfg, 2, episode_len=3)
+        actor = Scripted(script, (*answer, stop), stop)
+        actor.forced = t.forced_close
+        reqs = [EpisodeRequest(engine.env.task("train", i), i, "g", f"t{i}") for i in range(2)]
+        trajs, stats = engine.play(reqs, actor)
+        assert all(turn.action_text == "up" for tr in trajs for turn in tr.turns)
+        assert stats.thinking_cuts == 6 and stats.thinking_tokens == 6 * 5
+        expert, _ = engine.play([EpisodeRequest(engine.env.task("train", 5), 5, "g", "e5")], Thoughtful())
+        for tr in trajs + expert:
+            for sample in tr.samples:
+                text = policy.tokenizer.decode(sample.token_ids, skip_special_tokens=False)
+                prompt = policy.tokenizer.decode(sample.token_ids[: int(np.argmax(sample.loss_mask))], skip_special_tokens=False)
+                assert "<think>\n<think>" not in text and prompt.endswith("<|im_start|>assistant\n<think>\n")
+                if history == "as_sampled":  # every turn's thinking, opened by its prompt
+                    assert text.count("<think>") == text.count("<|im_start|>assistant\n") == 3
+                else:  # earlier answers right after their header, as the template renders them (the property test)
+                    assert text.count("<think>") == 1 and "<|im_start|>assistant\n\n\nup" in text or sample.turn_index == 0
+        assert "<think>\nplan\n</think>" in policy.tokenizer.decode(expert[0].samples[0].token_ids)
         engine.close()
 
 

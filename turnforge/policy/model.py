@@ -56,7 +56,17 @@ class ChatFormat:
         self._turns: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {"user": (self._template(head), self._template(tail))}
         self.user_head, self.user_tail = self._turns["user"]  # around a later user message's content
         prompt_u = self._render([u], gen=True)
-        with_assistant = self._render([u, {"role": "assistant", "content": SENTINEL}], gen=False)
+        #: What the generation prompt writes of the assistant message itself: a template whose prompt
+        #: opens thinking (DeepSeek-R1's newer ones) ends it with the open marker and its newline, so
+        #: the model's turn starts inside its thinking; "" otherwise.
+        self.opened: str = ""
+        if self.thinking is not None and self.thinking.prompt_opens:
+            self.opened = prompt_u[prompt_u.rstrip().rfind(self.thinking.open):]
+        self.opened_ids: tuple[int, ...] = self._template(self.opened)  # the last ids of every generation prompt
+        if self.opened_ids and self.user_tail[-len(self.opened_ids):] != self.opened_ids:
+            raise UserError(f"chat template of {name!r} opens thinking in its generation prompt, but {self.opened!r} is not "
+                            "a separate run of tokens at its end; turnforge cannot tell the prompt from the thinking")
+        with_assistant = self._render([u, {"role": "assistant", "content": self.opened + SENTINEL}], gen=False)
         if not with_assistant.startswith(prompt_u):
             raise UserError(f"chat template of {name!r} does not put assistant content right after the generation prompt")
         #: Text the template puts after assistant content (e.g. "<|im_end|>\n").
@@ -71,6 +81,13 @@ class ChatFormat:
             raise UserError(f"chat template of {self._name!r} does not render message content verbatim")
         head, tail = text.split(SENTINEL)
         return head, tail
+
+    def continuing(self, text: str) -> str:
+        """An assistant message's ``text`` as the model writes it after the generation prompt: with
+        a prompt that opens thinking (``opened``), without its own opening of it."""
+        if self.opened and text.startswith(self.thinking.open):
+            return text[len(self.thinking.open):].removeprefix(self.opened[len(self.thinking.open):])
+        return text
 
     def encode(self, text: str) -> tuple[int, ...]:
         """Token ids of content ``text`` (an observation, an action, a prompt of ours), no special
@@ -98,7 +115,8 @@ class ChatFormat:
                 ids = list(head)
                 for i, (obs, answer) in enumerate(examples):
                     ids += ([] if i == 0 else list(later_head)) + list(self.encode(obs))
-                    ids += list(tail if i == 0 else later_tail) + list(self.encode(answer)) + list(self.close_after(answer))
+                    ids += list(tail if i == 0 else later_tail) + list(self.encode(self.continuing(answer)))
+                    ids += list(self.close_after(answer))
                 self._starts[key] = (tuple(ids) + self.user_head, self.user_tail)
             return self._starts[key]
         key = (system, tools)

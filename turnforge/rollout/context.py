@@ -106,6 +106,7 @@ class _Action:
     version: int
     close: tuple[int, ...]  # template ids after the action (e.g. "\n" after <|im_end|>)
     shown: tuple[int, ...] = ()  # what later prompts show of it, close included (``rollout.history``)
+    retract: int = 0  # ids of the generation prompt's end that later prompts leave out before ``shown`` (see ``act``)
 
 
 @dataclass(frozen=True)
@@ -365,6 +366,7 @@ class EpisodeContext:
                 out.extend(later_head)
             out.extend(obs)
             out.extend(tail if i == 0 else later_tail)
+            del out[len(out) - act.retract:]
             out.extend(act.shown)
         out.extend(later_head if turns else ())
         out.extend(content)
@@ -420,7 +422,10 @@ class EpisodeContext:
         # with special tokens kept so a sampled stop token is seen.
         close = self.chat.close_after(self.chat.tokenizer.decode(ids, skip_special_tokens=False))
         shown_close = close if shown == ids else self.chat.close_after(self.chat.tokenizer.decode(shown, skip_special_tokens=False))
-        action = _Action(ids, logprobs, version, close, shown + shown_close)
+        # a template whose generation prompt opens thinking renders an earlier answer whose thinking it
+        # dropped right after the assistant header: the prompt's opening of the thinking goes too
+        retract = len(self.chat.opened_ids) if shown != ids else 0
+        action = _Action(ids, logprobs, version, close, shown + shown_close, retract)
         lp = np.asarray(logprobs if logprobs is not None else [float("nan")] * len(ids), dtype=np.float32)
         lp[mask == 0] = float("nan")
         ver = np.where(mask == 1, version if logprobs is not None else -1, -1).astype(np.int32)
@@ -448,6 +453,8 @@ class EpisodeContext:
         if self.cfg.context == "window":
             self._turns.append((self._obs_ids, action, self._obs_images))
         else:  # as_rendered on a growing context: the next prompt shows the action as the template renders it
+            for part in (self._ids, self._mask, self._logprobs, self._versions):
+                del part[len(part) - action.retract:]
             self._context(action.shown)
 
     # ------------------------------------------------------------ fold

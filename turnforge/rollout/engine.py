@@ -537,7 +537,8 @@ class RolloutEngine:
                 raise UserError(f"the expert's action {action[:60]!r} holds a thought but the chat template of "
                                 f"{self.policy.path!r} has no thinking markers; set model.tiny.thinking=true, use a reasoning "  # type: ignore[union-attr]
                                 "model, or turn the env's expert thoughts off (env.kwargs.expert_thoughts=false)")
-            ids = self.policy.chat.encode(action) + (self.policy.stop_ids[0],)  # type: ignore[union-attr]
+            chat = self.policy.chat  # type: ignore[union-attr]
+            ids = chat.encode(chat.continuing(action)) + (self.policy.stop_ids[0],)  # type: ignore[union-attr]
             e.ctx.act(ids, None, -1)
             text = self._answer_text([self.policy.tokenizer.decode(self._answer(ids), skip_special_tokens=True)])[0]  # type: ignore[union-attr]
             stopped = True

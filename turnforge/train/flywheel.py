@@ -92,6 +92,7 @@ class Collection:
         self.cfg, self.r, self.engine, self.policy, self.snapshots, self.report = cfg, r, engine, policy, snapshots, report
         self.played: list[tuple[Trajectory, str]] = []
         self.steps = 0  # env steps of the round so far
+        self.thinking = [0, 0, 0]  # a reasoning template's thinking tokens, answer tokens, turns cut at the budget
         self.actor = self.policy_actor(cfg.flywheel.temperature, "flywheel")  # the round's plain sampler
 
     def policy_actor(self, temperature: float, stream: str) -> PolicyActor:
@@ -117,6 +118,8 @@ class Collection:
                            kind=f"{source} episodes")
         self.played.extend((t, source) for t in trajs)
         self.add_steps(stats.turns)
+        for i, n in enumerate((stats.thinking_tokens, stats.answer_tokens, stats.thinking_cuts)):
+            self.thinking[i] += n
         return trajs
 
     def add_steps(self, n: int) -> None:
@@ -219,6 +222,7 @@ def _round(s: Session, st: FlywheelState, mechs: list[Mechanism], optimizer: tor
         boundary=boundary, awr=awr_stats, memory_entries=len(s.memory) if s.memory is not None else 0,
         memory_added=remembered, memory_recalls=sum(1 for t, _ in col.played if t.memory_tokens),
         summaries=summary_stats([t for t, _ in col.played]) if cfg.rollout.context == "summarize" else None,
+        thinking_tokens=col.thinking[0], answer_tokens=col.thinking[1], thinking_cuts=col.thinking[2],
     )
     s.metrics.log(record, s.state.env_steps)
     s.progress.message(_message(record, mechs, len(kept), awr_stats, cfg, s.memory is not None))

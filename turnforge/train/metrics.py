@@ -183,6 +183,9 @@ class FlywheelRound:
     memory_added: int = 0  # of them, entered or shortened by this round
     memory_recalls: int = 0  # the round's episodes shown past successes
     summaries: SummaryStats | None = None  # rollout.context=summarize: the summaries the round's episodes wrote
+    thinking_tokens: int = 0  # a reasoning template's: sampled tokens before the answers of the round's episodes
+    answer_tokens: int = 0  # ... and of the answers (every sampled token without thinking)
+    thinking_cuts: int = 0  # ... and the turns whose thinking reached rollout.thinking_budget
     env_steps: int = 0
     time: float = 0.0
 
