@@ -24,6 +24,18 @@ FAST = [
 ]
 
 
+@pytest.fixture(scope="module", autouse=True)
+def local_ray():
+    """A local Ray instance for this module, shut down after it (so no other test finds it running)."""
+    import ray
+
+    from turnforge.envpool import connect_ray
+
+    connect_ray(None, num_cpus=2)
+    yield
+    ray.shutdown()
+
+
 def _tokens(run) -> list:
     return duckdb.sql(f"SELECT trajectory_id, token_ids FROM '{run}/trajectories/rl_*.parquet' "
                       "ORDER BY trajectory_id, first_turn").fetchall()
