@@ -660,6 +660,9 @@ def serve_cmd(
     prefix_cache: bool = typer.Option(False, "--prefix-cache", help="Keep each episode's KV cache between its turns "
                                       "(POST /v1/generate with keys; rollout.prefix_cache)"),
     parent_pid: Optional[int] = typer.Option(None, "--parent-pid", help="Exit when this process ends (a run's replica)"),
+    thinking_budget: Optional[int] = typer.Option(None, "--thinking-budget", min=1, help="A reasoning model's thinking "
+                                                  "tokens per call at most; then </think> is written and it answers in "
+                                                  "up to max_tokens more (chat completions)"),
 ) -> None:
     """Serve a checkpoint on an OpenAI-compatible endpoint (/v1/chat/completions, /v1/models)
     until Ctrl-C: the gateway agents train through, for evaluation and demos. It is also an
@@ -678,7 +681,8 @@ def serve_cmd(
     from turnforge.gateway.server import open_replica
 
     gateway = open_replica(checkpoint, host=host, port=port, max_tokens=max_tokens, context=context, dtype=dtype,
-                           device=device, seed=seed, threads=threads, prefix_cache=prefix_cache)
+                           device=device, seed=seed, threads=threads, prefix_cache=prefix_cache,
+                           thinking_budget=thinking_budget)
     with gateway:
         # one plain line (rich would wrap a long path in the middle of the URL a user or a script reads off it)
         print(f"serving {checkpoint} on {gateway.url}/v1 (model {gateway.model_name!r}); Ctrl-C stops", flush=True)

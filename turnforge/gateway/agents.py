@@ -127,7 +127,8 @@ class AgentEngine:
         self.gateway = Gateway(policy, max_new_tokens=cfg.rollout.max_new_tokens,
                                max_context_tokens=cfg.rollout.max_context_tokens, seed=cfg.seed,
                                temperature=cfg.rollout.temperature, sampling=SAMPLING_POLICIES[cfg.agent.sampling],
-                               port=cfg.agent.port, history=cfg.rollout.history).start()
+                               port=cfg.agent.port, history=cfg.rollout.history,
+                               thinking_budget=cfg.rollout.thinking_budget).start()
         self.tokenizer = policy.tokenizer
         # told the first overridden sampling settings once; the trainer makes it a run warning (printed and logged)
         self.on_warning: Callable[[str], None] = lambda message: print(f"warning: {message}", file=sys.stderr)

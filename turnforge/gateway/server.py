@@ -53,7 +53,8 @@ from turnforge.inference.collective import TORN, GroupMember, TornPush
 from turnforge.inference.weights import LoadedWeights, PushError, load_push, model_fingerprint
 from turnforge.policy.generate import Generation
 from turnforge.policy.model import Policy
-from turnforge.rollout.actors import PolicyActor
+from turnforge.rollout.actors import ActorInput, PolicyActor
+from turnforge.rollout.budget import NO_FORCE, think_then_answer
 from turnforge.rollout.history import HISTORIES
 
 
@@ -112,8 +113,12 @@ class Gateway:
     def __init__(self, policy: Policy, *, max_new_tokens: int, max_context_tokens: int, seed: int = 0,
                  temperature: float | None = None, sampling: SamplingPolicy = TrainerWins(), host: str = "127.0.0.1",
                  port: int = 0, batch_window_s: float = 0.005, max_wait_s: float = 0.05, max_batch: int = 64,
-                 model_name: str | None = None, settings: Settings = TRAINING, history: str = "as_sampled") -> None:
-        self.policy = policy
+                 model_name: str | None = None, settings: Settings = TRAINING, history: str = "as_sampled",
+                 thinking_budget: int | None = None) -> None:
+        if thinking_budget is not None and policy.chat.thinking is None:
+            raise UserError(f"a thinking budget of {thinking_budget} tokens, but the chat template of {policy.path!r} has no "
+                            "thinking markers (<think>...</think>); drop the budget or serve a reasoning model")
+        self.policy, self.thinking_budget = policy, thinking_budget
         self.renderer = Renderer(policy.tokenizer, policy.vision, policy.chat, HISTORIES[history])
         self.max_new_tokens, self.max_context_tokens, self.temperature = max_new_tokens, max_context_tokens, temperature
         self.sampling, self.settings = sampling, settings
@@ -203,27 +208,38 @@ class Gateway:
                 except queue.Empty:
                     if not more:
                         break
-            by_t: dict[float, list[_Job]] = {}
+            by_t: dict[tuple[float, int], list[_Job]] = {}
             for j in jobs:
                 if j.key is not None and j.key not in self.rollouts:  # closed while queued (a timed-out agent):
                     j.future.set_exception(RolloutClosed(j.key))  # never sampled, so never during a weight update
-                else:
-                    by_t.setdefault(j.temperature, []).append(j)
-            for t, group in by_t.items():
+                else:  # (with a thinking budget the answer's budget is the request's own: one group per max_tokens)
+                    by_t.setdefault((j.temperature, j.max_tokens if self.thinking_budget else 0), []).append(j)
+            for (t, _), group in by_t.items():
                 try:
                     with self.lock:
-                        images = [j.images for j in group] if any(j.images for j in group) else None
-                        gens = self.actor.generate([j.prompt for j in group], [j.key or "serve" for j in group],
-                                                   max_new_tokens=max(j.max_tokens for j in group), temperature=t,
-                                                   images=images)
+                        done = self._sample(group, t)
                         version = self.policy.version
                     self.batch_sizes.append(len(group))
-                    for j, g in zip(group, gens):
-                        j.future.set_result((_truncate(g, j.max_tokens), version))
+                    for j, (g, forced) in zip(group, done):
+                        j.future.set_result((g, version, forced))
                 except Exception as err:  # noqa: BLE001 - every waiting request gets the error
                     for j in group:
                         if not j.future.done():
                             j.future.set_exception(err)
+
+    def _sample(self, group: list[_Job], temperature: float) -> list[tuple[Generation, tuple[int, int]]]:
+        """One generation per job, and the span of its ids the gateway wrote. With a thinking
+        budget, the engine's way (``turnforge.rollout.budget``): thinking up to the budget, then
+        ``</think>`` written where it is still open, then the answer, up to the request's max_tokens."""
+        images = [j.images for j in group] if any(j.images for j in group) else None
+        if self.thinking_budget is None:
+            gens = self.actor.generate([j.prompt for j in group], [j.key or "serve" for j in group],
+                                       max_new_tokens=max(j.max_tokens for j in group), temperature=temperature, images=images)
+            return [(_truncate(g, j.max_tokens), NO_FORCE) for j, g in zip(group, gens)]
+        inputs = [ActorInput(j.prompt, None, j.key or "serve", 0, None, images=j.images) for j in group]  # type: ignore[arg-type]
+        acted = think_then_answer(_Calls(self.actor, temperature), inputs, self.policy.chat.thinking, self.thinking_budget,
+                                  group[0].max_tokens)
+        return [(g, forced) for g, forced in acted]  # type: ignore[misc]
 
     # ------------------------------------------------------------------ HTTP
     def _app(self):
@@ -423,8 +439,11 @@ class Gateway:
         tok = self.policy.tokenizer
         prompt, spliced, images, rendered = self.renderer.prompt(body.get("messages"), tools, rollout.priors if rollout else [])
         room = self.max_context_tokens - len(prompt)
+        if self.thinking_budget is not None:  # the thinking and its forced close come before the answer
+            room -= self.thinking_budget + len(self.policy.chat.thinking.forced_close)
         if room < 1:
-            raise RequestError(f"the prompt is {len(prompt)} tokens; the context budget is {self.max_context_tokens} "
+            thinking = f" plus a thinking budget of {self.thinking_budget}" if self.thinking_budget is not None else ""
+            raise RequestError(f"the prompt is {len(prompt)} tokens{thinking}; the context budget is {self.max_context_tokens} "
                                f"({self.settings.context}): raise {self.settings.context} above {len(prompt)}, or send "
                                "a shorter prompt", "messages", "context_length_exceeded")
         max_tokens, capped = cap_tokens(cap, self.max_new_tokens, room)
@@ -434,7 +453,7 @@ class Gateway:
         queued[0] = True
         self._arriving -= 1
         self._jobs.put(_Job(rollout.rollout_id if rollout else None, prompt, temperature, max_tokens, fut, images))
-        gen, version = await asyncio.wrap_future(fut)
+        gen, version, forced = await asyncio.wrap_future(fut)
         ids, logprobs = list(gen.ids), list(gen.logprobs)
         body_ids = ids[:-1] if gen.stopped else ids
         text, finish = decode(tok, body_ids), ("stop" if gen.stopped else "length")
@@ -449,7 +468,7 @@ class Gateway:
         message, finish = assistant_message(text, finish, self.policy.chat.thinking)
         if rollout is not None:
             rollout.calls.append(CallRecord(len(rollout.calls), prompt, tuple(ids), tuple(logprobs), version,
-                                            temperature, finish, images, overrides))
+                                            temperature, finish, images, overrides, forced))
             rollout.priors.append(self.renderer.prior(rendered, prompt, tuple(ids)))
             rollout.spliced_calls += spliced
         choice = {"index": 0, "message": message, "finish_reason": finish, "logprobs": None}
@@ -460,12 +479,22 @@ class Gateway:
         return {
             "id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
             "model": self.model_name, "choices": [choice],
-            "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(ids), "total_tokens": len(prompt) + len(ids)},
+            "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(ids), "total_tokens": len(prompt) + len(ids),
+                      **self._reasoning_usage(ids, forced)},
         }
+
+    def _reasoning_usage(self, ids: list[int], forced: tuple[int, int]) -> dict:
+        """``completion_tokens_details.reasoning_tokens`` (as OpenAI reports it): the sampled
+        thinking tokens of a reasoning model's completion; nothing for other models."""
+        thinking = self.policy.chat.thinking
+        if thinking is None:
+            return {}
+        split = thinking.split(ids)
+        return {"completion_tokens_details": {"reasoning_tokens": split - max(0, min(split, forced[1]) - forced[0])}}
 
 
 def open_replica(checkpoint: Path, *, host: str, port: int, max_tokens: int, context: int, dtype: str, device: str,
-                 seed: int, threads: int, prefix_cache: bool) -> Gateway:
+                 seed: int, threads: int, prefix_cache: bool, thinking_budget: int | None = None) -> Gateway:
     """``turnforge serve``'s gateway on ``checkpoint`` (bound, not started): in its process, or in
     a Ray actor as an inference replica (``turnforge.inference.ray_replicas``). ``threads`` 0: one
     per CPU core."""
@@ -477,7 +506,24 @@ def open_replica(checkpoint: Path, *, host: str, port: int, max_tokens: int, con
     policy = load_policy(checkpoint, dtype, device)
     policy.prefix_cache = prefix_cache
     return Gateway(policy, max_new_tokens=max_tokens, max_context_tokens=context, seed=seed, host=host, port=port,
-                   model_name=Path(checkpoint).name, settings=SERVE)  # binds now: a port in use is one line
+                   model_name=Path(checkpoint).name, settings=SERVE,  # binds now: a port in use is one line
+                   thinking_budget=thinking_budget)
+
+
+class _Calls:
+    """The gateway's ``PolicyActor`` as an ``Actor`` for ``think_then_answer``: each call's rows at
+    one temperature, keyed by rollout (the prefix cache carries the thinking into the answer's call)."""
+
+    needs_tokens = True
+
+    def __init__(self, actor: PolicyActor, temperature: float) -> None:
+        self.actor, self.temperature = actor, temperature
+        self.version = actor.version
+
+    def act(self, inputs: list[ActorInput]) -> list[Generation]:
+        images = [x.images for x in inputs] if any(x.images for x in inputs) else None
+        return self.actor.generate([x.prompt for x in inputs], [x.trajectory_id for x in inputs],
+                                   max_new_tokens=inputs[0].max_new_tokens, temperature=self.temperature, images=images)
 
 
 def _truncate(g: Generation, n: int) -> Generation:

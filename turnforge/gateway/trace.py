@@ -53,6 +53,8 @@ class CallRecord:
     finish_reason: str  # "stop" | "length" | "tool_calls"
     images: tuple[bytes, ...] = field(default=(), repr=False)  # the images of the prompt's blocks, in order
     overrides: tuple[Override, ...] = ()  # the request's sampling settings it was not sampled with (gateway.sampling)
+    forced: tuple[int, int] = (0, 0)  # [a, b) of completion_ids the gateway wrote, not sampled (a thinking closed at
+    #   its budget): context, loss mask 0, no logprob
 
 
 @dataclass(frozen=True)
@@ -126,7 +128,10 @@ def compile_trace(calls: list[CallRecord], trajectory_id: str) -> CompiledTrace:
             cur, first_call, cur_calls = _Builder(), call.index, 0
             cur.add(prompt, False)
             cur.images = call.images
-        cur.add(list(call.completion_ids), True, call.logprobs, call.version)
+        ids, lps, (a, b) = list(call.completion_ids), list(call.logprobs), call.forced
+        cur.add(ids[:a], True, lps[:a], call.version)
+        cur.add(ids[a:b], False)
+        cur.add(ids[b:], True, lps[b:], call.version)
         cur_calls += 1
     if cur is not None:
         samples.append(cur.sample(trajectory_id, first_call if cur_calls == 1 else -1, len(samples)))
