@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import tempfile
 import time
@@ -105,6 +106,7 @@ def time_pushes(path: Path, repeats: int, threads: int, lora_r: int, transport: 
         for r in replicas:
             r.process.terminate()
             r.process.wait()
+        shutil.rmtree(work, ignore_errors=True)  # the pushes: 1.6 GB for SmolLM2
     return out
 
 

@@ -13,6 +13,7 @@ import pytest
 
 from turnforge.config import load_config
 from turnforge.errors import UserError
+from turnforge.rollout.engine import RolloutStats
 from turnforge.train.flywheel import Collection, collect, mechanism_records, route
 from turnforge.train.mechanisms import MECHANISMS, MEMORY_SOURCES, SOURCES, Mechanism, MechanismRecord, enabled
 from turnforge.train.metrics import FlywheelRound, from_json, to_json
@@ -59,7 +60,7 @@ class FakeEngine:
     def play(self, requests, actor, keep_snapshots=False):
         trajs = [self._episode(req, keep_snapshots) for req in requests]
         self.calls.append([req.trajectory_id for req in requests])
-        return trajs, SimpleNamespace(turns=sum(t.num_turns for t in trajs))
+        return trajs, RolloutStats(len(trajs), sum(t.num_turns for t in trajs), 0, 0, 0, 0, 0, 0)
 
     def _episode(self, req, keep_snapshots) -> Trajectory:
         tag, g = req.trajectory_id.split("-")[0], int(req.trajectory_id.rsplit("-", 1)[1]) if req.trajectory_id.count("-") > 2 else 0
