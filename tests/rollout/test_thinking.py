@@ -243,22 +243,32 @@ def test_a_thinking_budget_closes_thinking_and_leaves_the_answer_its_own_budget(
     assert actor.calls == [[("", 6)] * 5, [("answer", 4)]]
 
 
-def test_the_engine_sends_the_env_the_answer_only_and_counts_thinking(tiny_thinking_dir):
-    policy = load_policy(tiny_thinking_dir)
+def _over_the_budget(policy, history: str):
+    """Two 3-turn echo episodes whose every turn thinks past a budget of 5 tokens (from its first
+    sampled token where the prompt opens the thinking), then answers "up": the env gets the answer
+    only, every turn is cut. Returns the engine (to close), the trajectories, the stats, the answer's ids."""
     chat, t = policy.chat, policy.chat.thinking
     stop = policy.stop_ids[0]
     thought, answer = chat.encode("left wall box move"), chat.encode("up")
-    script = {f"t{i}": (t.open_id, *thought * 3) for i in range(2)}  # each turn thinks past the budget
+    opening = () if t.prompt_opens else (t.open_id,)
+    script = {f"t{i}": (*opening, *thought * 3) for i in range(2)}
+    cfg = RolloutConfig(context="full_history", history=history, max_turns=3, max_new_tokens=4, thinking_budget=5)
+    engine = inline_engine(policy, "test-echo", cfg, 2, episode_len=3)
+    actor = Scripted(script, (*answer, stop), stop)
+    actor.forced = t.forced_close
+    reqs = [EpisodeRequest(engine.env.task("train", i), i, "g", f"t{i}") for i in range(2)]
+    trajs, stats = engine.play(reqs, actor)
+    assert all(turn.action_text == "up" for tr in trajs for turn in tr.turns)  # the env never sees the thinking
+    assert stats.turns == 6 and stats.thinking_cuts == 6 and stats.thinking_tokens == 6 * 5
+    return engine, trajs, stats, answer
+
+
+def test_the_engine_sends_the_env_the_answer_only_and_counts_thinking(tiny_thinking_dir):
+    policy = load_policy(tiny_thinking_dir)
+    t = policy.chat.thinking
     for history in ("as_sampled", "as_rendered"):
-        cfg = RolloutConfig(context="full_history", history=history, max_turns=3, max_new_tokens=4, thinking_budget=5)
-        engine = inline_engine(policy, "test-echo", cfg, 2, episode_len=3)
-        actor = Scripted(script, (*answer, stop), stop)
-        actor.forced = t.forced_close
-        reqs = [EpisodeRequest(engine.env.task("train", i), i, "g", f"t{i}") for i in range(2)]
-        trajs, stats = engine.play(reqs, actor)
-        assert all(turn.action_text == "up" for tr in trajs for turn in tr.turns)  # the env never sees the thinking
-        assert stats.turns == 6 and stats.thinking_cuts == 6
-        assert stats.thinking_tokens == 6 * 5 and stats.answer_tokens == 6 * (len(answer) + 1)
+        engine, trajs, stats, answer = _over_the_budget(policy, history)
+        assert stats.answer_tokens == 6 * (len(answer) + 1)
         for tr in trajs:
             samples = tr.samples
             assert len(samples) == (1 if history == "as_sampled" else 3)
@@ -290,19 +300,8 @@ def test_a_template_whose_generation_prompt_opens_thinking_trains_token_exact(ti
     policy = load_policy(tiny_thinking_dir)
     policy.tokenizer.chat_template = R1_OPENS
     policy.chat = ChatFormat(policy.tokenizer)
-    chat, t = policy.chat, policy.chat.thinking
-    stop = policy.stop_ids[0]
-    thought, answer = chat.encode("left wall box move"), chat.encode("up")
-    script = {f"t{i}": thought * 3 for i in range(2)}  # thinks past the budget from its first token
     for history in ("as_sampled", "as_rendered"):
-        cfg = RolloutConfig(context="full_history", history=history, max_turns=3, max_new_tokens=4, thinking_budget=5)
-        engine = inline_engine(policy, "test-echo", cfg, 2, episode_len=3)
-        actor = Scripted(script, (*answer, stop), stop)
-        actor.forced = t.forced_close
-        reqs = [EpisodeRequest(engine.env.task("train", i), i, "g", f"t{i}") for i in range(2)]
-        trajs, stats = engine.play(reqs, actor)
-        assert all(turn.action_text == "up" for tr in trajs for turn in tr.turns)
-        assert stats.thinking_cuts == 6 and stats.thinking_tokens == 6 * 5
+        engine, trajs, _, _ = _over_the_budget(policy, history)  # thinking from the turn's first token
         expert, _ = engine.play([EpisodeRequest(engine.env.task("train", 5), 5, "g", "e5")], Thoughtful())
         for tr in trajs + expert:
             for sample in tr.samples:
@@ -312,7 +311,8 @@ def test_a_template_whose_generation_prompt_opens_thinking_trains_token_exact(ti
                 if history == "as_sampled":  # every turn's thinking, opened by its prompt
                     assert text.count("<think>") == text.count("<|im_start|>assistant\n") == 3
                 else:  # earlier answers right after their header, as the template renders them (the property test)
-                    assert text.count("<think>") == 1 and "<|im_start|>assistant\n\n\nup" in text or sample.turn_index == 0
+                    assert text.count("<think>") == 1  # the prompt's own opening only
+                    assert sample.turn_index == 0 or "<|im_start|>assistant\n\n\nup<|im_end|>" in text
         assert "<think>\nplan\n</think>" in policy.tokenizer.decode(expert[0].samples[0].token_ids)
         engine.close()
 
