@@ -27,7 +27,7 @@ half-sampled is used (an answer is whole or not at all). When fewer than
 
 On several trainer ranks (``turnforge.dist``) the ranks share the replicas: rank 0 starts them
 and tells the others their addresses; every rank samples its own share of the episodes on them.
-A push is a collective, ``publish``, at the points every rank reaches alike (the run's start,
+A push is a collective, ``publish``, at the points every rank reaches alike (a resumed run's start,
 ``sync_sampler`` after each update, the end of behaviour cloning): the sharded trainer's weights
 are first gathered into each rank's sampling model one tensor at a time (``sync_weights``, never
 a second full copy), rank 0 writes the push from that model and has the replicas load it, and
