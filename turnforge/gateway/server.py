@@ -237,9 +237,8 @@ class Gateway:
                                        max_new_tokens=max(j.max_tokens for j in group), temperature=temperature, images=images)
             return [(_truncate(g, j.max_tokens), NO_FORCE) for j, g in zip(group, gens)]
         inputs = [ActorInput(j.prompt, None, j.key or "serve", 0, None, images=j.images) for j in group]  # type: ignore[arg-type]
-        acted = think_then_answer(_Calls(self.actor, temperature), inputs, self.policy.chat.thinking, self.thinking_budget,
-                                  group[0].max_tokens)
-        return [(g, forced) for g, forced in acted]  # type: ignore[misc]
+        return think_then_answer(_Calls(self.actor, temperature), inputs, self.policy.chat.thinking,  # type: ignore[return-value]
+                                 self.thinking_budget, group[0].max_tokens)
 
     # ------------------------------------------------------------------ HTTP
     def _app(self):
@@ -366,7 +365,8 @@ class Gateway:
                 push, held = self.member.receive(self.policy.model, spec, self.held, self.fingerprint)
             except TornPush as err:
                 self.held = err.held
-                self.policy.version = -1 if err.held.push == -1 else self.policy.version
+                if err.held.push == -1:  # torn weights: no prefix cache of them is kept either
+                    self.policy.version = -1
                 raise
             self.held = held
             self.policy.version = push.push

@@ -202,8 +202,8 @@ def open_run(cfg: TrainConfig, run_dir: Path, checked: Checked, stack: ExitStack
     engine, too_long = _make_engine(cfg, policy, run_dir, checked, stack)
     if training is not None:
         policy.version = training.version
-    if found is not None:  # on several ranks with inference replicas: the weights resumed from, to them (a new run's first push is freeze_bc's)
-        publish_weights(policy)
+    if found is not None:  # on several ranks with inference replicas: the weights resumed from, to them
+        publish_weights(policy)  # (a new run's first push is freeze_bc's)
     memory = None
     if cfg.memory.enabled and isinstance(engine, RolloutEngine):  # memory.store's, or the run's own (as checkpointed)
         memory = checked.memory or EpisodicMemory.from_state(cfg.memory, engine.env.env_id,
