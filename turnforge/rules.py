@@ -273,6 +273,7 @@ def _dist(cfg: TrainConfig) -> str | None:
         ("engine.mode=async", cfg.engine.mode == "async"),
         ("rollout.backend=vllm", cfg.rollout.backend == "vllm"),
         ("agent.entrypoint", cfg.agent.entrypoint is not None), ("reward.judge.enabled=true", cfg.reward.judge.enabled),
+        ("model.thinking=true under LoRA (its token rows train beside the adapter)", cfg.model.thinking and cfg.model.lora.r > 0),
     ]
     for key, on in unsupported:
         if on:
@@ -312,9 +313,9 @@ def _vision(cfg: TrainConfig, env: Env) -> None:
 
 def _chat_template(cfg: TrainConfig, env: Env) -> None:
     """A local model's chat template is one turnforge can write token-exactly (its tokenizer only: a
-    template that rewrites earlier turns other than by dropping their thinking is refused here), and a
-    thinking budget needs a template with thinking markers (the tiny model's ChatML has them with
-    model.tiny.thinking only). A GGUF
+    template that rewrites earlier turns other than by dropping their thinking is refused here);
+    ``model.thinking`` is for a model without thinking markers; a thinking budget needs a template
+    with thinking markers (the tiny model's ChatML has them with model.thinking only). A GGUF
     model's template is checked once it is converted (the rollout engine)."""
     from turnforge.errors import UserError
     from turnforge.policy.model import load_chat_format
@@ -323,14 +324,15 @@ def _chat_template(cfg: TrainConfig, env: Env) -> None:
         return
     path, budget = cfg.model.path, cfg.rollout.thinking_budget
     chat = load_chat_format(path) if path not in (None, "tiny") else None
-    if budget is None:
+    if cfg.model.thinking and chat is not None and chat.thinking is not None:
+        raise UserError(f"model.thinking=true but the chat template of {path!r} already has thinking markers "
+                        f"({chat.thinking.open}...{chat.thinking.close}); set model.thinking=false")
+    if budget is None or cfg.model.thinking:
         return
-    tiny = path in (None, "tiny")
-    if (tiny and not cfg.model.tiny.thinking) or (not tiny and (chat is None or chat.thinking is None)):
-        what = "the tiny model's ChatML template" if tiny else f"the chat template of {path!r}"
-        fix = "set model.tiny.thinking=true" if tiny else "use a reasoning model"
+    if chat is None or chat.thinking is None:
+        what = "the tiny model's ChatML template" if chat is None else f"the chat template of {path!r}"
         raise UserError(f"rollout.thinking_budget={budget} but {what} has no thinking markers (<think>...</think>); "
-                        f"set rollout.thinking_budget=null or {fix}")
+                        f"set rollout.thinking_budget=null, or model.thinking=true to add them")
 
 
 #: The start-time checks (the run's env built, no model work yet), in the order they run.

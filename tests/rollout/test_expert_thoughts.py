@@ -1,5 +1,5 @@
 """An expert that thinks (``env.kwargs.expert_thoughts``) and a tiny reasoning model
-(``model.tiny.thinking``): the thought text (hand-checked), the env parses the move only, and BC
+(``model.thinking``): the thought text (hand-checked), the env parses the move only, and BC
 demonstrations hold the thought's tokens as trained tokens (loss mask 1)."""
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ CORPUS = ["path Down Right Up Left goal P _ O G"]
 
 @pytest.fixture(scope="module")
 def thinking_tiny(tmp_path_factory):
-    return build_tiny_model(tmp_path_factory.mktemp("think") / "m", TinyModelConfig(**TINY_TEST_SHAPE, thinking=True), corpus=CORPUS)
+    return build_tiny_model(tmp_path_factory.mktemp("think") / "m", TinyModelConfig(**TINY_TEST_SHAPE), corpus=CORPUS,
+                            thinking=True)
 
 
 def on_map(env, text: str) -> None:
@@ -55,8 +56,8 @@ def test_tiny_thinking_model_has_the_markers(thinking_tiny, tiny_model_dir):
     assert chat.thinking is not None and chat.thinking.drops
     assert len(chat.encode("<think>")) == len(chat.encode("</think>")) == 1
     assert load_chat_format(tiny_model_dir).thinking is None
-    with pytest.raises(UserError, match="model.tiny.thinking=true"):
-        check_run(load_config("frozenlake-think-tiny", ["model.tiny.thinking=false"]), make("frozenlake"))
+    with pytest.raises(UserError, match="model.thinking=true"):
+        check_run(load_config("frozenlake-think-tiny", ["model.thinking=false"]), make("frozenlake"))
     check_run(load_config("frozenlake-think-tiny"), make("frozenlake"))
 
 

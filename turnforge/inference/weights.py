@@ -103,9 +103,23 @@ def plain_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
         return dict(model.state_dict())
     out = {}
     for key, value in model.get_base_model().state_dict().items():
-        if "lora_" in key:
+        if "lora_" in key or "trainable_tokens_" in key:
             continue
-        out[key.replace(".base_layer.", ".")] = value
+        out[key.replace(".token_adapter.", ".").replace(".base_layer.", ".")] = value
+    return out
+
+
+def token_rows(model: torch.nn.Module) -> dict[str, tuple[list[int], torch.Tensor]]:
+    """Per embedding of a peft model whose token rows train (``model.thinking`` under LoRA),
+    under the Hugging Face name of its weight: (token ids, their rows' values). An output layer
+    tied to the embeddings follows them and is not listed."""
+    from peft.tuners.trainable_tokens.layer import TrainableTokensLayer
+
+    out = {}
+    for name, module in model.get_base_model().named_modules():
+        if isinstance(module, TrainableTokensLayer) and not module.tied_adapter and "default" in module.token_indices:
+            weight = name.removesuffix(".token_adapter") + ".weight"
+            out[weight] = (list(module.token_indices["default"]), module.trainable_tokens_delta["default"].detach())
     return out
 
 
@@ -141,7 +155,9 @@ def _untied(state: dict[str, torch.Tensor], move: Callable[[torch.Tensor], torch
 class PushTensors:
     """What a push carries, whatever the transport: ``full``, the plain weights (a tensor tied to
     an earlier one left out) of a full push; ``adapter``, ``<name>.lora_A``/``<name>.lora_B`` of
-    every adapted layer of a LoRA model, with ``scales[name] = [scale, fan_in_fan_out]``."""
+    every adapted layer of a LoRA model, with ``scales[name] = [scale, fan_in_fan_out]``, and
+    ``<name>.rows`` of an embedding whose token rows train, with ``scales[name] = {"rows": ids}``
+    (the rows' values, written over the weight's rows)."""
 
     full: dict[str, torch.Tensor] | None
     adapter: dict[str, torch.Tensor] | None
@@ -165,6 +181,9 @@ def push_tensors(model: torch.nn.Module, kind: str, on_cpu: bool = True) -> Push
     for name, (a, b, scale, transposed) in lora_layers(model).items():
         adapter[f"{name}.lora_A"], adapter[f"{name}.lora_B"] = move(a), move(b)
         scales[name] = [scale, transposed]
+    for name, (ids, rows) in token_rows(model).items():
+        adapter[f"{name}.rows"] = move(rows)
+        scales[name] = {"rows": ids}
     return PushTensors(full, adapter, scales)
 
 
@@ -330,14 +349,18 @@ def loaded(model: torch.nn.Module, push: WeightPush, held: LoadedWeights, adapte
            scales: dict[str, list] | None) -> LoadedWeights:
     """What ``model`` holds once ``push`` is in it: a full push's weights already copied in, its
     adapter (or an adapter push's) applied here on the base layers of the full push: each
-    adapted weight ``W = base + scale * B @ A``."""
+    adapted weight ``W = base + scale * B @ A``, and trained token rows written over their rows."""
     own = model.state_dict()
+    adapted = {k: how for k, how in (scales or {}).items() if not isinstance(how, dict)}
     if push.kind == "full":
-        base_layers = None if scales is None else {k: own[k].detach().clone() for k in scales}
+        base_layers = None if scales is None else {k: own[k].detach().clone() for k in adapted}
         held = LoadedWeights(push.push, push.version, push.push, base_layers)
     else:
         held = LoadedWeights(push.push, push.version, held.base, held.base_layers)
-    for name, (scale, transposed) in (scales or {}).items():
+    for name, how in (scales or {}).items():
+        if isinstance(how, dict):
+            own[name][how["rows"]] = adapter[f"{name}.rows"].to(own[name].dtype)
+    for name, (scale, transposed) in adapted.items():
         w = own[name]
         a, b = adapter[f"{name}.lora_A"].to(w.dtype), adapter[f"{name}.lora_B"].to(w.dtype)
         w.copy_(held.base_layers[name])

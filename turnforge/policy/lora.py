@@ -18,6 +18,7 @@ import copy
 import sys
 import warnings
 from pathlib import Path
+from typing import Sequence
 
 import torch
 
@@ -28,6 +29,8 @@ ADAPTER_DIR = "adapter"  # a checkpoint's subdirectory holding the LoRA adapter 
 
 # peft asks transformers a deprecated question on every wrap; the warning is peft's to fix, not the user's
 warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*deprecated", category=FutureWarning)
+# merging a model whose token rows are merged already (``_rows_merged_for_sampling``) merges the rest; peft says so each time
+warnings.filterwarnings("ignore", message="All adapters are already merged, nothing to do", category=UserWarning)
 
 
 def linear_module_names(model: torch.nn.Module) -> list[str]:
@@ -75,22 +78,65 @@ def check_lora_targets(model: torch.nn.Module, target_modules: list[str]) -> Non
         )
 
 
-def add_lora(policy: Policy, cfg, seed: int, stage: str, adapter_dir: Path | None = None) -> None:
+def thinking_rows(policy: Policy) -> list[int]:
+    """Token ids of the thinking markers ``model.thinking`` added: the embedding rows that train
+    beside the adapters (a LoRA adapter alone would leave them at their initial values)."""
+    from turnforge.policy.tiny import THINK_TOKENS
+
+    return [int(i) for i in policy.tokenizer.convert_tokens_to_ids(list(THINK_TOKENS))]
+
+
+def add_lora(policy: Policy, cfg, seed: int, stage: str, adapter_dir: Path | None = None,
+             tokens: Sequence[int] = ()) -> None:
     """Wrap ``policy.model`` in a ``PeftModel``: a fresh adapter (A initialised from ``seed``
-    and ``stage``, B zero, so the policy is unchanged) or the one saved in ``adapter_dir`` (to resume)."""
+    and ``stage``, B zero, so the policy is unchanged) or the one saved in ``adapter_dir`` (to resume).
+    ``tokens``: ids whose embedding rows train too (peft's trainable tokens; an output layer tied
+    to the embeddings follows them)."""
     from peft import LoraConfig, PeftModel, get_peft_model
 
     from turnforge.seeding import stable_hash
 
     if adapter_dir is not None:
         policy.model = PeftModel.from_pretrained(policy.model, adapter_dir, is_trainable=True)
+        _rows_merged_for_sampling(policy.model)
         return
     check_lora_targets(policy.model, list(cfg.target_modules))
     config = LoraConfig(r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout, target_modules=list(cfg.target_modules),
-                        bias="none", task_type="CAUSAL_LM")
+                        bias="none", task_type="CAUSAL_LM", trainable_token_indices=list(tokens) or None)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(stable_hash(seed, "lora-init", stage))
         policy.model = get_peft_model(policy.model, config)
+    _rows_merged_for_sampling(policy.model)
+
+
+def _rows_merged_for_sampling(model: torch.nn.Module) -> None:
+    """peft's trainable token rows write themselves into a copy of the whole embedding matrix on
+    every forward (2.5x the time of a SmolLM2 decoding step). Here a forward without gradient
+    (sampling, scoring) runs on the rows merged into the weights (peft's ``merge``: the same
+    values) and one with gradient on the unmerged layer, so the rows train and sampling costs
+    what it costs without them. peft unmerges by itself when the adapters are disabled (the
+    frozen base)."""
+    from peft.tuners.trainable_tokens.layer import TrainableTokensLayer
+
+    for module in model.modules():
+        if isinstance(module, TrainableTokensLayer):
+            module.register_forward_pre_hook(_rows_for_the_mode)
+
+
+def _rows_for_the_mode(module, args) -> None:
+    if module.disable_adapters:
+        return
+    if torch.is_grad_enabled():
+        if module.merged:
+            module.unmerge()
+        return
+    # rows merged before an in-place change of their values (an optimizer step, a copy) are merged again
+    stamp = tuple(module.trainable_tokens_delta[name]._version for name in module.active_adapters)
+    if module.merged and getattr(module, "_merged_at", None) != stamp:
+        module.unmerge()
+    if not module.merged:
+        module.merge()
+        module._merged_at = stamp
 
 
 def merge_lora(policy: Policy) -> None:

@@ -13,9 +13,11 @@ numbers are merged by BPE. Byte-level fallback means any text encodes.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 from pathlib import Path
+from typing import Callable
 
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -79,26 +81,54 @@ THINKING_CHAT_TEMPLATE = (
 def add_thinking(tok, template: str = THINKING_CHAT_TEMPLATE):
     """``tok`` (changed in place and returned) with ``<think>``/``</think>`` as single tokens and
     ``template`` as its chat template: what makes a tokenizer a reasoning model's
-    (``make_thinking``, ``model.tiny.thinking``)."""
+    (``make_thinking``, ``model.thinking``)."""
     tok.add_tokens([AddedToken(t, normalized=False, special=False) for t in THINK_TOKENS])
     tok.chat_template = template
     return tok
 
 
 def make_thinking(model_dir: str | Path, out_dir: str | Path, template: str = THINKING_CHAT_TEMPLATE) -> Path:
-    """A copy of the model in ``model_dir`` (a tiny one, or any small local model) that thinks:
-    ``<think>``/``</think>`` added to its tokenizer (its embeddings grown to match) and
-    ``template`` as its chat template (default: ChatML that drops earlier thinking, as Qwen3)."""
+    """A copy of the model in ``model_dir`` (a tiny one, or any local model) that thinks:
+    ``<think>``/``</think>`` added to its tokenizer and ``template`` as its chat template
+    (default: ChatML that drops earlier thinking, as Qwen3). The embeddings grow by the two rows,
+    drawn (under a fixed seed) from the other rows' mean and covariance, as transformers
+    recommends for a pretrained model: a new token then starts as a typical one, not as a
+    near-zero row whose logit is off by the embeddings' scale."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = add_thinking(AutoTokenizer.from_pretrained(model_dir, local_files_only=True), template)
     model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True)
     if model.get_input_embeddings().weight.shape[0] < len(tok):
-        model.resize_token_embeddings(len(tok), mean_resizing=False)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            model.resize_token_embeddings(len(tok), mean_resizing=True)
     out = Path(out_dir)
     model.save_pretrained(out)
     tok.save_pretrained(out)
     return out
+
+
+def cached_thinking(model_dir: str | Path, log: Callable[[str], None] | None = None) -> Path:
+    """``make_thinking`` of ``model_dir``, made once under ``$TURNFORGE_CACHE/models`` (keyed by
+    the model's files and the template) and sealed with a manifest; a damaged copy is made again."""
+    from turnforge.policy.gguf import cache_dir
+    from turnforge.policy.manifest import seal, verify
+
+    source = Path(model_dir)
+    digest = hashlib.sha256(THINKING_CHAT_TEMPLATE.encode())
+    for f in sorted(p for p in source.iterdir() if p.is_file()):
+        digest.update(f"{f.name}:{f.stat().st_size}:{f.stat().st_mtime_ns}".encode())
+    target = cache_dir() / f"{source.name}-thinking-{digest.hexdigest()[:16]}"
+    if verify(target) is None:
+        return target
+    (log or (lambda line: None))(f"model {source}: adding <think>/</think> and a thinking template in {target}")
+    tmp = target.with_name(target.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.rmtree(target, ignore_errors=True)
+    make_thinking(source, tmp)
+    seal(tmp)
+    tmp.rename(target)
+    return target
 
 
 # Text the BPE merges are learned from: game vocabulary, directions, numbers and common
@@ -310,9 +340,11 @@ def sincos_2d(side: int, dim: int) -> torch.Tensor:
     return torch.cat(parts, dim=1).float()
 
 
-def build_tiny_model(out_dir: str | Path, cfg: TinyModelConfig | None = None, corpus: list[str] | None = None) -> Path:
+def build_tiny_model(out_dir: str | Path, cfg: TinyModelConfig | None = None, corpus: list[str] | None = None,
+                     thinking: bool = False) -> Path:
     """Build and save a tiny Qwen2 model + tokenizer in HF format (with ``cfg.vision.enabled``, a
-    tiny Idefics3 vision-language model around it and its processor); returns ``out_dir``.
+    tiny Idefics3 vision-language model around it and its processor; with ``thinking``, a
+    reasoning model's tokenizer and template, ``add_thinking``); returns ``out_dir``.
 
     The directory is written beside ``out_dir`` and renamed into place, so a kill never
     leaves a model without its tokenizer; an existing ``out_dir`` is replaced only if it
@@ -329,7 +361,7 @@ def build_tiny_model(out_dir: str | Path, cfg: TinyModelConfig | None = None, co
     images: list[bytes] = []  # the corpus envs' screenshots (a caller's own text corpus has none: SigLIP's statistics)
     wants_images = cfg.vision.enabled and cfg.vision.normalize == "corpus"
     texts = default_corpus(cfg.corpus_episodes, cfg.corpus_envs, images if wants_images else None) if corpus is None else corpus
-    tokenizer = build_tokenizer(texts, cfg.vocab_size, cfg.split_digits, cfg.thinking)
+    tokenizer = build_tokenizer(texts, cfg.vocab_size, cfg.split_digits, thinking)
     special = {
         "bos_token_id": tokenizer.convert_tokens_to_ids(PAD_TOKEN),
         "eos_token_id": tokenizer.convert_tokens_to_ids(IM_END),

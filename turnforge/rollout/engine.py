@@ -535,7 +535,7 @@ class RolloutEngine:
         elif e.ctx is not None:  # a text action, written as the tokens the LM should produce
             if self.thinking is None and any(close in action for _, close in MARKERS):
                 raise UserError(f"the expert's action {action[:60]!r} holds a thought but the chat template of "
-                                f"{self.policy.path!r} has no thinking markers; set model.tiny.thinking=true, use a reasoning "  # type: ignore[union-attr]
+                                f"{self.policy.path!r} has no thinking markers; set model.thinking=true, use a reasoning "  # type: ignore[union-attr]
                                 "model, or turn the env's expert thoughts off (env.kwargs.expert_thoughts=false)")
             chat = self.policy.chat  # type: ignore[union-attr]
             ids = chat.encode(chat.continuing(action)) + (self.policy.stop_ids[0],)  # type: ignore[union-attr]

@@ -34,9 +34,10 @@ from turnforge.envs.registry import build_env
 from turnforge.errors import UserError
 from turnforge.paths import check_out_dir
 from turnforge.policy.gguf import cached_import, find_gguf
-from turnforge.policy.lora import ADAPTER_DIR, FrozenBase, add_lora, check_lora_targets, is_lora, merge_lora, skeleton
+from turnforge.policy.lora import (ADAPTER_DIR, FrozenBase, add_lora, check_lora_targets, is_lora, merge_lora, skeleton,
+                                   thinking_rows)
 from turnforge.policy.model import ChatFormat, Policy, check_model_dir, load_policy, resolve_device, use_gradient_checkpointing
-from turnforge.policy.tiny import build_tiny_model, build_tokenizer, default_corpus, tiny_hf_config
+from turnforge.policy.tiny import add_thinking, build_tiny_model, build_tokenizer, cached_thinking, default_corpus, tiny_hf_config
 from turnforge.policy.vision import check_first_images
 from turnforge.rollout.context import PromptSpec, check_summary_budget
 from turnforge.rollout.engine import Engine, RolloutEngine, make_engine
@@ -136,10 +137,12 @@ def _tokenizer(cfg: TrainConfig) -> Any:
     """The run's tokenizer, before any model is built: the tiny model's is trained (seconds)."""
     if cfg.model.path == "tiny":
         tiny = cfg.model.tiny
-        return build_tokenizer(default_corpus(tiny.corpus_episodes, tiny.corpus_envs), tiny.vocab_size, tiny.split_digits, tiny.thinking)
+        return build_tokenizer(default_corpus(tiny.corpus_episodes, tiny.corpus_envs), tiny.vocab_size, tiny.split_digits,
+                               cfg.model.thinking)
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(cfg.model.path)
+    tok = AutoTokenizer.from_pretrained(cfg.model.path)
+    return add_thinking(tok) if cfg.model.thinking else tok
 
 
 @dataclass(frozen=True)
@@ -245,14 +248,19 @@ def _clear_leftovers(run_dir: Path) -> bool:
 
 def _base_model(cfg: TrainConfig, run_dir: Path, progress: Progress) -> Path:
     """The model a new run starts from: a GGUF import (cached; its slow steps are logged), the
-    tiny model built in ``run_dir/base_model``, or ``model.path``."""
-    if cfg.model.gguf is not None:
-        return cached_import(cfg.model.gguf, log=progress.message)
-    if cfg.model.path == "tiny":
+    tiny model built in ``run_dir/base_model``, or ``model.path``; with ``model.thinking``, its
+    reasoning copy (cached)."""
+    if cfg.model.path == "tiny" and cfg.model.gguf is None:
         path = run_dir / "base_model"
-        build_tiny_model(path, cfg.model.tiny)
+        build_tiny_model(path, cfg.model.tiny, thinking=cfg.model.thinking)
         return path
-    return Path(cfg.model.path)
+    path = cached_import(cfg.model.gguf, log=progress.message) if cfg.model.gguf is not None else Path(cfg.model.path)
+    return cached_thinking(path, log=progress.message) if cfg.model.thinking else path
+
+
+def lora_tokens(cfg: TrainConfig, policy: Policy) -> list[int]:
+    """Token ids whose embedding rows train beside a LoRA adapter: the markers ``model.thinking`` added."""
+    return thinking_rows(policy) if cfg.model.thinking else []
 
 
 def _load_policy(cfg: TrainConfig, run_dir: Path, model_path: Path, found: Resumable | None) -> Policy:
@@ -266,7 +274,7 @@ def _load_policy(cfg: TrainConfig, run_dir: Path, model_path: Path, found: Resum
     else:
         policy = load_policy(model_path, cfg.model.dtype, resolve_device(cfg.model.device))
         if lora.r > 0 and cfg.bc.enabled:
-            add_lora(policy, lora, cfg.seed, "bc")
+            add_lora(policy, lora, cfg.seed, "bc", tokens=lora_tokens(cfg, policy))
     if cfg.model.gradient_checkpointing:
         use_gradient_checkpointing(policy.model)
     policy.model.eval()
@@ -324,7 +332,7 @@ def freeze_bc(s: Session) -> None:
         merge_lora(policy)
     save_model(policy, s.run_dir / "checkpoints" / "bc")
     if s.cfg.model.lora.r > 0:
-        add_lora(policy, s.cfg.model.lora, s.cfg.seed, "rl")
+        add_lora(policy, s.cfg.model.lora, s.cfg.seed, "rl", tokens=lora_tokens(s.cfg, policy))
     attach_trainer(policy)  # on several ranks: a sharded copy of what the next stages train
     publish_weights(policy)  # on several ranks with inference replicas: the weights as trained, to them
 
