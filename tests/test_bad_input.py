@@ -197,6 +197,8 @@ CASES = [
     ("server-async-on-ranks", ["train", "rollout.backend=server", "engine.mode=async", "engine.eta=1", "dist.nproc=2",
                                "--out", "run"],
      "dist.nproc=2 with engine.mode=async: that stage does not run on several trainer ranks yet"),
+    ("thinking-lora-on-ranks", ["train", "model.thinking=true", "model.lora.r=4", "dist.nproc=2", "--out", "run"],
+     "dist.nproc=2 with model.thinking=true under LoRA (its token rows train beside the adapter): that stage does not run"),
     ("server-unreachable", ["train", "rollout.backend=server", "rollout.server.replicas=0",
                             "rollout.server.urls=[http://127.0.0.1:1]", "--out", "run"],
      "rollout.server.urls[0]: http://127.0.0.1:1 does not answer GET /v1/weights (ConnectError"),

@@ -166,8 +166,8 @@ class ModelConfig(Section):
     )
     thinking: bool = Field(
         False, description="Make the model a reasoning model: <think> and </think> added to its tokenizer as single "
-        "tokens (their embedding rows drawn from the other rows' mean and covariance; under LoRA they train beside the "
-        "adapters) and a chat template that drops earlier thinking, as Qwen3's (turnforge.policy.tiny.add_thinking). "
+        "tokens (their embedding rows start at the other rows' mean; under LoRA they train beside the adapters) and a "
+        "chat template that drops earlier thinking, as Qwen3's (turnforge.policy.tiny.add_thinking). "
         "For the tiny model and models without thinking markers (SmolLM2); a model copy is kept under "
         "$TURNFORGE_CACHE/models"
     )

@@ -29,8 +29,6 @@ ADAPTER_DIR = "adapter"  # a checkpoint's subdirectory holding the LoRA adapter 
 
 # peft asks transformers a deprecated question on every wrap; the warning is peft's to fix, not the user's
 warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*deprecated", category=FutureWarning)
-# merging a model whose token rows are merged already (``_rows_merged_for_sampling``) merges the rest; peft says so each time
-warnings.filterwarnings("ignore", message="All adapters are already merged, nothing to do", category=UserWarning)
 
 
 def linear_module_names(model: torch.nn.Module) -> list[str]:
@@ -142,12 +140,18 @@ def _rows_for_the_mode(module, args) -> None:
 def merge_lora(policy: Policy) -> None:
     """Fold the adapter into the weights (``merge_and_unload``): ``policy.model`` becomes the
     plain model again."""
-    policy.model = policy.model.merge_and_unload()
+    policy.model = _merged(policy.model)
 
 
 def merged_copy(model: torch.nn.Module) -> torch.nn.Module:
     """A plain model with the adapter folded in, leaving ``model`` (and its adapter) untouched."""
-    return copy.deepcopy(model).merge_and_unload()
+    return _merged(copy.deepcopy(model))
+
+
+def _merged(model: torch.nn.Module) -> torch.nn.Module:
+    with warnings.catch_warnings():  # token rows merged already for sampling (``_rows_merged_for_sampling``): peft says so
+        warnings.filterwarnings("ignore", message="All adapters are already merged", category=UserWarning)
+        return model.merge_and_unload()
 
 
 class FrozenBase(torch.nn.Module):

@@ -91,9 +91,9 @@ def make_thinking(model_dir: str | Path, out_dir: str | Path, template: str = TH
     """A copy of the model in ``model_dir`` (a tiny one, or any local model) that thinks:
     ``<think>``/``</think>`` added to its tokenizer and ``template`` as its chat template
     (default: ChatML that drops earlier thinking, as Qwen3). The embeddings grow by the two rows,
-    drawn (under a fixed seed) from the other rows' mean and covariance, as transformers
-    recommends for a pretrained model: a new token then starts as a typical one, not as a
-    near-zero row whose logit is off by the embeddings' scale."""
+    set (under a fixed seed) to the other rows' mean plus a negligible draw from their covariance,
+    transformers' mean resizing (after Hewitt, 2021): a new token starts with an average token's
+    logits rather than a random row's, whose scale can be far off a pretrained model's."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = add_thinking(AutoTokenizer.from_pretrained(model_dir, local_files_only=True), template)
