@@ -74,3 +74,30 @@ def test_a_thinking_model_trains_under_each_history_policy(tmp_path, tiny_thinki
     fw = read_metrics(out).flywheel[0]  # the flywheel's round counts them too
     played = duckdb.sql(f"SELECT sum(list_sum(loss_mask)) FROM '{out}/trajectories/flywheel_00000.parquet'")
     assert fw.answer_tokens > 0 and fw.thinking_tokens + fw.answer_tokens == played.fetchall()[0][0]
+
+
+def test_a_model_without_markers_is_made_to_think_and_its_marker_rows_train_under_lora(tmp_path, tiny_model_dir,
+                                                                                       monkeypatch):
+    """``model.thinking=true`` on a plain model through LoRA: the run starts from its cached thinking copy,
+    BC trains the markers' rows beside the adapter (merged into ``checkpoints/bc``), the flywheel's adapter
+    carries them on, and the final checkpoint's adapter holds them."""
+    from turnforge.policy.model import load_policy
+    from turnforge.policy.tiny import cached_thinking
+
+    monkeypatch.setenv("TURNFORGE_CACHE", str(tmp_path / "cache"))
+    overrides = [f"model.path={tiny_model_dir}", "model.thinking=true", "model.lora.r=4", "env.id=test-think-echo",
+                 "env.kwargs={episode_len: 3, max_obs_words: 8}", "check_env=false", "rollout.context=full_history",
+                 "rollout.thinking_budget=6", "bc.num_demos=4", "bc.epochs=4", "bc.batch_size=1", "bc.lr=0.01",
+                 "rl.iterations=0", "rollout.max_turns=3", "rollout.max_new_tokens=4", "eval.episodes=2",
+                 "eval.bc_temperatures=[]", "eval.pass_at_k_samples=0", "flywheel.rounds=1", "flywheel.filters=[infra]",
+                 "flywheel.env_steps_per_round=6", "flywheel.eval_episodes=2", "flywheel.mechanisms=[]"]
+    out = tmp_path / "run"
+    train(load_config("sokoban-hf", overrides), out, live=False)
+    start = cached_thinking(tiny_model_dir)  # made by the run: the same sealed copy
+    policy = load_policy(start)
+    rows = [policy.tokenizer.convert_tokens_to_ids(t) for t in ("<think>", "</think>")]
+    initial = load_file(str(start / "model.safetensors"))["model.embed_tokens.weight"][rows]
+    bc = load_file(str(out / "checkpoints" / "bc" / "model.safetensors"))["model.embed_tokens.weight"][rows]
+    assert not torch.allclose(bc, initial)  # BC trained the rows the LoRA adapter alone would leave
+    adapter = load_file(str(out / "checkpoints" / "final" / "adapter" / "adapter_model.safetensors"))
+    assert any("trainable_tokens_delta" in k for k in adapter) and any("lora_A" in k for k in adapter)
