@@ -194,6 +194,26 @@ def test_env_exception_fails_the_request_and_the_worker_lives():
         assert pool.worker_pids() == [pid] and pool.stats().restarts == 0 and pool.stats().failed == 1
 
 
+def test_a_signal_that_stops_the_run_inside_an_inline_env_is_not_the_envs_failure():
+    """SIGTERM's handler raises ``Interrupted`` wherever the trainer's main thread is; inside an env
+    of the trainer's own process it must stop the run, not count as an infra failure (it once did,
+    and BC then failed on its failure share instead of exiting with 143)."""
+    from turnforge.envpool.inline import InlineEnvs
+    from turnforge.errors import Interrupted
+
+    envs = InlineEnvs("test-script", num_envs=1)
+    envs.send_reset([0], [0])
+    envs.recv()
+
+    def interrupted(action):
+        raise Interrupted("interrupted during behaviour cloning", 15)
+
+    envs.host.envs[0].step = interrupted
+    with pytest.raises(Interrupted):
+        envs.send_step([0], ["m"])
+    assert envs.stats().failed == 0
+
+
 def test_memory_limit_turns_a_huge_allocation_into_a_failed_request():
     with EnvPool("test-script", num_envs=1, num_workers=1, memory_limit_mb=2048) as pool:
         pid = pool.worker_pids()[0]

@@ -29,6 +29,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable, Literal, Mapping
 
 from turnforge.envs.base import Env, capabilities, close_env
+from turnforge.errors import Interrupted
 from turnforge.envs.registry import EnvSpec, make_batch, register
 from turnforge.types import EnvSnapshot, Scalar, StepResult
 
@@ -186,7 +187,9 @@ class EnvHost:
         return cls(envs, snapshot_always=True, cpu_seconds=cpu_seconds)
 
     def handle(self, env_id: int, kind: Kind, payload: Any) -> Reply:
-        """Run one request; an env exception becomes a failed reply (the host lives on)."""
+        """Run one request; an env exception becomes a failed reply (the host lives on). A signal
+        that stops the run (``Interrupted``, raised by its handler while an env of the trainer's own
+        process was running) is not the env's failure: it propagates."""
         t0 = time.perf_counter()
         self._arm_cpu_budget()
         try:
@@ -208,6 +211,8 @@ class EnvHost:
             if self.caps.images and not (result.terminated or result.truncated):
                 result = replace(result, images=tuple(env.observation_images()))
             return env_id, True, (result, self._after(env, result, probe)), time.perf_counter() - t0
+        except Interrupted:  # the run's SIGINT/SIGTERM handler, fired inside an env of this process: the run stops
+            raise
         except (Exception, CpuBudgetExceeded):
             return env_id, False, last_line(traceback.format_exc()), time.perf_counter() - t0
         finally:
