@@ -149,6 +149,12 @@ CASES = [
     ("flywheel-boundary-budget", ["flywheel", "flywheel.allocation=boundary", "--out", "run"],
      "flywheel.allocation=boundary deals (group_size - probe_rollouts) rollouts per task by closeness to the boundary; "
      "with flywheel.group_size=flywheel.probe_rollouts=2 there are none"),
+    ("flywheel-pass-k-above-group", ["flywheel", "flywheel.pass_k=3", "--out", "run"],
+     "flywheel.pass_k=3 weighs a success by the task's other rollouts, but flywheel.group_size=2 plays fewer: set "
+     "flywheel.pass_k <= 2"),
+    ("flywheel-pass-k-awr", ["flywheel", "frozenlake-tiny", "flywheel.pass_k=2", "flywheel.weighting=group_awr",
+                             "flywheel.mechanisms=[]", "--out", "run"],
+     "flywheel.pass_k=2 weighs the kept successes of the rft stage: set flywheel.weighting=success"),
     ("flywheel-unknown-filter", ["flywheel", "flywheel.filters=[success,shiny]", "--out", "run"],
      "unknown name 'shiny'; valid: infra, success, reward, truncation, loops, length, dedup, task_cap"),
     ("flywheel-unknown-stage", ["flywheel", "flywheel.stages=[dpo]", "--out", "run"], "unknown name 'dpo'; valid: rft, rl"),

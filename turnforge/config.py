@@ -689,6 +689,11 @@ class FlywheelConfig(Section):
         "task", description="negatives: which failed turns of a task with a success are pushed down: 'task' every one "
         "whose action no success took in its state; 'state' only those in a state a success visited (about a tenth as "
         "many on the default job; pass@64 kept less: docs/results.md)")
+    pass_k: int = Field(
+        1, ge=1, description="rft: the objective's k. 1: every kept success weighs 1 (pass@1, plain rejection sampling); "
+        "k >= 2: a kept success of a task's plain rollouts weighs what it adds to the task's pass@k "
+        "(turnforge.algos.success_share: 1 for a lone success, 0 where every k of the task's rollouts hold another, so "
+        "always-solved tasks are not trained on; other sources weigh 1); at most group_size")
     rft_epochs: int = Field(2, ge=1, description="rft: passes over the round's training samples")
     rft_lr: LearningRate = Field(3e-4, description="rft: AdamW learning rate")
     rft_batch_size: int = Field(64, ge=1, description="rft: samples per gradient step")

@@ -56,6 +56,13 @@ def _flywheel(cfg: TrainConfig) -> str | None:
             return f"{w} weighs each turn's sample and needs rollout.context=window (got {cfg.rollout.context})"
         if fw.weighting == "group_awr" and fw.group_size < 2:
             return "flywheel.weighting=group_awr compares the turns of a task's group taken in one state: set flywheel.group_size >= 2"
+    if fw.rounds > 0 and fw.pass_k > 1:
+        if fw.pass_k > fw.group_size:
+            return (f"flywheel.pass_k={fw.pass_k} weighs a success by the task's other rollouts, but flywheel.group_size="
+                    f"{fw.group_size} plays fewer: set flywheel.pass_k <= {fw.group_size}")
+        if fw.weighting != "success" or "rft" not in fw.stages:
+            return (f"flywheel.pass_k={fw.pass_k} weighs the kept successes of the rft stage: set flywheel.weighting=success "
+                    "with rft in flywheel.stages, or flywheel.pass_k=1")
     if fw.rounds > 0 and fw.allocation != "uniform" and fw.probe_rollouts > fw.group_size:
         return (f"flywheel.probe_rollouts={fw.probe_rollouts} is above flywheel.group_size={fw.group_size}, the rollouts of a "
                 f"task; set flywheel.probe_rollouts <= {fw.group_size}")

@@ -111,6 +111,21 @@ def test_boundary_weight_hand_computed():
         boundary_weight(1, 2)
 
 
+def test_success_share_hand_computed():
+    from turnforge.algos.boundary import success_share
+
+    # C(n - c, k - 1) / C(n - 1, k - 1): the chance a success is the only one among k of its group drawn with it
+    assert success_share(2, 1, 2) == 1.0 and success_share(2, 2, 2) == 0.0  # 1/2 -> 1; 2/2 -> 0
+    assert success_share(4, 2, 2) == pytest.approx(2 / 3)  # the other one drawn from 3, 2 of them failures
+    assert success_share(4, 2, 3) == pytest.approx(1 / 3)  # C(2, 2) / C(3, 2)
+    assert success_share(4, 1, 4) == 1.0 and success_share(4, 4, 2) == 0.0
+    assert success_share(8, 3, 4) == pytest.approx(10 / 35)  # C(5, 3) / C(7, 3)
+    assert success_share(3, 3, 1) == 1.0  # pass@1: every success weighs 1
+    assert success_share(2, 1, 5) == 1.0  # k clamped to the group: n=2, k=2
+    with pytest.raises(ValueError, match="1 <= c <= n"):
+        success_share(2, 0, 2)
+
+
 def test_boundary_allotment_deals_in_proportion_up_to_the_cap():
     from turnforge.algos.boundary import boundary_allotment
 

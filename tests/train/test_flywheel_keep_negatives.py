@@ -4,6 +4,7 @@ pieces against hand-computed values, and rounds on the fake engine of ``test_fly
 
 from __future__ import annotations
 
+from dataclasses import replace
 from types import SimpleNamespace
 
 import numpy as np
@@ -128,3 +129,24 @@ def test_task_scope_pushes_down_every_failed_turn_no_success_took():
     assert contradicted_turns(episodes, "task") == [(1, 0), (1, 1)]  # (s1, Left) is the success's own move
     assert contradicted_turns(episodes, "state") == [(1, 0)]
     assert contradicted_turns([(False, [("s0", "Up")])], "task") == []  # no success: no evidence
+
+
+def _task_traj(i: int, task: int, success: bool, infra: str | None = None) -> Trajectory:
+    return replace(_traj(i, success, [("s0", "Up")]), task=Task("fake", "train", task), infra_failure=infra)
+
+
+def test_pass_k_shares_weigh_a_plain_success_by_what_it_adds_to_its_tasks_pass_at_k():
+    from turnforge.data.filters import Candidate
+    from turnforge.train.flywheel import pass_k_shares, rft_data
+
+    lone, pair_a, pair_b = _task_traj(0, 1, True), _task_traj(2, 2, True), _task_traj(3, 2, True)
+    plain = {lone.task.task_id: [lone, _task_traj(1, 1, False)],  # 1 of 2: a lone success
+             pair_a.task.task_id: [pair_a, pair_b, _task_traj(4, 2, False, infra="sandbox")]}  # 2 of 2 (infra out)
+    kept = [Candidate.of(lone), Candidate.of(pair_a), Candidate.of(_task_traj(5, 2, True), "retry")]
+    assert pass_k_shares(kept, plain, 1) == [1.0, 1.0, 1.0]  # pass@1: plain rejection sampling
+    assert pass_k_shares(kept, plain, 2) == [1.0, 0.0, 1.0]  # 2/2 solved: 0; other sources: 1
+    plain[pair_a.task.task_id] += [_task_traj(6, 2, False), _task_traj(7, 2, False)]  # now 2 of 4
+    assert pass_k_shares(kept, plain, 2) == pytest.approx([1.0, 2 / 3, 1.0])  # C(2, 1) / C(3, 1)
+    # the shares scale each candidate's samples' weights
+    samples, weights = rft_data(None, kept, [], [1.0, 0.5, 2.0])
+    assert len(samples) == 3 and weights == [1.0, 0.5, 2.0]

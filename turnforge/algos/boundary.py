@@ -88,6 +88,19 @@ def gained_and_lost(start: Sequence[int], end: Sequence[int]) -> tuple[tuple[int
     return tuple(sorted(b - a)), tuple(sorted(a - b))
 
 
+def success_share(n: int, c: int, k: int) -> float:
+    """What one success adds to its group's pass@k: the chance that it is the only success among
+    ``k`` rollouts of its group drawn with it (the other ``k - 1`` from the other ``n - 1``, of which
+    ``c - 1`` succeeded), ``C(n - c, k - 1) / C(n - 1, k - 1)`` = ``1 - pass@(k-1)`` of the others;
+    ``k`` is clamped to ``n``. The weight of a success in a pass@k objective (its gradient is
+    ``k (1 - p)^(k-1)`` times pass@1's; Chen et al. 2025): 1 for a lone success, 0 where every
+    draw of ``k`` holds another. n=2: 1/2 -> 1, 2/2 -> 0; n=4, k=2: 2/4 -> 2/3; n=4, k=3: 2/4 -> 1/3."""
+    if not 1 <= c <= n or k < 1:
+        raise ValueError(f"success_share needs 1 <= c <= n and k >= 1; got n={n}, c={c}, k={k}")
+    k = min(k, n)
+    return 1.0 if k == 1 else 1.0 - pass_at_k(n - 1, c - 1, k - 1)
+
+
 def boundary_weight(samples: int, successes: int) -> float:
     """How close a task is to the boundary of what the policy solves, from its probes:
     ``1 - p`` with ``p = (c + 1/2) / (n + 1)`` (the success rate, pulled toward 1/2 so that one

@@ -50,7 +50,7 @@ from typing import Any, Callable
 import torch
 
 from turnforge.algos import entropy_floor_penalty, signed_nll, weighted_nll
-from turnforge.algos.boundary import boundary_allotment, boundary_weight
+from turnforge.algos.boundary import boundary_allotment, boundary_weight, success_share
 from turnforge.config import TrainConfig
 from turnforge.data.filters import Candidate, FilterCount, FilterParams, apply_filters, kept_samples
 from turnforge.data.store import write_trajectories
@@ -184,13 +184,16 @@ def _round(s: Session, st: FlywheelState, mechs: list[Mechanism], optimizer: tor
                              limit=fw.entropy_samples)
     if st.start_entropy is None:
         st.start_entropy = entropy
-    rft_samples, awr_stats = 0, None
+    rft_samples, awr_stats, dropped = 0, None, 0
     for stage in fw.stages:
         if stage == "rft":
             if awr is not None:  # every turn of the round's episodes, weighted by its Monte-Carlo advantage
                 samples, weights, awr_stats = awr.training_data()
             else:
-                samples, weights = rft_data(s.policy, kept + replayed, mechs)
+                shares = pass_k_shares(kept, plain, fw.pass_k) + [1.0] * len(replayed)
+                trained = [(c, w) for c, w in zip(kept + replayed, shares) if w > 0]
+                dropped = len(kept) + len(replayed) - len(trained)
+                samples, weights = rft_data(s.policy, [c for c, _ in trained], mechs, [w for _, w in trained])
             if not samples:
                 raise RunStopped(f"flywheel round {r + 1}: no episode passed the filters ({_funnel(counts)}); "
                                  "nothing to train on (loosen flywheel.filters or raise flywheel.env_steps_per_round)")
@@ -219,7 +222,7 @@ def _round(s: Session, st: FlywheelState, mechs: list[Mechanism], optimizer: tor
         filters=counts, rft_samples=rft_samples, entropy=entropy, eval=result, seconds=round(time.time() - t0, 2),
         mechanisms=mechanism_records(col, mechs),
         expert_queries=sum(x.hints for x in expert), anchor_expert_moves=sum(x.moves for x in expert),
-        boundary=boundary, awr=awr_stats, memory_entries=len(s.memory) if s.memory is not None else 0,
+        boundary=boundary, awr=awr_stats, pass_k_dropped=dropped, memory_entries=len(s.memory) if s.memory is not None else 0,
         memory_added=remembered, memory_recalls=sum(1 for t, _ in col.played if t.memory_tokens),
         summaries=summary_stats([t for t, _ in col.played]) if cfg.rollout.context == "summarize" else None,
         thinking_tokens=col.thinking[0], answer_tokens=col.thinking[1], thinking_cuts=col.thinking[2],
@@ -294,17 +297,33 @@ def route(played: list[tuple[Trajectory, str]], offered: list[Candidate], mechs:
     return kept, counts, replayed
 
 
-def rft_data(policy: Policy, data: list[Candidate], mechs: list[Mechanism]) -> tuple[list[Sample], list[float]]:
+def rft_data(policy: Policy, data: list[Candidate], mechs: list[Mechanism],
+             scale: list[float] | None = None) -> tuple[list[Sample], list[float]]:
     """The samples of the kept turns and their weights: 1, or what the mechanism whose source
-    the candidate has says (``guidance`` with ``guided_training=is``: importance weights)."""
+    the candidate has says (``guidance`` with ``guided_training=is``: importance weights), times
+    the candidate's ``scale`` (``pass_k_shares``)."""
     owner = {m.source: m for m in mechs if m.source}
     samples, weights = [], []
-    for c in data:
+    for i, c in enumerate(data):
         xs = kept_samples([c])
         samples.extend(xs)
         w = owner[c.source].sample_weights(policy, xs) if c.source in owner else None
-        weights.extend([1.0] * len(xs) if w is None else w)
+        f = 1.0 if scale is None else scale[i]
+        weights.extend([f] * len(xs) if w is None else [f * x for x in w])
     return samples, weights
+
+
+def pass_k_shares(kept: list[Candidate], plain: dict[str, list[Trajectory]], k: int) -> list[float]:
+    """Each kept candidate's weight under ``flywheel.pass_k``: a success of the plain rollouts
+    weighs what it adds to its task's pass@k among them (``turnforge.algos.success_share``: 0 on
+    a task every k of whose rollouts hold another success); other sources, and every candidate
+    at k = 1, weigh 1."""
+    out = []
+    for c in kept:
+        group = [t for t in plain.get(c.trajectory.task.task_id, []) if t.infra_failure is None]
+        plain_success = k > 1 and c.source == "plain" and c.trajectory.success and group
+        out.append(success_share(len(group), _successes(group), k) if plain_success else 1.0)
+    return out
 
 
 def mechanism_records(col: Collection, mechs: list[Mechanism]) -> dict[str, MechanismRecord]:
@@ -317,7 +336,10 @@ def _message(record: FlywheelRound, mechs: list[Mechanism], kept: int, awr: AWRS
     parts = [f"plain {record.plain[1]}/{record.plain[0]}"]
     parts += [text for m in mechs if (text := m.summary(record.mechanisms[m.name]))]
     return (f"flywheel round {record.round}: {record.round_env_steps} env steps, {', '.join(parts)}; "
-            f"kept {kept} episodes, {record.rft_samples} samples; "
+            f"kept {kept} episodes"
+            + (f" ({record.pass_k_dropped} on always-solved tasks weigh 0 at pass@{cfg.flywheel.pass_k})"
+               if cfg.flywheel.pass_k > 1 else "")
+            + f", {record.rft_samples} samples; "
             + (f"{cfg.flywheel.weighting}: {awr.states} states, {awr.env_steps} restart steps, ESS {awr.ess:.2f}; "
                if awr else "")
             + (f"memory {record.memory_entries} tasks (+{record.memory_added}), recalled in {record.memory_recalls} "
@@ -389,4 +411,4 @@ def _grpo(s: Session, optimizer: torch.optim.Optimizer, step: GuardedStep, trajs
                    is_cap=s.cfg.engine.is_cap)
 
 
-__all__ = ["Collection", "FlywheelState", "collect", "mechanism_records", "rft_data", "route", "run_flywheel"]
+__all__ = ["Collection", "FlywheelState", "collect", "mechanism_records", "pass_k_shares", "rft_data", "route", "run_flywheel"]
