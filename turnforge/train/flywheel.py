@@ -195,7 +195,8 @@ def _round(s: Session, st: FlywheelState, mechs: list[Mechanism], optimizer: tor
                 dropped = len(kept) + len(replayed) - len(trained)
                 samples, weights = rft_data(s.policy, [c for c, _ in trained], mechs, [w for _, w in trained])
             if not samples:
-                raise RunStopped(f"flywheel round {r + 1}: no episode passed the filters ({_funnel(counts)}); "
+                why = f"; flywheel.pass_k={fw.pass_k} weighs {dropped} of them 0" if dropped else ""
+                raise RunStopped(f"flywheel round {r + 1}: no episode passed the filters ({_funnel(counts)}{why}); "
                                  "nothing to train on (loosen flywheel.filters or raise flywheel.env_steps_per_round)")
             if awr is None:  # the mechanisms' own samples (negatives: failed turns, weight < 0)
                 for m in mechs:
@@ -337,7 +338,7 @@ def _message(record: FlywheelRound, mechs: list[Mechanism], kept: int, awr: AWRS
     parts += [text for m in mechs if (text := m.summary(record.mechanisms[m.name]))]
     return (f"flywheel round {record.round}: {record.round_env_steps} env steps, {', '.join(parts)}; "
             f"kept {kept} episodes"
-            + (f" ({record.pass_k_dropped} on always-solved tasks weigh 0 at pass@{cfg.flywheel.pass_k})"
+            + (f" ({record.pass_k_dropped} weigh 0 at pass@{cfg.flywheel.pass_k}: too few failures beside them)"
                if cfg.flywheel.pass_k > 1 else "")
             + f", {record.rft_samples} samples; "
             + (f"{cfg.flywheel.weighting}: {awr.states} states, {awr.env_steps} restart steps, ESS {awr.ess:.2f}; "

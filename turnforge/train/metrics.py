@@ -179,7 +179,7 @@ class FlywheelRound:
     anchor_expert_moves: int = 0  # expert moves played to find anchor states, so far
     boundary: BoundaryReport | None = None  # pass@k after the round (flywheel.pass_at_k)
     awr: AWRStats | None = None  # flywheel.weighting=mc_awr|group_awr: the round's advantages and weights
-    pass_k_dropped: int = 0  # flywheel.pass_k >= 2: kept episodes not trained on (weight 0: every k of their task's rollouts solved)
+    pass_k_dropped: int = 0  # flywheel.pass_k >= 2: kept episodes left out (weight 0: too few failures beside them)
     memory_entries: int = 0  # episodic memory (memory.enabled): tasks remembered after the round
     memory_added: int = 0  # of them, entered or shortened by this round
     memory_recalls: int = 0  # the round's episodes shown past successes
