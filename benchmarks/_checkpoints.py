@@ -11,9 +11,10 @@ from pathlib import Path
 from typing import Callable
 
 import torch
-
 from _runs import RESULTS
-from turnforge.config import TrainConfig, load_config
+
+from turnforge.app.config import load_config
+from turnforge.config import TrainConfig
 from turnforge.policy.model import Policy, load_policy, quiet_hf
 from turnforge.rollout.engine import RolloutEngine, make_engine
 

@@ -6,7 +6,7 @@ once per seed, then RL once per variant from that checkpoint, and where their ou
     bc = bc_start(work, "sokoban-tiny", ["threads=1"], seed=0)        # WORK/bc-0/checkpoints/bc
     summary = run("sokoban-tiny", ["seed=0", *from_bc(bc), "rl.advantage=gigpo"], work / "gigpo-0")
 
-- ``run(recipe, overrides, out_dir)``: one ``turnforge.train.run.train`` run, its output
+- ``run(recipe, overrides, out_dir)``: one ``turnforge.app.run.train`` run, its output
   (progress lines, warnings, the traceback of a failure) in ``out_dir.with_suffix('.log')``. Skipped when
   ``out_dir/summary.json`` exists (its ``RunSummary`` is read back), so an interrupted
   benchmark picks up where it stopped; a directory left by an unfinished attempt is deleted
@@ -58,9 +58,9 @@ class Job:
 def run(recipe: str, overrides: Sequence[str], out_dir: str | Path) -> RunSummary | None:
     """Train ``recipe`` with ``overrides`` into ``out_dir`` (see the module docstring);
     its ``RunSummary``, or None if it failed."""
-    from turnforge.config import load_config
+    from turnforge.app.config import load_config
+    from turnforge.app.run import train
     from turnforge.train.metrics import read_summary
-    from turnforge.train.run import train
 
     out_dir = Path(out_dir)
     if (out_dir / "summary.json").exists():

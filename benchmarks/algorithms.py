@@ -39,13 +39,13 @@ METHODS: dict[str, list[str]] = {
     "grpo": [],
     "grpo_shaped": ["rl.shaping=potential", "rl.shaping_coef=0.5"],
     "gigpo": ["rl.advantage=gigpo"],
-    "ppo_gae": ["rl.advantage=gae", "critic.enabled=true", "critic.lam_critic=0.95"],
+    "ppo_gae": ["rl.advantage=gae", "critic.enabled=true", "rl.gae.lam_critic=0.95"],
     "ppo_vapo": [
-        "rl.advantage=gae", "critic.enabled=true", "critic.lam_critic=1.0", "critic.length_adaptive=true",
+        "rl.advantage=gae", "critic.enabled=true", "rl.gae.lam_critic=1.0", "rl.gae.length_adaptive=true",
         "critic.pretrain_episodes=256",
     ],
     "mc_critic": ["rl.advantage=gae", "critic.mc_weight=1.0", "critic.mc_rollouts=4"],
-    "mc_grpo": ["rl.advantage=mc_grpo", "rl.mc_grpo_states=128", "critic.mc_rollouts=4"],
+    "mc_grpo": ["rl.advantage=mc_grpo", "rl.mc_grpo.states=128", "critic.mc_rollouts=4"],
 }
 LABELS = {
     "grpo": "GRPO (Dr.GRPO centring)",

@@ -20,11 +20,11 @@ import sys
 
 import numpy as np
 
-from turnforge.config import load_config
+from turnforge.app.config import load_config
+from turnforge.app.run import train
 from turnforge.envs.base import InvalidAction, parse_choice
 from turnforge.envs.frozenlake import ACTIONS, PERPENDICULAR, FrozenLakeLevel
 from turnforge.train import awr
-from turnforge.train.run import train
 
 _TABLES: dict[tuple, tuple] = {}
 

@@ -1,6 +1,6 @@
 """The evaluations of the BC policy at each of ``eval.bc_temperatures``, timed side by side:
 each evaluation prefilling every prompt itself (as before) against one ``PrefillCache`` shared
-by them (``turnforge.train.run.evaluate_start``).
+by them (``turnforge.app.run.evaluate_start``).
 
     python benchmarks/bc_temperatures.py RUN_DIR [--repeats 2] [--episodes N] [--threads T]
         [--out runs/benchmarks/bc_temperatures.json]
@@ -29,10 +29,10 @@ from contextlib import closing
 from pathlib import Path
 
 import torch
-
 from _checkpoints import save
 from _runs import RESULTS, cpu_info
-from turnforge.config import load_config
+
+from turnforge.app.config import load_config
 from turnforge.policy.model import load_policy, quiet_hf
 from turnforge.rollout.engine import make_engine
 from turnforge.train.evaluate import evaluate, prefill_cache

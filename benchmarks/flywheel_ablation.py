@@ -43,7 +43,8 @@ import time
 from pathlib import Path
 
 from _runs import RESULTS, Job, bc_starts, from_bc, run_all
-from turnforge.config import load_config
+
+from turnforge.app.config import load_config
 from turnforge.train.metrics import RunSummary, read_metrics, read_summary
 
 VARIANTS = ("flywheel", "guidance", "guidance_is", "no_replay", "curriculum", "anchor", "evolve", "adaptive", "rl_stage",

@@ -40,9 +40,10 @@ from typing import Sequence
 
 import httpx
 import torch
-
 from _runs import RESULTS, bc_start, cpu, from_bc, model_dir
-from turnforge.config import LoraConfig, load_config
+
+from turnforge.app.config import load_config
+from turnforge.config import LoraConfig
 from turnforge.inference.client import ReplicaSpec, ServerSampler, start_replicas
 from turnforge.inference.collective import CollectiveWeightSync
 from turnforge.inference.weights import FileWeightSync, model_fingerprint
@@ -122,9 +123,9 @@ RUNS = {
 
 
 def throughput(out_dir: Path, env_steps: int, seeds: int, eval_episodes: int, bc: Sequence[str]) -> dict:
+    from _runs import run_fresh
     from rollout import heldout  # benchmarks/rollout.py: the greedy held-out evaluation
 
-    from _runs import run_fresh
     from turnforge.train.metrics import read_metrics
 
     start = bc_start(out_dir, RECIPE, BASE[:-3] + list(bc), seed=0)

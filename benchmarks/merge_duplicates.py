@@ -22,14 +22,14 @@ from pathlib import Path
 
 import numpy as np
 import torch
-
 from _checkpoints import save
 from _runs import RESULTS
-from turnforge.config import load_config
+
+from turnforge.app.config import load_config
 from turnforge.data.store import read_trajectories
+from turnforge.optim import GuardedStep
 from turnforge.policy.model import load_policy, quiet_hf
 from turnforge.seeding import rng
-from turnforge.train.common import GuardedStep
 from turnforge.train.metrics import UpdateStats
 from turnforge.train.update import ppo_update
 from turnforge.types import Sample

@@ -63,7 +63,8 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=RESULTS / "merge_specialists.json")
     args = ap.parse_args()
     t0 = time.time()
-    from turnforge.config import TinyModelConfig, load_config
+    from turnforge.app.config import load_config
+    from turnforge.config import TinyModelConfig
     from turnforge.policy.tiny import build_tiny_model
     from turnforge.train.metrics import read_summary
 

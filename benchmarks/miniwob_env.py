@@ -55,7 +55,7 @@ def latency(steps: int) -> dict:
 
 
 def parallel(episodes: int, workers: int, slots: int) -> dict:
-    from turnforge.config import load_config
+    from turnforge.app.config import load_config
     from turnforge.rollout.actors import ExpertActor
     from turnforge.rollout.engine import EpisodeRequest, make_engine
 

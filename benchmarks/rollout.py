@@ -44,9 +44,10 @@ from pathlib import Path
 from typing import Sequence
 
 import numpy as np
-
 from _runs import RESULTS, bc_start, from_bc, run
-from turnforge.config import TrainConfig, load_config
+
+from turnforge.app.config import load_config
+from turnforge.config import TrainConfig
 from turnforge.policy.model import load_policy
 from turnforge.rollout.engine import make_engine
 from turnforge.train.evaluate import evaluate

@@ -325,10 +325,11 @@ def memory_worker(args) -> None:
         share_weighted,
         shutdown,
     )
+    from turnforge.optim import GuardedStep
     from turnforge.policy.generate import token_logprobs
     from turnforge.policy.lora import trainable_parameters
     from turnforge.policy.model import load_policy, quiet_hf
-    from turnforge.train.common import GuardedStep, collate
+    from turnforge.train.common import collate
 
     quiet_hf()
     w = init_world("auto", 600)

@@ -23,7 +23,7 @@ import argparse
 
 import numpy as np
 
-from turnforge.config import load_config
+from turnforge.app.config import load_config
 from turnforge.envs.frozenlake import PERPENDICULAR, FrozenLakeEnv, FrozenLakeLevel
 from turnforge.rollout.actors import ExpertActor
 from turnforge.rollout.engine import EpisodeRequest, make_engine

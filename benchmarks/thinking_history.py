@@ -23,9 +23,11 @@ import time
 from pathlib import Path
 
 import torch
-
 from _runs import RESULTS
-from turnforge.config import RolloutConfig, TinyModelConfig, load_config
+
+from turnforge.app.config import load_config
+from turnforge.app.run import train
+from turnforge.config import RolloutConfig, TinyModelConfig
 from turnforge.envpool import InlineEnvs
 from turnforge.envs import make
 from turnforge.envs.levels import LevelEnv, Outcome
@@ -34,7 +36,6 @@ from turnforge.policy.model import load_policy
 from turnforge.policy.tiny import build_tiny_model, make_thinking
 from turnforge.rollout.actors import PolicyActor
 from turnforge.rollout.engine import EpisodeRequest, RolloutEngine
-from turnforge.train.run import train
 
 WORDS = ["up", "down", "left", "right", "box", "wall", "goal", "floor"]
 TARGET = 1.3

@@ -32,9 +32,9 @@ import time
 from pathlib import Path
 
 import torch
-
 from _runs import RESULTS
 from _runs import model_dir as resolve_model
+
 from turnforge.envs import Env
 from turnforge.envs.base import InvalidAction, parse_choice
 from turnforge.envs.registry import register
@@ -93,9 +93,9 @@ def matmul_peak_gflops(threads: int, n: int = 2048, reps: int = 5) -> float:
 
 
 def run_turnforge(model_dir: Path, texts: list[str], a) -> list[dict]:
-    from turnforge.config import load_config
+    from turnforge.app.config import load_config
+    from turnforge.app.run import train
     from turnforge.train.metrics import read_metrics
-    from turnforge.train.run import train
 
     register("bench-move-prompt", MovePrompt, overwrite=True, texts=texts)
     out = Path(tempfile.mkdtemp(prefix="tf-side-")) / "run"

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-
 from helpers import NO_FLYWHEEL, TINY_TEST_SHAPE, run_main
+
 from turnforge.errors import Interrupted, RunStopped, UserError
 
 UNWRITABLE = "/sys"  # EACCES for every user, root included (chmod does not stop root)
@@ -232,7 +232,7 @@ CASES = [
     ("memory-async", ["train", "memory.enabled=true", "engine.mode=async", "--out", "run"],
      "memory.enabled=true with engine.mode=async"),
     ("memory-source-unknown", ["train", "memory.sources=[guided]", "--out", "run"],
-     "unknown memory source 'guided'; valid sources: demo, plain, retry, curriculum, anchor, evolved, kept"),
+     "bad value for 'memory.sources' (['guided']): unknown name 'guided'; valid: demo, plain, retry, curriculum, anchor, evolved, kept"),
     # turnforge merge
     ("merge-method-unknown", ["merge", "{ckpt}", "{ckpt}", "--method", "soup", "--out", "m"],
      "unknown merge method 'soup'; valid methods: linear, slerp, task_arithmetic, ties, dare, ram"),
@@ -277,9 +277,9 @@ CASES = [
     ("vllm-backend-unknown", ["train", "rollout.backend=sglang", "--out", "run"], "bad value for 'rollout.backend'"),
     # reasoning templates
     ("history-unknown", ["train", "rollout.history=as_seen", "--out", "run"],
-     "bad value for 'rollout.history': Input should be 'as_sampled' or 'as_rendered'"),
+     "bad value for 'rollout.history' ('as_seen'): unknown name 'as_seen'; valid: as_sampled, as_rendered"),
     ("history-as-rendered-summarize", ["train", "rollout.history=as_rendered", "rollout.context=summarize", "--out", "run"],
-     "rollout.history=as_rendered writes each turn's prompt as the template renders it; it needs rollout.context=full_history or window"),
+     "rollout.history=as_rendered writes each turn's prompt as the template renders it; it needs rollout.context=window or full_history"),
     ("thinking-budget-0", ["train", "rollout.thinking_budget=0", "--out", "run"], "rollout.thinking_budget"),
     ("thinking-budget-no-markers", ["train", "rollout.thinking_budget=8", "--out", "run"],
      "rollout.thinking_budget=8 but the tiny model's ChatML template has no thinking markers (<think>...</think>)"),
@@ -352,7 +352,7 @@ def _stop(exc: BaseException):
 def test_how_a_run_ends(tmp_path, monkeypatch, capsys, exc, code, last_line, traceback):
     """Ctrl-C used to exit 0 (typer returns 130, which main dropped); the others end as the
     module docstring of turnforge.cli says."""
-    import turnforge.train.run as run_mod
+    import turnforge.app.run as run_mod
     from turnforge import cli, errors
 
     run = tmp_path / "run"
@@ -402,7 +402,7 @@ RULE_CASES = [
 
 @pytest.mark.parametrize("overrides, expected", RULE_CASES, ids=[o[-1] for o, _ in RULE_CASES])
 def test_a_round_budget_smaller_than_what_it_must_play_first_is_refused(overrides, expected):
-    from turnforge.config import load_config
+    from turnforge.app.config import load_config
 
     with pytest.raises(UserError) as err:
         load_config("sokoban-tiny", overrides)
@@ -412,7 +412,7 @@ def test_a_round_budget_smaller_than_what_it_must_play_first_is_refused(override
 
 @pytest.mark.parametrize("overrides, expected", CONFIG_CASES, ids=[o[0] for o, _ in CONFIG_CASES])
 def test_config_refuses_booleans_for_numbers_and_absurd_learning_rates(overrides, expected):
-    from turnforge.config import load_config
+    from turnforge.app.config import load_config
 
     with pytest.raises(UserError) as err:
         load_config("sokoban-tiny", overrides)
@@ -420,7 +420,7 @@ def test_config_refuses_booleans_for_numbers_and_absurd_learning_rates(overrides
 
 
 def test_config_still_takes_what_it_should():
-    from turnforge.config import load_config
+    from turnforge.app.config import load_config
 
     cfg = load_config("sokoban-tiny", ["rl.lr=1e-3", "bc.lr=1", "rl.iterations=2.0", "bc.enabled=true", "env.id=2048"])
     assert cfg.rl.lr == 1e-3 and cfg.bc.lr == 1.0 and cfg.rl.iterations == 2 and cfg.bc.enabled is True
@@ -508,15 +508,15 @@ def test_eval_of_a_run_checkpoint_repeats_the_runs_final_evaluation(tmp_path, mo
 
 
 @pytest.mark.parametrize("overrides, expected", [
-    (["rl.advantage=pass_at_k", "rl.pass_k=9", "rl.group_size=8"],
-     "rl.pass_k=9 is larger than rl.group_size=8: pass@k is estimated from the group's samples; set rl.pass_k <= 8"),
+    (["rl.advantage=pass_at_k", "rl.pass_at_k.k=9", "rl.group_size=8"],
+     "rl.pass_at_k.k=9 is larger than rl.group_size=8: pass@k is estimated from the group's samples; set rl.pass_at_k.k <= 8"),
     (["rl.advantage=w_reinforce", "rl.shaping=potential"], "rl.shaping=potential changes rewards; rl.advantage=w_reinforce"),
     (["rl.advantage=pass_at_k", "rl.kl_mode=reward", "rl.kl_coef=0.1"], "rl.kl_mode=reward changes rewards; rl.advantage=pass_at_k"),
-    (["rl.advantage=pass_at_k", "rl.pass_k=4", "flywheel.stages=[rft,rl]"],
-     "rl.pass_k=4 is larger than flywheel.group_size=2, the groups of the flywheel's 'rl' stage"),
+    (["rl.advantage=pass_at_k", "rl.pass_at_k.k=4", "flywheel.stages=[rft,rl]"],
+     "rl.pass_at_k.k=4 is larger than flywheel.group_size=2, the groups of the flywheel's 'rl' stage"),
 ], ids=["k-over-G", "shaping", "kl-reward", "k-over-flywheel-G"])
 def test_success_estimators_refuse_what_they_cannot_use(overrides, expected):
-    from turnforge.config import load_config
+    from turnforge.app.config import load_config
 
     with pytest.raises(UserError) as err:
         load_config("sokoban-tiny", overrides)

@@ -7,9 +7,9 @@ import re
 from pathlib import Path
 
 import pytest
-
 from helpers import NO_FLYWHEEL, TINY_TEST_SHAPE
-from turnforge.config import load_config
+
+from turnforge.app.config import load_config
 from turnforge.envs import registry
 
 README = Path(__file__).resolve().parents[1] / "README.md"
@@ -31,7 +31,7 @@ def test_readme_is_short_and_has_no_history():
 def test_readme_env_example_runs_checks_and_trains(tmp_path, monkeypatch):
     monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
     exec(compile(readme_example(), str(README), "exec"), {"__name__": "readme_example"})  # registers and checks it
-    from turnforge.train.run import train
+    from turnforge.app.run import train
 
     overrides = [*NO_FLYWHEEL, "env.id=guess-64", "bc.expert_noise=0", *[f"model.tiny.{k}={v}" for k, v in TINY_TEST_SHAPE.items()],
                  "threads=1", "bc.num_demos=40", "bc.epochs=2", "rl.iterations=2", "rl.tasks_per_iteration=2",

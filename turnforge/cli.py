@@ -97,7 +97,7 @@ def train(
             raise UserError("--resume continues a run with its saved config; drop the recipe and overrides")
         if out is not None:
             raise UserError("--resume continues the run in its own directory; drop --out")
-        from turnforge.train.setup import load_run_config
+        from turnforge.app.setup import load_run_config
 
         cfg = _with_world(load_run_config(resume), nproc)
         _start(cfg, resume, ["train", "--resume", str(resume)], resume=True)  # (the ranks take the launcher's world size)
@@ -114,7 +114,7 @@ def _new_run(args: list[str], out: Path | None, rounds: int | None = None, nproc
     _check_readable(recipe, "recipe")
     if out is not None:
         check_out_dir(out, "--out")
-    from turnforge.config import load_config  # imports torch: after the checks above, which are quick
+    from turnforge.app.config import load_config
 
     world = _world_size(nproc)
     cfg = load_config(recipe, args + ([f"flywheel.rounds={rounds}"] if rounds is not None else [])
@@ -139,31 +139,31 @@ def _world_size(nproc: int | None) -> int | None:
 
 def _with_world(cfg, nproc: int | None):
     """``cfg`` (a run's saved config, ``--resume``) with ``dist.nproc`` of ``_world_size``."""
-    from turnforge.config import config_from_dict
+    from turnforge.app.config import config_from_dict
 
     size = _world_size(nproc)
     if size is None or size == cfg.dist.nproc:
         return cfg
     data = cfg.model_dump()
     data["dist"]["nproc"] = size
-    return config_from_dict(data)  # the rules of the new world size (turnforge.rules): one line, exit 2
+    return config_from_dict(data)  # the rules of the new world size (turnforge.app.rules): one line, exit 2
 
 
 def _start(cfg, run_dir: Path, argv: list[str], *, resume: bool) -> None:
     """Run the training job in this process, or, with ``dist.nproc > 1`` and no launcher around
     this process yet, check everything here first and start the ranks through torch's launcher."""
+    from turnforge.app.run import train as run_train
     from turnforge.dist import launch, launched_size
-    from turnforge.train.run import train as run_train
 
     n = cfg.dist.nproc
     if n == 1 or launched_size() > 1:
         run_train(cfg, run_dir, resume=resume)
         return
-    from turnforge.train.setup import preflight
+    from turnforge.app.setup import preflight
 
-    if cfg.cluster == "ray":  # the ranks are Ray actors on the cluster (turnforge.ray_ranks)
+    if cfg.cluster == "ray":  # the ranks are Ray actors on the cluster (turnforge.app.ray_ranks)
         preflight(cfg, run_dir, resume)  # every bad input is one line here, before any rank starts
-        from turnforge.ray_ranks import launch_on_ray
+        from turnforge.app.ray_ranks import launch_on_ray
 
         sys.exit(launch_on_ray(cfg, run_dir, resume=resume))
     _check_world(cfg, n)
@@ -197,7 +197,7 @@ def flywheel(
     Resume it with `turnforge train --resume RUN`."""
     args = list(args or [])
     if rounds is None and not any(a.startswith("flywheel.rounds=") for a in args):
-        from turnforge.config import load_recipe_data
+        from turnforge.app.config import load_recipe_data
 
         data = load_recipe_data(args[0] if args and "=" not in args[0] else "sokoban-tiny")[1]
         rounds = None if (data.get("flywheel") or {}).get("rounds") else 4
@@ -209,7 +209,7 @@ def recipes() -> None:
     """List the shipped recipes."""
     import yaml
 
-    from turnforge.config import list_recipes
+    from turnforge.app.config import list_recipes
 
     table = Table("recipe", "env", "model", "description")
     for name, path in list_recipes().items():
@@ -244,7 +244,7 @@ def envs(as_json: bool = typer.Option(False, "--json", help="A JSON list of {id,
 def keys(section: str = typer.Argument("", help="A section (e.g. rollout) or key; default: every key")) -> None:
     """List the config keys (key=value on the command line, or a recipe's YAML): type, default and
     description, as a markdown table (the one in docs/guide.md)."""
-    from turnforge.config_reference import reference
+    from turnforge.app.reference import reference
 
     print(reference(section), end="")
 
@@ -264,14 +264,13 @@ def check_env_cmd(
     when it fails a check (the line names the fix) or when the env's own code raises (the line
     names the method and the exception; TURNFORGE_TRACEBACK=1 adds the traceback); exit 2 for
     bad input (env id, option, task file)."""
-    from turnforge.config import parse_overrides
+    from turnforge.app.config import parse_overrides
     from turnforge.envs import EnvCheckError, check_env
 
     kwargs = parse_overrides(list(options or []))
     chat = None
     if model is not None:
-        from turnforge.policy.model import load_chat_format
-        from turnforge.policy.model import quiet_hf
+        from turnforge.policy.model import load_chat_format, quiet_hf
 
         quiet_hf()
         chat = load_chat_format(model)
@@ -451,7 +450,7 @@ def _eval_config(base: str | Path | None, overrides: list[str], *, env: str | No
                  ) -> tuple[TrainConfig, list[str]]:
     """The settings of ``turnforge eval``: the config ``base`` (None: turnforge's defaults), then the
     key=value ``overrides``, then the flags given; with the notes to print (another env than the run's)."""
-    from turnforge.config import config_from_dict, load_config, parse_overrides
+    from turnforge.app.config import config_from_dict, load_config, parse_overrides
 
     flags = [f"env.id={json.dumps(env)}"] if env is not None else []
     flags += [f"eval.episodes={episodes}"] if episodes is not None else []
@@ -638,8 +637,8 @@ def best_of_path(eval_path: Path) -> Path:
 def tiny_model(out: Path = typer.Argument(..., help="Directory to write the model to")) -> None:
     """Build the tiny Qwen2 model + tokenizer locally and save it in HF format."""
     check_out_dir(out, "OUT")
-    from turnforge.policy.tiny import build_tiny_model
     from turnforge.policy.model import quiet_hf
+    from turnforge.policy.tiny import build_tiny_model
 
     quiet_hf()
     build_tiny_model(out)

@@ -1,60 +1,26 @@
-"""The one typed config of a training run: recipe YAML + dotted ``key=value`` overrides.
+"""The schema of a training run's config: every knob a typed field with a one-line description and
+a default that works.
 
-Every knob is a typed field with a one-line description and a default that works. A
-typo in a key, a wrong type or malformed YAML raises ``UserError`` with one line naming
-the bad key and the valid ones (the CLI prints it and exits with code 2).
+A section rejects an unknown key, a wrong type, inf or nan and a boolean for a number
+(``turnforge.settings.Section``). The advantage estimators' own settings are sections of
+``rl`` (``rl.gigpo.omega``), declared beside their math (``turnforge.algos.estimators``). Names
+of variants that live in higher layers (context policies, flywheel mechanisms and filters,
+memory sources) are plain strings here; loading a recipe with ``key=value`` overrides, checking
+those names against their registries and every cross-key rule is ``turnforge.app.config``'s.
 """
 
 from __future__ import annotations
 
-import math
-from importlib import resources
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args
+from typing import Annotated, Any, Literal
 
-import yaml
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import Field, ValidationInfo, create_model, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from turnforge.errors import UserError, choices
+from turnforge.algos.estimators import ESTIMATORS
+from turnforge.algos.estimators import description as estimators_description
 from turnforge.seeding import stable_hash
-from turnforge.train.estimators import ESTIMATORS
-from turnforge.train.estimators import description as estimators_description
-from turnforge.train.mechanisms import MECHANISMS, MEMORY_SOURCES
-from turnforge.train.mechanisms import description as mechanisms_description
-
-
-def _is_number(annotation: Any) -> bool:
-    """An int or float field, optional or not."""
-    kinds = get_args(annotation) or (annotation,)
-    return bool not in kinds and any(kind in (int, float) for kind in kinds)
-
-
-def _learning_rate(value: float) -> float:
-    if not (math.isfinite(value) and 0 < value <= 1):
-        raise PydanticCustomError("learning_rate", "a learning rate must be a finite number in (0, 1]")
-    return value
-
-
-#: Every learning rate of the config: finite, positive, at most 1 (1e9 or .inf is a typo, not a setting);
-#: inf and nan reach ``_learning_rate`` too, so that every bad rate gets the same message.
-LearningRate = Annotated[float, Field(allow_inf_nan=True), AfterValidator(_learning_rate)]
-
-
-class Section(BaseModel):
-    """A config section: an unknown key is an error, and so are inf and nan in a float field
-    and a boolean in a number field (pydantic's lax mode would read YAML's true/false as 1/0)."""
-
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
-
-    @field_validator("*", mode="before")
-    @classmethod
-    def _no_booleans_for_numbers(cls, value: Any, info: ValidationInfo) -> Any:
-        annotation = cls.model_fields[info.field_name].annotation
-        if isinstance(value, bool) and _is_number(annotation):
-            raise PydanticCustomError("bool_number", "a boolean where a number is expected")
-        return value
-
+from turnforge.settings import LearningRate, Section
 
 # The envs whose words the tiny tokenizer learns: a fixed list, so that registering another
 # env (a plugin, a variant such as sokoban-slow) never changes the tiny model or the results.
@@ -233,20 +199,12 @@ class ServerConfig(Section):
 
 
 class RolloutConfig(Section):
-    context: Literal["window", "full_history", "summarize", "fold"] = Field(
-        "window", description="'window': one sample per turn, prompt = last turns; 'full_history': one sample per "
-        "episode; 'summarize': a growing context that, past rollout.summary_threshold tokens, the policy summarizes "
-        "and that restarts from the task, its summary and the latest observation: one sample per segment; 'fold': a "
-        "growing context in which the policy opens sub-contexts with branch(goal) and folds them with "
-        "return(message): one sample per context (turnforge.rollout.context)"
-    )
-    history: Literal["as_sampled", "as_rendered"] = Field(
-        "as_sampled", description="Reasoning templates that drop earlier thinking (turnforge.policy.thinking): "
-        "'as_sampled': the context keeps every sampled token, thinking included (what is trained is what was seen; "
-        "at deployment the template shows earlier turns without their thinking); 'as_rendered': each turn's prompt is "
-        "the template's rendering of the conversation so far (earlier thinking dropped), one sample per turn. The "
-        "same for templates without thinking. Needs rollout.context full_history or window"
-    )
+    context: str = Field(
+        "window", description="The context policy: how an episode's observations and actions become prompts and "
+        "samples (turnforge.rollout.context, one class each)")
+    history: str = Field(
+        "as_sampled", description="The history policy of reasoning templates that drop earlier thinking: what later "
+        "prompts show of an action (turnforge.rollout.history, one class each); the two differ only for such templates")
     thinking_budget: int | None = Field(
         None, ge=1, description="Thinking tokens per turn for a reasoning template (between <think> and </think>); at "
         "the budget </think> is written and the model answers in up to rollout.max_new_tokens more. None: no budget "
@@ -346,7 +304,9 @@ class BCConfig(Section):
     )
 
 
-class RLConfig(Section):
+class RLKeys(Section):
+    """The rl section's own keys (``RLConfig`` adds each estimator's settings)."""
+
     iterations: int = Field(30, ge=0, description="RL iterations (rollout + update)")
     max_env_steps: int | None = Field(
         None, ge=1, description="Also stop RL once the run's env steps reach this (None = run all iterations); "
@@ -401,22 +361,13 @@ class RLConfig(Section):
         "env's invalid_action_penalty in their return; 'void' leaves them out of the advantages and the update, "
         "counted per iteration (SimpleTIR's void turns: a format slip is not a wrong answer)"
     )
-    pass_k: int = Field(
-        4, ge=1, description="k of rl.advantage=pass_at_k: the group is scored by its unbiased pass@k, each episode by "
-        "what it adds to it (at most rl.group_size; 1 = grpo with the population std)"
-    )
-    w_reinforce_lambda: float = Field(
-        0.1, ge=0, description="Weight of successes in rl.advantage=w_reinforce (failures weigh -1; 1 = plain REINFORCE)"
-    )
     shaping: Literal["none", "potential"] = Field(
         "none",
         description="Reward shaping: 'potential' adds shaping_coef * (gamma * Phi(s') - Phi(s)) to each turn's reward, "
         "Phi = the env's potential() (keeps optimal policies; Ng et al. 1999)",
     )
     shaping_coef: float = Field(1.0, ge=0, description="Scale of the potential-based shaping term")
-    mc_grpo_states: int = Field(64, ge=1, description="States per iteration that mc_grpo samples G actions at")
     gamma: float = Field(0.95, ge=0, le=1, description="Discount per turn (gigpo step returns, gae, mc_grpo, shaping)")
-    gigpo_omega: float = Field(1.0, ge=0, description="Weight of GiGPO's step-level advantage")
     std_normalize: bool = Field(True, description="Divide group advantages by the group std (grpo, gigpo)")
     skip_zero_variance_groups: bool = Field(
         True, description="Leave groups whose returns are all equal (zero advantage) out of the update (DAPO's filter)"
@@ -427,6 +378,15 @@ class RLConfig(Section):
     )
     max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping norm")
     max_bad_steps: int = Field(3, ge=1, description="Consecutive NaN/inf losses before the run stops")
+
+
+#: The rl section: the keys above, and each advantage estimator's own settings as the section
+#: ``rl.<name>`` (``turnforge.algos.estimators``: its ``Settings`` class is beside its math).
+RLConfig = create_model(
+    "RLConfig", __base__=RLKeys, __module__=__name__, __doc__="The RL stage's keys and every estimator's settings.",
+    **{name: (e.Settings, Field(default_factory=e.Settings, description=f"Settings of rl.advantage={name}"))
+       for name, e in ESTIMATORS.items() if e.Settings is not None},
+)
 
 
 class CriticConfig(Section):
@@ -442,17 +402,6 @@ class CriticConfig(Section):
     value_clip: float | None = Field(
         2.0, gt=0, description="Clipped value loss: bound on |V - V_old| in reward units (None = plain squared error)"
     )
-    lam_policy: float = Field(0.95, ge=0, le=1, description="GAE lambda of the policy's advantages")
-    lam_critic: float = Field(
-        1.0, ge=0, le=1, description="GAE lambda of the critic's targets (VAPO's decoupled GAE: 1.0 = Monte-Carlo returns)"
-    )
-    length_adaptive: bool = Field(
-        False, description="VAPO's length-adaptive lambda for the policy: 1 - 1/(alpha * turns of the episode)"
-    )
-    alpha: float = Field(
-        0.5, gt=0, description="Length-adaptive alpha; lengths here count turns, so VAPO's token-level 0.05 becomes ~0.5"
-    )
-    whiten_advantages: bool = Field(True, description="Normalise GAE advantages to mean 0, std 1 over the batch")
     pretrain_episodes: int = Field(
         0, ge=0, description="Value pretraining: episodes of the BC policy whose Monte-Carlo returns the critic fits "
         "before RL (0 = none)"
@@ -604,7 +553,6 @@ class EvalConfig(Section):
         return [2**i for i in range(n.bit_length()) if 2**i < n] + [n]
 
 
-FLYWHEEL_FILTERS = ("infra", "success", "reward", "truncation", "loops", "length", "dedup", "task_cap")
 FLYWHEEL_STAGES = ("rft", "rl")
 
 
@@ -630,10 +578,11 @@ class FlywheelConfig(Section):
     temperature: float = Field(1.0, gt=0, description="Sampling temperature of the flywheel's collection")
     mechanisms: list[str] = Field(
         default_factory=lambda: ["guidance", "replay"],
-        description=mechanisms_description())  # turnforge.train.mechanisms
+        description="Exploration aids and data re-use, by name (turnforge.train.mechanisms, one class each), acting in "
+        "the order listed here")
     filters: list[str] = Field(
         default_factory=lambda: ["infra", "success", "truncation", "loops", "dedup", "task_cap"],
-        description=f"Filters in order, any of {', '.join(FLYWHEEL_FILTERS)} (turnforge.data.filters)")
+        description="Filters in order, by name (turnforge.data.filters)")
     min_reward: float = Field(0.0, description="filter 'reward': the least episode return kept")
     max_length: int = Field(1_000_000, ge=1, description="filter 'length': the most turns a kept episode has")
     per_task_cap: int = Field(1, ge=1, description="filter 'task_cap': kept episodes per task (fewest turns first)")
@@ -712,12 +661,13 @@ class FlywheelConfig(Section):
 
     @field_validator("mechanisms", "filters", "stages")
     @classmethod
-    def _known_names(cls, value: list[str], info: ValidationInfo) -> list[str]:
-        valid = {"mechanisms": tuple(MECHANISMS), "filters": FLYWHEEL_FILTERS, "stages": FLYWHEEL_STAGES}[info.field_name]
-        for name in value:
-            if name not in valid:
-                raise PydanticCustomError("unknown_name", "unknown name '{name}'; valid: {valid}",
-                                          {"name": name, "valid": ", ".join(valid)})
+    def _names_once(cls, value: list[str], info: ValidationInfo) -> list[str]:
+        # mechanisms and filters are checked against their registries where those are visible (turnforge.app.config)
+        if info.field_name == "stages":
+            for name in value:
+                if name not in FLYWHEEL_STAGES:
+                    raise PydanticCustomError("unknown_name", "unknown name '{name}'; valid: {valid}",
+                                              {"name": name, "valid": ", ".join(FLYWHEEL_STAGES)})
         if len(set(value)) != len(value):
             raise PydanticCustomError("repeated_name", "a name is repeated")
         return value
@@ -761,8 +711,9 @@ class MemoryConfig(Section):
     )
     sources: list[str] = Field(
         default_factory=lambda: ["demo", "plain", "retry"], description="Which successes enter the memory, by where "
-        f"the episode came from: any of {', '.join(MEMORY_SOURCES)} ('demo': the BC demonstrations, and the "
-        "flywheel's anchor solutions; RL episodes are 'plain'). Only train-split episodes enter; evaluations never do"
+        "the episode came from (turnforge.train.mechanisms: demo, plain and the sources of the mechanisms whose episodes "
+        "are not hinted; 'demo': the BC demonstrations, and the flywheel's anchor solutions; RL episodes are 'plain'). "
+        "Only train-split episodes enter; evaluations never do"
     )
     demo_waves: int = Field(
         4, ge=1, description="With 'demo' in memory.sources: BC's demonstrations are played in this many waves, each "
@@ -778,11 +729,9 @@ class MemoryConfig(Section):
     @field_validator("sources")
     @classmethod
     def _sources(cls, value: list[str]) -> list[str]:
-        bad = [x for x in value if x not in MEMORY_SOURCES]
-        if bad:
-            raise ValueError(f"unknown memory source {bad[0]!r}; valid sources: {', '.join(MEMORY_SOURCES)}")
+        # the names are checked against the flywheel's sources where those are visible (turnforge.app.config)
         if not value:
-            raise ValueError(f"memory.sources is empty; name at least one of {', '.join(MEMORY_SOURCES)}")
+            raise ValueError("memory.sources is empty; name at least one source (e.g. demo, plain)")
         return value
 
 
@@ -897,135 +846,3 @@ class TrainConfig(Section):
         per_episode = self.rollout.noise == "episode" or (self.rollout.noise == "auto" and (
             self.dist.nproc > 1 or self.rollout.backend == "server"))
         return stable_hash(self.seed, *stream) if per_episode else None
-
-    @model_validator(mode="after")
-    def _consistent(self) -> "TrainConfig":
-        if self.model.gguf is not None and self.model.path not in (None, "tiny"):
-            raise ValueError(f"set one of model.path ({self.model.path!r}) and model.gguf ({self.model.gguf!r}), not both")
-        if self.model.path is None and self.model.gguf is None:
-            raise ValueError(f"recipe {self.recipe!r} needs model.path=/local/hf/model/dir (a directory saved with save_pretrained)")
-        if self.rollout.max_new_tokens >= self.rollout.max_context_tokens:
-            raise ValueError(
-                f"rollout.max_new_tokens ({self.rollout.max_new_tokens}) must be below "
-                f"rollout.max_context_tokens ({self.rollout.max_context_tokens})"
-            )
-        conflict = incompatible_options(self)
-        if conflict:
-            raise ValueError(conflict)
-        return self
-
-
-def incompatible_options(cfg: TrainConfig) -> str | None:
-    """One line naming two options that do not work together, or None (``turnforge.rules``)."""
-    from turnforge.rules import config_conflict  # the rules read this module's classes
-
-    return config_conflict(cfg)
-
-
-# ---------------------------------------------------------------------- loading
-def recipe_dir() -> Path:
-    return Path(str(resources.files("turnforge") / "recipes"))
-
-
-def list_recipes() -> dict[str, Path]:
-    return {p.stem: p for p in sorted(recipe_dir().glob("*.yaml"))}
-
-
-def _format_error(err: ValidationError, model: type[BaseModel]) -> str:
-    e = err.errors()[0]
-    loc = [str(x) for x in e["loc"]]
-    key = ".".join(loc)
-    if e["type"] == "extra_forbidden":
-        section: Any = model
-        for part in loc[:-1]:
-            field = section.model_fields.get(part)
-            section = field.annotation if field is not None else None
-            if not (isinstance(section, type) and issubclass(section, BaseModel)):
-                break
-        valid = section.model_fields if isinstance(section, type) and issubclass(section, BaseModel) else {}
-        return f"unknown config key {key!r}; valid keys here: {choices(valid)}"
-    if e["type"] == "literal_error":
-        return f"bad value for {key!r}: {e['msg']}"
-    if not loc:
-        return f"invalid config: {e['msg'].removeprefix('Value error, ')}"
-    return f"bad value for {key!r} ({e.get('input')!r}): {e['msg']}"
-
-
-def _set_dotted(data: dict, key: str, value: Any) -> None:
-    parts = key.split(".")
-    node = data
-    for part in parts[:-1]:
-        child = node.setdefault(part, {})
-        if not isinstance(child, dict):
-            raise UserError(f"cannot set {key!r}: {part!r} is not a section")
-        node = child
-    node[parts[-1]] = value
-
-
-def parse_overrides(items: list[str]) -> dict[str, Any]:
-    """``["rl.iterations=3", "env.kwargs.num_boxes=2"]`` -> nested dict (values parsed as YAML)."""
-    out: dict[str, Any] = {}
-    for item in items:
-        key, sep, raw = item.partition("=")
-        if not sep or not key.strip():
-            raise UserError(f"override {item!r} is not key=value (e.g. rl.iterations=10)")
-        try:
-            value = yaml.safe_load(raw) if raw.strip() else ""
-        except yaml.YAMLError:
-            value = raw
-        _set_dotted(out, key.strip(), value)
-    return out
-
-
-def _merge(base: dict, extra: dict) -> dict:
-    out = dict(base)
-    for k, v in extra.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
-
-
-def load_recipe_data(recipe: str) -> tuple[str, dict]:
-    """Read a shipped recipe by name or a YAML file by path -> (name, data). A relative
-    ``env.tasks`` path in a recipe file given by path is relative to the file; in a shipped
-    recipe, as on the command line, relative to the current directory (the repository root
-    for the recipes that use the examples/ folder)."""
-    shipped = list_recipes()
-    if recipe in shipped:
-        path, name = shipped[recipe], recipe
-    elif recipe.endswith((".yaml", ".yml")) or "/" in recipe:
-        path, name = Path(recipe), Path(recipe).stem
-        if not path.exists():
-            raise UserError(f"recipe file {recipe!r} does not exist")
-    else:
-        raise UserError(f"unknown recipe {recipe!r}; valid recipes: {choices(shipped)} (or a path to a .yaml file)")
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise UserError(f"malformed YAML in {str(path)!r}{where}: {getattr(err, 'problem', err)}") from None
-    if not isinstance(data, dict):
-        raise UserError(f"recipe {str(path)!r} must be a YAML mapping of config keys, got {type(data).__name__}")
-    tasks = data.get("env", {}).get("tasks") if isinstance(data.get("env"), dict) else None
-    if recipe not in shipped and isinstance(tasks, str) and not Path(tasks).expanduser().is_absolute():
-        data = {**data, "env": {**data["env"], "tasks": str(path.parent / tasks)}}
-    return name, data
-
-
-def load_config(recipe: str = "sokoban-tiny", overrides: list[str] | None = None) -> TrainConfig:
-    """Recipe (name or path) + ``key=value`` overrides -> validated ``TrainConfig``."""
-    name, data = load_recipe_data(recipe)
-    extra = parse_overrides(overrides or [])
-    new_env = extra.get("env", {}).get("id") if isinstance(extra.get("env"), dict) else None
-    if new_env is not None and new_env != data.get("env", {}).get("id"):
-        # Another env: the recipe's env kwargs belonged to the old one.
-        data = {**data, "env": {"id": new_env, "kwargs": {}}}
-    data = _merge({"recipe": name, **data}, extra)
-    return config_from_dict(data)
-
-
-def config_from_dict(data: dict) -> TrainConfig:
-    try:
-        return TrainConfig.model_validate(data)
-    except ValidationError as err:
-        raise UserError(_format_error(err, TrainConfig)) from None

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Iterable, Sequence
 
 
 class UserError(Exception):
@@ -12,6 +12,11 @@ class UserError(Exception):
 def choices(valid: Iterable[str]) -> str:
     """Format valid choices for an error message: ``'a', 'b', 'c'``."""
     return ", ".join(repr(v) for v in sorted(valid))
+
+
+def spoken_list(names: Sequence[str]) -> str:
+    """``a, b, c or d``."""
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
 
 
 class RunStopped(Exception):
@@ -36,6 +41,6 @@ class Interrupted(Exception):
         return 128 + self.signum
 
 
-#: The run directory of the run in progress in this process (set by ``turnforge.train.run.train``),
+#: The run directory of the run in progress in this process (set by ``turnforge.app.run.train``),
 #: so that an internal error can end with a line saying where the run's logs are.
 current_run_dir: list[str] = []

@@ -17,6 +17,10 @@ SPLITS: tuple[str, ...] = ("train", "heldout")
 
 Scalar = float | int | str | bool
 
+#: The (open, close) markers of reasoning templates (``turnforge.policy.thinking``): a thought an
+#: action carries before its answer sits between them.
+THINKING_MARKERS: tuple[tuple[str, str], ...] = (("<think>", "</think>"),)
+
 
 class TokenAlignmentError(ValueError):
     """Token ids, loss mask, logprobs and versions of a sample do not line up."""

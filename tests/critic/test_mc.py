@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 import torch
 
+from turnforge.algos.advantages import blend
 from turnforge.config import EngineConfig, RolloutConfig
-from turnforge.critic.mc import blend, mc_q_values, mc_values
+from turnforge.critic.mc import mc_q_values, mc_values
 from turnforge.envpool import InlineEnvs, make_backend
 from turnforge.envs import make, register
 from turnforge.envs.base import parse_choice

@@ -79,8 +79,8 @@ def test_source_column_defaults_by_stage_and_takes_one_value_or_a_mapping(tmp_pa
 
 def test_bad_sources_raise_before_anything_is_written(tmp_path):
     path = tmp_path / "x.parquet"
-    with pytest.raises(ValueError, match=r"unknown source 'expert' for trajectory 'a'; valid sources: 'demo', 'plain', "):
-        write_trajectories(path, [traj("a", 0, 1.0, True)], stage="bc", iteration=0, sources="expert")
+    with pytest.raises(ValueError, match=r"source 'Expert!' of trajectory 'a' is not a name"):
+        write_trajectories(path, [traj("a", 0, 1.0, True)], stage="bc", iteration=0, sources="Expert!")
     with pytest.raises(ValueError, match=r"sources has no entry for trajectory 'b' \(1 missing\)"):
         write_trajectories(path, [traj("a", 0, 1.0, True), traj("b", 0, 1.0, True)], stage="rl", iteration=0,
                            sources={"a": "guided"})

@@ -4,8 +4,8 @@
 
 import sys
 
-from turnforge.config import load_config
-from turnforge.train.run import train
+from turnforge.app.config import load_config
+from turnforge.app.run import train
 
 out, stop, *overrides = sys.argv[1:]
 train(load_config("sokoban-tiny", overrides), out, live=False, stop_after=int(stop) or None)

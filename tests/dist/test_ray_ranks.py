@@ -1,4 +1,4 @@
-"""Trainer ranks placed by Ray (``cluster=ray``, ``turnforge.ray_ranks``) on a local two-node
+"""Trainer ranks placed by Ray (``cluster=ray``, ``turnforge.app.ray_ranks``) on a local two-node
 cluster: the ranks can only go to one node (custom resource ``trainer``), the env workers only
 to the other (``envs``); two RL iterations end with the run directory of a run on torchrun."""
 
@@ -13,11 +13,11 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
+from helpers import NO_FLYWHEEL, TINY_TEST_SHAPE  # noqa: E402
 from ray.cluster_utils import Cluster  # noqa: E402
 
-from helpers import NO_FLYWHEEL, TINY_TEST_SHAPE  # noqa: E402
+from turnforge.app.setup import load_run_config
 from turnforge.train.metrics import read_metrics, read_summary  # noqa: E402
-from turnforge.train.setup import load_run_config  # noqa: E402
 
 RUN = [
     *[f"model.tiny.{k}={v}" for k, v in TINY_TEST_SHAPE.items()], *NO_FLYWHEEL,

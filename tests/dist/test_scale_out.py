@@ -13,15 +13,15 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
-import torch
 import pytest
+import torch
+from helpers import NO_FLYWHEEL, TINY_TEST_SHAPE
 from safetensors.torch import load_file
 
-from helpers import NO_FLYWHEEL, TINY_TEST_SHAPE
-from turnforge.config import load_config
+from turnforge.app.config import load_config
+from turnforge.app.run import train
+from turnforge.app.setup import load_run_config
 from turnforge.train.metrics import read_metrics, read_summary
-from turnforge.train.run import train
-from turnforge.train.setup import load_run_config
 
 JOB = Path(__file__).with_name("job.py")
 RUN = [

@@ -22,10 +22,11 @@ from turnforge.dist import (
     shutdown,
     sync_sampler,
 )
+from turnforge.optim import GuardedStep
 from turnforge.policy.generate import token_logprobs
 from turnforge.policy.lora import add_lora, trainable_parameters
 from turnforge.policy.model import load_policy, quiet_hf
-from turnforge.train.common import GuardedStep, collate
+from turnforge.train.common import collate
 from turnforge.types import Sample
 
 model_dir, lora_r, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]

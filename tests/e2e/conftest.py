@@ -11,8 +11,9 @@ def fast_run(tmp_path_factory):
     """Run directory of ``train(load_config("sokoban-tiny", test_train_tiny.FAST))``,
     uninterrupted, in process; tests must not write into it."""
     from test_train_tiny import FAST
-    from turnforge.config import load_config
-    from turnforge.train.run import train
+
+    from turnforge.app.config import load_config
+    from turnforge.app.run import train
 
     out = tmp_path_factory.mktemp("fast_run") / "run"
     train(load_config("sokoban-tiny", FAST), out, live=False)

@@ -3,17 +3,16 @@ fault injection (killed and hung env workers), Ray scale-out, bad input."""
 
 from __future__ import annotations
 
-
 import pyarrow.parquet as pq
 import pytest
 import torch
 from safetensors.torch import load_file
-
 from test_train_tiny import FAST
-from turnforge.config import load_config
+
+from turnforge.app.config import load_config
+from turnforge.app.run import train
 from turnforge.envs import register
 from turnforge.train.metrics import read_metrics, read_summary
-from turnforge.train.run import train
 
 pytestmark = pytest.mark.slow
 

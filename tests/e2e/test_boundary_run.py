@@ -11,11 +11,11 @@ import sys
 
 import pytest
 from safetensors.torch import load_file
-
 from test_train_tiny import FAST
-from turnforge.config import load_config
+
+from turnforge.app.config import load_config
+from turnforge.app.run import train
 from turnforge.train.metrics import read_metrics, read_summary
-from turnforge.train.run import train
 
 pytestmark = pytest.mark.slow
 

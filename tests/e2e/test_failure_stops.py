@@ -8,14 +8,14 @@ import json
 
 import pyarrow.parquet as pq
 import pytest
-
 from helpers import NO_FLYWHEEL, TINY_TEST_SHAPE
-from turnforge.config import load_config
+
+from turnforge.app.config import load_config
+from turnforge.app.run import train
 from turnforge.envs import make, register
 from turnforge.errors import RunStopped
 from turnforge.seeding import stable_hash
 from turnforge.train.metrics import read_metrics
-from turnforge.train.run import train
 
 pytestmark = pytest.mark.slow
 

@@ -5,12 +5,12 @@ weighted, the restarts count in the round's env steps and in the run's, every pa
 from __future__ import annotations
 
 import torch
+from helpers import TINY_TEST_SHAPE
 from safetensors.torch import load_file
 
-from helpers import TINY_TEST_SHAPE
-from turnforge.config import load_config
+from turnforge.app.config import load_config
+from turnforge.app.run import train
 from turnforge.train.metrics import read_metrics
-from turnforge.train.run import train
 
 AWR = [
     *[f"model.tiny.{k}={v}" for k, v in TINY_TEST_SHAPE.items()],

@@ -7,9 +7,10 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-
 from helpers import TINY_TEST_SHAPE
-from turnforge.config import load_config
+
+from turnforge.app.config import load_config
+from turnforge.app.run import train
 from turnforge.data.query import TrajectoryStore
 from turnforge.envs.base import HINT_PREFIX, strip_guidance
 from turnforge.policy.model import load_policy
@@ -20,7 +21,6 @@ from turnforge.seeding import generator
 from turnforge.train.mechanisms import MECHANISMS, Mechanism
 from turnforge.train.mechanisms.guidance import guided_config
 from turnforge.train.metrics import read_metrics
-from turnforge.train.run import train
 
 FLY = [
     *[f"model.tiny.{k}={v}" for k, v in TINY_TEST_SHAPE.items()],

@@ -12,14 +12,13 @@ import duckdb
 import pyarrow.parquet as pq
 import pytest
 from helpers import TINY_TEST_SHAPE, run_main
-
 from transformers import AutoTokenizer
 
-from turnforge.config import load_config
+from turnforge.app.config import load_config
+from turnforge.app.run import train
+from turnforge.app.setup import load_run_config
 from turnforge.rollout.episodic import HEADER
 from turnforge.train.metrics import read_summary
-from turnforge.train.run import train
-from turnforge.train.setup import load_run_config
 
 pytestmark = pytest.mark.slow
 

@@ -9,12 +9,12 @@ from __future__ import annotations
 import pytest
 import torch
 from safetensors.torch import load_file
-
 from test_train_tiny import FAST
-from turnforge.config import load_config
+
+from turnforge.app.config import load_config
+from turnforge.app.run import train
+from turnforge.app.setup import load_run_config
 from turnforge.train.metrics import read_metrics
-from turnforge.train.run import train
-from turnforge.train.setup import load_run_config
 
 pytestmark = pytest.mark.slow
 
@@ -22,7 +22,7 @@ METHODS = {
     "gigpo-shaped": ["rl.advantage=gigpo", "rl.shaping=potential", "rl.shaping_coef=0.5"],
     "grpo-kl-reward": ["rl.kl_coef=0.05", "rl.kl_mode=reward", "rl.kl_estimator=k1", "rl.lr_schedule=cosine", "bc.lr_schedule=cosine"],
     "ppo-vapo": [
-        "rl.advantage=gae", "critic.enabled=true", "critic.length_adaptive=true", "critic.pretrain_episodes=6",
+        "rl.advantage=gae", "critic.enabled=true", "rl.gae.length_adaptive=true", "critic.pretrain_episodes=6",
         "critic.pretrain_max_steps=4", "critic.minibatch_size=8",
     ],
     "mc-blend": ["rl.advantage=gae", "critic.enabled=true", "critic.mc_weight=0.5", "critic.mc_rollouts=2"],
@@ -30,11 +30,11 @@ METHODS = {
     "mc-critic-bc": ["rl.advantage=gae", "critic.mc_weight=1.0", "critic.mc_rollouts=2", "critic.mc_policy=bc"],
     # a BC start that plays some valid moves: MC-GRPO's state groups need Q values that differ
     "w-reinforce": ["rl.advantage=w_reinforce"],  # failures alone move the weights: a weak BC start still trains
-    "mc-grpo": ["rl.advantage=mc_grpo", "rl.mc_grpo_states=4", "critic.mc_rollouts=2", "bc.num_demos=24", "bc.epochs=6", "bc.lr=0.003"],
-    "mc-grpo-bc-tails": ["rl.advantage=mc_grpo", "rl.mc_grpo_states=4", "critic.mc_rollouts=2", "critic.mc_policy=bc",
+    "mc-grpo": ["rl.advantage=mc_grpo", "rl.mc_grpo.states=4", "critic.mc_rollouts=2", "bc.num_demos=24", "bc.epochs=6", "bc.lr=0.003"],
+    "mc-grpo-bc-tails": ["rl.advantage=mc_grpo", "rl.mc_grpo.states=4", "critic.mc_rollouts=2", "critic.mc_policy=bc",
                          "bc.num_demos=24", "bc.epochs=6", "bc.lr=0.003"],
     "async-ppo-critic": ["engine.mode=async", "engine.eta=1", "rl.advantage=gae", "critic.enabled=true"],
-    "async-mc-grpo": ["engine.mode=async", "engine.eta=1", "rl.advantage=mc_grpo", "rl.mc_grpo_states=4",
+    "async-mc-grpo": ["engine.mode=async", "engine.eta=1", "rl.advantage=mc_grpo", "rl.mc_grpo.states=4",
                       "critic.mc_rollouts=2", "bc.num_demos=24", "bc.epochs=6", "bc.lr=0.003"],
 }
 

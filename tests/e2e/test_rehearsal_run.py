@@ -6,13 +6,13 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 from safetensors.torch import load_file
-
 from test_train_tiny import FAST
-from turnforge.config import load_config
+
+from turnforge.app.config import load_config
+from turnforge.app.run import train
+from turnforge.app.setup import load_run_config
 from turnforge.train.metrics import read_metrics
 from turnforge.train.rehearsal import FILE
-from turnforge.train.run import train
-from turnforge.train.setup import load_run_config
 
 #: a BC start with some valid moves (FAST's is all invalid: nothing to rehearse)
 REHEARSE = FAST + ["bc.num_demos=48", "bc.epochs=6",

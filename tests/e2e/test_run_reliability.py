@@ -16,16 +16,16 @@ import time
 from pathlib import Path
 
 import pytest
-
 from helpers import NO_FLYWHEEL, TINY_TEST_SHAPE
-from turnforge.config import load_config
+
+from turnforge.app.config import load_config
+from turnforge.app.run import train
+from turnforge.app.setup import load_run_config
 from turnforge.errors import UserError
 from turnforge.train.metrics import read_summary
-from turnforge.train.run import train
 from turnforge.train.run_dir import checkpoint
 from turnforge.train.run_dir.checkpoint import find_resumable
 from turnforge.train.run_dir.lock import RunLock
-from turnforge.train.setup import load_run_config
 
 pytestmark = pytest.mark.slow
 

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from helpers import NO_FLYWHEEL, TINY_TEST_SHAPE
 
-from turnforge.config import load_config
+from turnforge.app.config import load_config
+from turnforge.app.run import train
 from turnforge.train.metrics import read_metrics
-from turnforge.train.run import train
 
 pytestmark = pytest.mark.slow
 

@@ -13,12 +13,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from turnforge.config import load_config
+from turnforge.app.config import load_config
+from turnforge.app.run import train
 from turnforge.envs import make
 from turnforge.envs.registry import register
 from turnforge.policy.model import load_chat_format
 from turnforge.train.metrics import read_metrics
-from turnforge.train.run import train
 
 
 class ThinkingEcho(type(make("test-echo"))):  # type: ignore[misc]

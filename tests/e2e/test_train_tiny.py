@@ -7,13 +7,13 @@ import json
 import pyarrow.parquet as pq
 import pytest
 import torch
+from helpers import NO_FLYWHEEL, TINY_TEST_SHAPE
 from safetensors.torch import load_file
 
-from helpers import NO_FLYWHEEL, TINY_TEST_SHAPE
-from turnforge.config import load_config
+from turnforge.app.config import load_config
+from turnforge.app.run import train
+from turnforge.app.setup import load_run_config
 from turnforge.train.metrics import read_metrics, read_summary
-from turnforge.train.run import train
-from turnforge.train.setup import load_run_config
 
 pytestmark = pytest.mark.slow
 
@@ -122,7 +122,7 @@ def test_env_crash_is_excluded_and_run_goes_on(tmp_path):
 
 def test_nan_loss_steps_are_skipped_then_the_run_stops(tmp_path, monkeypatch):
     import turnforge.train.update as grpo_mod
-    from turnforge.train.common import NonFiniteLoss
+    from turnforge.optim import NonFiniteLoss
 
     real = grpo_mod.ppo_clip_loss
 

@@ -8,12 +8,12 @@ import hashlib
 import pyarrow.parquet as pq
 import pytest
 import torch
-
 from helpers import NO_FLYWHEEL, TINY_TEST_SHAPE, assert_rescores
-from turnforge.config import load_config
+
+from turnforge.app.config import load_config
+from turnforge.app.run import train
+from turnforge.app.setup import load_run_config
 from turnforge.train.metrics import read_summary
-from turnforge.train.run import train
-from turnforge.train.setup import load_run_config
 
 pytestmark = pytest.mark.slow
 

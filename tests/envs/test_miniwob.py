@@ -180,8 +180,9 @@ def test_a_run_leaves_no_browser_or_open_file(browser_ok, tmp_path, monkeypatch,
     afterwards no browser of the run is left, nor a child process, an open file of this one or a
     temporary file."""
     from helpers import NO_FLYWHEEL
-    from turnforge.config import load_config
-    from turnforge.train.run import train
+
+    from turnforge.app.config import load_config
+    from turnforge.app.run import train
 
     tag = uuid.uuid4().hex
     monkeypatch.setenv("TURNFORGE_BROWSER_TAG", tag)
@@ -261,7 +262,7 @@ def test_a_task_without_a_scripted_expert_plays_without_one(browser_ok):
     checker plays it with random actions (as here), and BC is refused naming the fix, which works."""
     import random
 
-    from turnforge.config import load_config
+    from turnforge.app.config import load_config
     from turnforge.envs import capabilities, make
     from turnforge.train.checks import check_options
 
@@ -322,9 +323,9 @@ def test_no_short_temporary_directory_is_one_line_naming_the_fix(monkeypatch, tm
 def test_killing_a_worker_takes_its_browsers_with_it(browser_ok, monkeypatch, private_tmp):
     """A worker killed as a hung one is (its browser in a process group of its own included), and
     the next driver start removes the temporary files it could not."""
-    from turnforge.envs.web.browser import TMP_PREFIX, remove_stale_tmp
     from turnforge.envpool.pool import EnvPool
     from turnforge.envs import make
+    from turnforge.envs.web.browser import TMP_PREFIX, remove_stale_tmp
 
     tag = uuid.uuid4().hex
     monkeypatch.setenv("TURNFORGE_BROWSER_TAG", tag)

@@ -14,14 +14,14 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-
 from helpers import TINY_TEST_SHAPE, run_main
-from turnforge.config import load_config
+
+from turnforge.app.config import load_config
+from turnforge.app.run import train
+from turnforge.app.setup import load_run_config
 from turnforge.errors import RunStopped, UserError
 from turnforge.gateway import server as gateway_server
 from turnforge.train.metrics import read_metrics
-from turnforge.train.run import train
-from turnforge.train.setup import load_run_config
 
 REPO = Path(__file__).resolve().parents[2]
 TASKS = REPO / "examples" / "agents" / "moves.jsonl"
@@ -137,13 +137,14 @@ def test_an_agent_that_raises_is_an_infrastructure_failure_and_too_many_stop_the
 
 
 def test_timeouts_and_agents_that_never_call_the_model_are_failures(tmp_path, agents_module):
+    import torch
+
+    from turnforge.config import TinyModelConfig
     from turnforge.gateway.agents import AgentEngine, AgentTasks, load_agent
     from turnforge.policy.model import load_policy
-    from turnforge.config import TinyModelConfig
     from turnforge.policy.tiny import build_tiny_model
     from turnforge.rollout.actors import PolicyActor
     from turnforge.rollout.engine import EpisodeRequest
-    import torch
 
     build_tiny_model(tmp_path / "m", TinyModelConfig(**TINY_TEST_SHAPE))
     policy = load_policy(tmp_path / "m")

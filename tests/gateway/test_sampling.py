@@ -14,7 +14,8 @@ import openai
 import pytest
 import torch
 
-from turnforge.config import AgentConfig, load_config
+from turnforge.app.config import load_config
+from turnforge.config import AgentConfig
 from turnforge.gateway.agents import AgentEngine, AgentTasks, load_agent
 from turnforge.gateway.sampling import SAMPLING_POLICIES, Override, Strict, TrainerWins, cap_tokens, warning
 from turnforge.gateway.server import Gateway

@@ -37,18 +37,23 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from golden_format import (  # noqa: E402
-    SCENARIOS, TRAIN_OVERRIDES, assert_run_matches, assert_trajectories_match, largest_float_difference, record_run,
+    SCENARIOS,
+    TRAIN_OVERRIDES,
+    assert_run_matches,
+    assert_trajectories_match,
+    largest_float_difference,
+    record_run,
     record_trajectories,
 )
 
-from turnforge.config import RolloutConfig, load_config  # noqa: E402
+from turnforge.app.config import load_config
+from turnforge.config import RolloutConfig
 from turnforge.envpool import InlineEnvs, make_backend  # noqa: E402
 from turnforge.envs import make  # noqa: E402
 from turnforge.rollout.actors import ExpertActor, PolicyActor  # noqa: E402
 from turnforge.rollout.engine import EpisodeRequest, RolloutEngine  # noqa: E402
 from turnforge.seeding import stable_hash  # noqa: E402
 from turnforge.train.evaluate import evaluate  # noqa: E402
-
 
 #: Threads of the sampling and training below: 1, as the files were recorded; the kernel-path
 #: matrix (benchmarks/kernel_matrix.py) also runs them with 2.
@@ -151,7 +156,7 @@ def test_engine_on_worker_processes_reproduces_runner(golden_policy):
 def _train(path: Path) -> dict:
     threads = torch.get_num_threads()
     try:
-        from turnforge.train.run import train
+        from turnforge.app.run import train
 
         train(load_config("sokoban-tiny", [*TRAIN_OVERRIDES, f"threads={THREADS}"]), path, live=False)
     finally:

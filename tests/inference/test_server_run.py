@@ -10,10 +10,10 @@ import duckdb
 import pytest
 from helpers import NO_FLYWHEEL, TINY_TEST_SHAPE
 
-from turnforge.config import load_config
+from turnforge.app.config import load_config
+from turnforge.app.run import train
 from turnforge.inference.client import ServerSampler
 from turnforge.train.metrics import read_metrics
-from turnforge.train.run import train
 from turnforge.view.rundir import read_series
 
 pytestmark = pytest.mark.slow

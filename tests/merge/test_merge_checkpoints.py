@@ -9,9 +9,9 @@ import shutil
 
 import pytest
 import torch
+from helpers import run_main
 from safetensors.torch import load_file
 
-from helpers import run_main
 from turnforge.errors import UserError
 from turnforge.merge.checkpoints import merge_checkpoints
 from turnforge.merge.methods import MergeSpec
@@ -116,8 +116,9 @@ def test_a_soup_averages_the_weights_a_run_kept(tmp_path, monkeypatch, capsys):
     """keep_checkpoints=2 keeps the last 2 saves (3 RL iterations, one checkpoint each: the first is
     dropped, the last is the final policy); `merge --soup RUN` averages them."""
     from helpers import NO_FLYWHEEL
-    from turnforge.config import load_config
-    from turnforge.train.run import train
+
+    from turnforge.app.config import load_config
+    from turnforge.app.run import train
     from turnforge.train.run_dir.checkpoint import kept_checkpoints
 
     run = tmp_path / "run"

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from helpers import NO_FLYWHEEL, run_main
 
 QUICK = [*NO_FLYWHEEL, "bc.num_demos=6", "bc.epochs=1", "bc.batch_size=8", "rl.iterations=0", "eval.episodes=3",
@@ -17,8 +16,8 @@ QUICK = [*NO_FLYWHEEL, "bc.num_demos=6", "bc.epochs=1", "bc.batch_size=8", "rl.i
 
 @pytest.fixture(scope="module")
 def specialists(tiny_model_dir, tmp_path_factory):
-    from turnforge.config import load_config
-    from turnforge.train.run import train
+    from turnforge.app.config import load_config
+    from turnforge.app.run import train
 
     root = tmp_path_factory.mktemp("specialists")
     for recipe in ("sokoban-tiny", "frozenlake-tiny"):

@@ -7,17 +7,18 @@ import hashlib
 
 import pytest
 import torch
-
 from helpers import NO_FLYWHEEL, TINY_TEST_SHAPE
-from turnforge.config import LoraConfig, load_config
+
+from turnforge.app.config import load_config
+from turnforge.app.run import train
+from turnforge.app.setup import load_run_config
+from turnforge.config import LoraConfig
 from turnforge.envs.levels import LevelEnv, Outcome
 from turnforge.envs.registry import register
 from turnforge.errors import UserError
 from turnforge.policy.lora import ADAPTER_DIR, FrozenBase, add_lora, trainable_parameters
 from turnforge.policy.model import load_policy
-from turnforge.train.run import train
 from turnforge.train.run_dir.checkpoint import save_model
-from turnforge.train.setup import load_run_config
 
 IDS = torch.tensor([[5, 9, 13, 7, 3, 11, 2, 4]])
 

@@ -1,6 +1,6 @@
 """A ``PrefillCache`` shared by evaluations of one policy changes no token and no logprob, bit
 for bit, and saves prefills: the evaluations of the BC policy at several temperatures
-(``turnforge.train.run.evaluate_start``) rely on it."""
+(``turnforge.app.run.evaluate_start``) rely on it."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from contextlib import closing
 import numpy as np
 import pytest
 import torch
-
 from helpers import TINY_TEST_SHAPE
-from turnforge.config import load_config
+
+from turnforge.app.config import load_config
 from turnforge.policy.generate import PrefillCache, sample
 from turnforge.rollout.engine import make_engine
 from turnforge.train.evaluate import evaluate, prefill_cache

@@ -10,20 +10,22 @@ import os
 import pytest
 import torch
 
-from turnforge.config import LoraConfig, load_config
+from turnforge.app.config import load_config
+from turnforge.app.rules import check_run
+from turnforge.config import LoraConfig
+from turnforge.envs.registry import make
 from turnforge.errors import UserError
 from turnforge.inference.weights import FileWeightSync, LoadedWeights, load_push, model_fingerprint
 from turnforge.policy.lora import ADAPTER_DIR, FrozenBase, add_lora, merged_copy, thinking_rows
 from turnforge.policy.model import load_policy
-from turnforge.policy.tiny import THINK_TOKENS, cached_thinking
-from turnforge.envs.registry import make
-from turnforge.rules import check_run
+from turnforge.policy.tiny import cached_thinking
+from turnforge.types import THINKING_MARKERS
 
 
 def _thinking_ids(policy, n: int = 12) -> torch.Tensor:
     """A sequence that holds both markers (as a thought would)."""
     tok = policy.tokenizer
-    open_id, close_id = tok.convert_tokens_to_ids(list(THINK_TOKENS))
+    open_id, close_id = tok.convert_tokens_to_ids(list(THINKING_MARKERS[0]))
     return torch.tensor([[5, open_id, 9, 13, 7, close_id, 3, 11, open_id, 2, close_id, 4][:n]])
 
 

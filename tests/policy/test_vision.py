@@ -176,7 +176,6 @@ def test_an_image_the_processor_rejects_is_one_line(vlm):
 
 @pytest.mark.parametrize("override,bad", [
     ({"rollout": {"prefix_cache": True}}, "rollout.prefix_cache=true"),
-    ({"rollout": {"context": "summarize"}}, "rollout.context=summarize"),
     ({"rl": {"rehearsal_coef": 0.1}}, "rl.rehearsal_coef>0"),
     ({"critic": {"enabled": True}, "rl": {"advantage": "gae"}}, "critic.enabled=true"),
 ])
@@ -317,3 +316,15 @@ def test_the_tiny_vlm_normalises_by_its_corpus_screenshots(tmp_path):
     corpus, siglip = built("corpus"), built("siglip")
     assert siglip["image_mean"] == [0.5] * 3 and siglip["image_std"] == [0.5] * 3
     assert all(m > 0.8 for m in corpus["image_mean"]) and all(0.05 <= s < 0.3 for s in corpus["image_std"])
+
+
+@pytest.mark.parametrize("override, bad", [
+    ({"rollout": {"context": "summarize"}}, "rollout.context=summarize"),
+    ({"rl": {"advantage": "mc_grpo"}}, "rl.advantage=mc_grpo"),
+])
+def test_variants_that_declare_no_images_are_refused_for_a_vision_policy(override, bad):
+    from turnforge.app.rules import _vision  # the start check asks each variant's registry (with_images, takes_images)
+
+    cfg = TrainConfig.model_validate({"model": {"tiny": {"vision": {"enabled": True}}}, **override})
+    with pytest.raises(UserError, match=f"{bad} is not available with a vision-language model"):
+        _vision(cfg, ColourEnv())

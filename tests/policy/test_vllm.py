@@ -15,8 +15,8 @@ import sys
 import numpy as np
 import pytest
 import torch
-
 from helpers import inline_engine
+
 from turnforge.config import LoraConfig, RolloutConfig
 from turnforge.policy.generate import pad_right, token_logprobs
 from turnforge.rollout.actors import PolicyActor
@@ -113,8 +113,8 @@ def test_weights_sync_in_place_after_an_update_and_lora_adapters_merge(policy, s
 @needs_vllm
 @pytest.mark.slow
 def test_a_run_with_the_vllm_backend_logs_the_logprob_mismatch(vllm_model_dir, tmp_path):
-    from turnforge.config import load_config
-    from turnforge.train.run import train
+    from turnforge.app.config import load_config
+    from turnforge.app.run import train
 
     out = tmp_path / "run"
     cfg = load_config("sokoban-tiny", [

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from turnforge.config import JudgeConfig, load_config
+from turnforge.app.config import load_config
+from turnforge.config import JudgeConfig
 from turnforge.errors import UserError
 from turnforge.rewards.judge import DEFAULT_RUBRIC, Judge, build_prompt, judged, parse_score, render_transcript
 from turnforge.types import JudgeRecord, Task, Trajectory, Turn

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from helpers import TINY_TEST_SHAPE
-from turnforge.config import RolloutConfig, TinyModelConfig, load_config
+
+from turnforge.app.config import load_config
+from turnforge.app.rules import check_run
+from turnforge.config import RolloutConfig, TinyModelConfig
 from turnforge.envpool import InlineEnvs
 from turnforge.envs import make
 from turnforge.envs.checker import check_env
@@ -18,7 +20,6 @@ from turnforge.policy.model import load_chat_format, load_policy
 from turnforge.policy.tiny import build_tiny_model
 from turnforge.rollout.actors import ExpertActor
 from turnforge.rollout.engine import EpisodeRequest, RolloutEngine
-from turnforge.rules import check_run
 
 CORPUS = ["path Down Right Up Left goal P _ O G"]
 

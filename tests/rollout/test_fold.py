@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
 from helpers import assert_rescores, inline_engine
+
 from turnforge.config import RolloutConfig, TrainConfig
 from turnforge.policy.generate import Generation, token_logprobs
 from turnforge.rollout.context import FOLD_INSTRUCTIONS, fold_meta
@@ -108,10 +108,11 @@ def test_branches_beyond_the_limit_and_nested_ones_go_to_the_env(tiny_policy):
     ({"rollout": {"context": "fold"}, "critic": {"enabled": True}, "rl": {"advantage": "gae"}}, "critic.enabled=true"),
 ])
 def test_fold_options_it_refuses(override, says):
-    from pydantic import ValidationError
+    from turnforge.app.config import config_from_dict
+    from turnforge.errors import UserError
 
-    with pytest.raises(ValidationError, match=says.replace("(", r"\(").replace(")", r"\)")):
-        TrainConfig.model_validate(override)
+    with pytest.raises(UserError, match=says.replace("(", r"\(").replace(")", r"\)")):
+        config_from_dict(override)
 
 
 def test_fold_on_a_tool_env_is_refused():
@@ -126,7 +127,7 @@ def test_fold_on_a_tool_env_is_refused():
 
 @pytest.mark.parametrize("advantage", ["grpo", "gigpo"])
 def test_credit_and_an_update_train_every_context(tiny_policy, advantage):
-    from turnforge.train.common import GuardedStep
+    from turnforge.optim import GuardedStep
     from turnforge.train.credit import assign_credit
     from turnforge.train.update import ppo_update
 

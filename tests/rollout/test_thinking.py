@@ -123,11 +123,11 @@ def test_the_templates_behaviour_is_found_by_rendering(tiny_model_dir, tiny_thin
 
 
 def test_the_history_policies_are_the_configs_choices():
-    from typing import get_args
-
+    from turnforge.app.config import VARIANT_KEYS
     from turnforge.rollout.history import HISTORIES
 
-    assert set(HISTORIES) == set(get_args(RolloutConfig.model_fields["history"].annotation))
+    (key,) = [v for v in VARIANT_KEYS if v.key == "rollout.history"]
+    assert set(key.choices()) == set(HISTORIES)
 
 
 def _messages(spec, observations, actions_text):

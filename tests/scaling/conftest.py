@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from helpers import NO_FLYWHEEL
 
 QUICK = [*NO_FLYWHEEL, "bc.num_demos=48", "bc.epochs=3", "eval.episodes=8", "check_env=false", "rl.iterations=1",
@@ -14,8 +13,8 @@ QUICK = [*NO_FLYWHEEL, "bc.num_demos=48", "bc.epochs=3", "eval.episodes=8", "che
 def critic_run(tmp_path_factory):
     """frozenlake-tiny's own tiny model, BC from 48 demonstrations, one GAE iteration with a
     critic: about 0.3 held-out success at T = 1, so attempts differ."""
-    from turnforge.config import load_config
-    from turnforge.train.run import train
+    from turnforge.app.config import load_config
+    from turnforge.app.run import train
 
     run = tmp_path_factory.mktemp("best_of") / "run"
     train(load_config("frozenlake-tiny", [*QUICK, "rl.advantage=gae", "critic.enabled=true"]), run, live=False)

@@ -9,10 +9,10 @@ import json
 from contextlib import closing
 
 import numpy as np
+from helpers import assert_rescores, run_main
 
 import turnforge.scaling.lookahead as la
-from helpers import assert_rescores, run_main
-from turnforge.config import load_config
+from turnforge.app.config import load_config
 from turnforge.critic.mc import MCEstimate
 from turnforge.rollout.engine import EpisodeRequest, make_engine
 from turnforge.train.evaluate import load_for_eval
@@ -70,8 +70,8 @@ def test_the_eval_command_reports_lookahead_and_refuses_an_env_without_snapshots
     data = json.loads((tmp_path / "e.json").read_text())["lookahead"]
     assert data["result"]["episodes"] == 3 and data["stats"]["candidates"] == 2 and "lookahead K=2 M=1 H=2" in err
 
-    from turnforge.envs.base import capabilities
     import turnforge.envs.base as base
+    from turnforge.envs.base import capabilities
 
     real = capabilities
     monkeypatch.setattr(base, "capabilities", lambda env: __import__("dataclasses").replace(real(env), snapshot=False))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from turnforge.config import load_config
+from turnforge.app.config import load_config
 from turnforge.train import anchors
 from turnforge.train.anchors import Anchor, AnchorPool, first_anchor, move_anchor
 from turnforge.types import EnvSnapshot, Task, Trajectory, Turn

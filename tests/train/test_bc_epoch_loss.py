@@ -4,12 +4,12 @@ minibatches' losses weighted by their action tokens, not the last minibatch's.""
 from __future__ import annotations
 
 import pytest
-
 from helpers import NO_FLYWHEEL
-from turnforge.config import load_config
+
+from turnforge.app.config import load_config
+from turnforge.app.run import train
 from turnforge.train import bc as bc_module
 from turnforge.train.metrics import read_metrics
-from turnforge.train.run import train
 
 
 def test_bc_epoch_loss_is_the_token_weighted_mean_of_its_minibatches(tmp_path, tiny_model_dir, monkeypatch):

@@ -11,9 +11,10 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-
 from helpers import inline_engine
-from turnforge.config import RolloutConfig, load_config
+
+from turnforge.app.config import load_config
+from turnforge.config import RolloutConfig
 from turnforge.errors import RunStopped
 from turnforge.train.boundary import PassAtKPlan, first_action_probs, measure_boundary, plan
 from turnforge.train.evaluate import evaluate

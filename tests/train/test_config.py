@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from turnforge.config import list_recipes, load_config, parse_overrides
+from turnforge.app.config import list_recipes, load_config, parse_overrides
 from turnforge.errors import UserError
 
 
@@ -24,7 +24,7 @@ def test_default_recipe_loads_and_overrides_apply():
         (["rl.itertions=3"], r"unknown config key 'rl.itertions'; valid keys here: .*'iterations'"),
         (["nope=1"], r"unknown config key 'nope'; valid keys here: .*'rollout'"),
         (["rl.iterations=many"], r"bad value for 'rl.iterations' \('many'\)"),
-        (["rollout.context=everything"], r"bad value for 'rollout.context': .*'window', 'full_history', 'summarize' or 'fold'"),
+        (["rollout.context=everything"], r"bad value for 'rollout.context' \('everything'\): unknown name 'everything'; valid: window, full_history, summarize, fold"),
         (["rollout.max_new_tokens=600", "rollout.max_context_tokens=512"], r"max_new_tokens \(600\) must be below"),
         (["rl.iterations"], r"not key=value"),
         # incompatible options: one line naming both

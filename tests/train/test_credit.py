@@ -7,16 +7,19 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from turnforge.config import CriticConfig, RLConfig, RolloutConfig
+from turnforge.algos.estimators import ESTIMATORS, GAESettings, gae_turn_advantages, turn_rewards
+from turnforge.config import RLConfig, RolloutConfig
 from turnforge.envs import make_batch
 from helpers import inline_engine
 from turnforge.rollout.actors import ExpertActor
 from turnforge.rollout.engine import EpisodeRequest
 from turnforge.train.common import collate
-from turnforge.train.credit import (
-    drop_void, gae_turn_advantages, monte_carlo_returns, sample_advantage, turn_advantages, turn_rewards,
-)
+from turnforge.train.credit import drop_void, monte_carlo_returns, sample_advantage
 from turnforge.types import Task, Trajectory, Turn
+
+
+def turn_advantages(trajs, rl):
+    return ESTIMATORS[rl.advantage].turn_advantages(trajs, rl)
 
 
 def _traj(tid, group, rewards, anchors):
@@ -46,9 +49,9 @@ def test_success_estimators_score_the_success_flag_not_the_return():
     # pass@2 as in tests/algos: success 1, failures -1/3; w_reinforce: +lambda / -1
     trajs = [_traj(t, "g0", [r], "s") for t, r in zip("ABCD", [0, 5, 5, 5])]
     trajs = [replace(t, success=t.trajectory_id == "A") for t in trajs]
-    adv = turn_advantages(trajs, RLConfig(advantage="pass_at_k", pass_k=2, group_size=4))
+    adv = turn_advantages(trajs, RLConfig(advantage="pass_at_k", pass_at_k={"k": 2}, group_size=4))
     np.testing.assert_allclose([adv[t][0] for t in "ABCD"], [1.0, -1 / 3, -1 / 3, -1 / 3], atol=1e-6)
-    adv = turn_advantages(trajs, RLConfig(advantage="w_reinforce", w_reinforce_lambda=0.25))
+    adv = turn_advantages(trajs, RLConfig(advantage="w_reinforce", w_reinforce={"success_weight": 0.25}))
     np.testing.assert_allclose([adv[t][0] for t in "ABCD"], [0.25, -1.0, -1.0, -1.0])
 
 
@@ -103,8 +106,8 @@ def test_gae_over_turns_hand_computed():
     trajs = [_traj("A", "g0", [0.0, 1.0], "st"), _traj("B", "g0", [2.0], "s")]
     values = {"A": np.array([0.2, 0.4]), "B": np.array([1.0])}
     rl = RLConfig(advantage="gae", gamma=0.5)
-    critic = CriticConfig(enabled=True, lam_policy=0.5, lam_critic=1.0, whiten_advantages=False)
-    adv, ret = gae_turn_advantages(trajs, values, rl, critic)
+    gae = GAESettings(lam_policy=0.5, lam_critic=1.0, whiten=False)
+    adv, ret = gae_turn_advantages(trajs, values, rl, gae)
     # A: delta_1 = 1 - 0.4 = 0.6; delta_0 = 0 + 0.5 * 0.4 - 0.2 = 0; A_0 = 0 + 0.5 * 0.5 * 0.6 = 0.15
     np.testing.assert_allclose(adv["A"], [0.15, 0.6], atol=1e-6)
     np.testing.assert_allclose(adv["B"], [1.0], atol=1e-6)
@@ -112,11 +115,11 @@ def test_gae_over_turns_hand_computed():
     np.testing.assert_allclose(ret["A"], [0.5, 1.0], atol=1e-6)
     np.testing.assert_allclose(ret["B"], [2.0], atol=1e-6)
     np.testing.assert_allclose(monte_carlo_returns(trajs, rl)["A"], [0.5, 1.0])
-    white, _ = gae_turn_advantages(trajs, values, rl, critic.model_copy(update={"whiten_advantages": True}))
+    white, _ = gae_turn_advantages(trajs, values, rl, gae.model_copy(update={"whiten": True}))
     flat = np.concatenate([white["A"], white["B"]])
     assert flat.mean() == pytest.approx(0.0, abs=1e-6) and flat.std(ddof=1) == pytest.approx(1.0, abs=1e-5)
     # length-adaptive: lambda = 1 - 1 / (alpha * turns) = 1 - 1 / (1 * 2) = 0.5 for A, 0 for B
-    la = critic.model_copy(update={"length_adaptive": True, "alpha": 1.0, "lam_policy": 0.0})
+    la = gae.model_copy(update={"length_adaptive": True, "alpha": 1.0, "lam_policy": 0.0})
     adv_la, _ = gae_turn_advantages(trajs, values, rl, la)
     np.testing.assert_allclose(adv_la["A"], [0.15, 0.6], atol=1e-6)
 

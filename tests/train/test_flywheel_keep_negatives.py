@@ -16,7 +16,7 @@ from tests.train.test_flywheel_mechanisms import (
     play_round,
     sources_in_order,
 )
-from turnforge.config import load_config
+from turnforge.app.config import load_config
 from turnforge.errors import UserError
 from turnforge.train.mechanisms import MECHANISMS, enabled
 from turnforge.train.mechanisms.keep import pick_retests

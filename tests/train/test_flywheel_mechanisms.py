@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from turnforge.config import load_config
+from turnforge.app.config import load_config
 from turnforge.errors import UserError
 from turnforge.rollout.engine import RolloutStats
 from turnforge.train.flywheel import Collection, collect, mechanism_records, route

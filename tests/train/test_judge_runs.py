@@ -9,9 +9,9 @@ import pyarrow.parquet as pq
 import pytest
 from helpers import TINY_TEST_SHAPE
 
-from turnforge.config import load_config
+from turnforge.app.config import load_config
+from turnforge.app.run import train
 from turnforge.errors import RunStopped
-from turnforge.train.run import train
 
 REPO = Path(__file__).resolve().parents[2]
 SHAPE = [f"model.tiny.{k}={v}" for k, v in TINY_TEST_SHAPE.items()]

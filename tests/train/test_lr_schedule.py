@@ -2,7 +2,7 @@
 
 import pytest
 
-from turnforge.train.common import lr_factor
+from turnforge.optim import lr_factor
 
 
 def test_constant_schedule_keeps_the_base_rate():

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from turnforge.config import load_config
+from turnforge.app.config import load_config
 from turnforge.errors import UserError
 from turnforge.train.rl import reference_reset_due, reset_reference
 

@@ -6,11 +6,10 @@ import io
 import json
 from types import SimpleNamespace
 
+import pytest
 from rich.console import Console
 
-import pytest
-
-from turnforge.config import load_config
+from turnforge.app.config import load_config
 from turnforge.train.metrics import BCStats, BestTemperature, EvalRecord, read_metrics
 from turnforge.train.reporting import MetricsLog, Progress, final_line, plot_learning_curve
 from turnforge.types import EvalResult

@@ -7,12 +7,12 @@ import dataclasses
 
 import pytest
 import torch
-
 from helpers import inline_engine
-from turnforge.config import load_config
+
+from turnforge.app.config import load_config
+from turnforge.optim import GuardedStep
 from turnforge.rollout.actors import PolicyActor
 from turnforge.rollout.engine import EpisodeRequest
-from turnforge.train.common import GuardedStep
 from turnforge.train.credit import assign_credit
 from turnforge.train.metrics import StreamStats
 from turnforge.train.rl import iteration_record, learn

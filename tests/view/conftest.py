@@ -60,8 +60,8 @@ def view_run(tmp_path_factory, tiny_model_dir) -> Path:
     """A finished tiny run (see ``RUN_OVERRIDES``) from the session's tiny model; read-only for
     the tests."""
     def make(path: Path) -> None:
-        from turnforge.config import load_config
-        from turnforge.train.run import train
+        from turnforge.app.config import load_config
+        from turnforge.app.run import train
 
         train(load_config("sokoban-tiny", [*RUN_OVERRIDES, f"model.path={tiny_model_dir}"]), path, live=False)
 
@@ -138,9 +138,10 @@ def segment_run(tmp_path_factory, tiny_model_dir) -> Path:
     episodic memory recalls from a store of one success (every echo observation shares a word
     with it), so every segment opens with a memory block."""
     def make(path: Path) -> None:
-        from turnforge.config import MemoryConfig, load_config
+        from turnforge.app.config import load_config
+        from turnforge.app.run import train
+        from turnforge.config import MemoryConfig
         from turnforge.rollout.episodic import EpisodicMemory, MemoryEntry
-        from turnforge.train.run import train
 
         store = path.parent / f"{path.name}-memory"
         store.mkdir(exist_ok=True)
@@ -163,8 +164,9 @@ def image_run(tmp_path_factory) -> Path:
     """A tiny gui-click run of the tiny vision-language model: every sample holds one screenshot."""
     def make(path: Path) -> None:
         from helpers import NO_FLYWHEEL, TINY_TEST_SHAPE
-        from turnforge.config import load_config
-        from turnforge.train.run import train
+
+        from turnforge.app.config import load_config
+        from turnforge.app.run import train
 
         train(load_config("gui-click-tiny", [
             *[f"model.tiny.{k}={v}" for k, v in TINY_TEST_SHAPE.items()], *NO_FLYWHEEL,

@@ -9,10 +9,10 @@ import math
 from pathlib import Path
 
 import pytest
-
 from view_helpers import build, duck, goto
+
+from turnforge.app.setup import load_run_config
 from turnforge.train.metrics import read_metrics
-from turnforge.train.setup import load_run_config
 from turnforge.view.data import RunView
 from turnforge.view.records import Table
 from turnforge.view.rundir import eval_series

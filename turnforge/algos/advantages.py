@@ -6,6 +6,7 @@ Group-relative estimators score each episode against the other episodes of its g
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from turnforge.algos.boundary import pass_at_k
@@ -262,3 +263,10 @@ def decoupled_gae(
     advantages, _ = gae(rewards, values, mask, gamma, lam_policy)
     _, returns = gae(rewards, values, mask, gamma, lam_critic)
     return advantages, returns
+
+
+def blend(v_critic: torch.Tensor | np.ndarray, v_mc: torch.Tensor | np.ndarray, w: float) -> torch.Tensor | np.ndarray:
+    """(1 - w) * v_critic + w * v_mc: w = 0 is the learned critic alone, w = 1 the MC values."""
+    if not 0.0 <= w <= 1.0:
+        raise ValueError(f"blend weight w must be in [0, 1]; got {w}")
+    return (1.0 - w) * v_critic + w * v_mc

@@ -34,7 +34,6 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
-import torch
 
 from turnforge.rollout.actors import Actor
 from turnforge.rollout.engine import EpisodeRequest, RolloutEngine
@@ -149,13 +148,6 @@ def estimate(
             values[i] = np.mean(g)
             stderr[i] = np.std(g, ddof=1) / np.sqrt(len(g)) if len(g) > 1 else np.nan
     return MCEstimate(values, stderr, stats.turns, len(errors), len(trajectories), errors[0] if errors else None)
-
-
-def blend(v_critic: torch.Tensor | np.ndarray, v_mc: torch.Tensor | np.ndarray, w: float) -> torch.Tensor | np.ndarray:
-    """(1 - w) * v_critic + w * v_mc: w = 0 is the learned critic alone, w = 1 the MC values."""
-    if not 0.0 <= w <= 1.0:
-        raise ValueError(f"blend weight w must be in [0, 1]; got {w}")
-    return (1.0 - w) * v_critic + w * v_mc
 
 
 def _budgets(max_turns: int | Sequence[int], n: int) -> list[int]:

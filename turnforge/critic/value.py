@@ -13,7 +13,7 @@ Turn-level values: the agent acts once per turn, so the critic scores states, no
 tokens. ``V(s_k)`` is read at the last context token before turn k's action: for a
 per-turn (window) sample that is the end of its prompt; for a whole-episode sample it is
 the token before the k-th run of action tokens. GAE then runs over the turns of an
-episode (``turnforge.train.credit.gae_turn_advantages``). Departure from VAPO, which
+episode (``turnforge.algos.estimators.gae_turn_advantages``). Departure from VAPO, which
 estimates values per generated token: our actions are a few tokens and the reward
 arrives per turn, so per-token values would add positions with nothing to learn.
 """
@@ -32,9 +32,9 @@ from torch import nn
 from turnforge.algos import explained_variance, value_loss
 from turnforge.batching import SCORING_BATCH, batches
 from turnforge.dist import minibatch_share, share_weighted
+from turnforge.optim import GuardedStep
 from turnforge.policy.generate import pad_right
 from turnforge.seeding import stable_hash
-from turnforge.train.common import GuardedStep
 from turnforge.types import Sample, Trajectory
 
 

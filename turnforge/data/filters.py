@@ -27,7 +27,6 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
-from turnforge.data.store import SOURCES
 from turnforge.types import Trajectory
 
 
@@ -173,4 +172,4 @@ def kept_samples(cands: Sequence[Candidate]) -> list:
     return out
 
 
-__all__ = ["Candidate", "FILTERS", "FilterCount", "FilterParams", "SOURCES", "apply_filters", "cut_loops", "kept_samples"]
+__all__ = ["Candidate", "FILTERS", "FilterCount", "FilterParams", "apply_filters", "cut_loops", "kept_samples"]

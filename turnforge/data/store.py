@@ -28,8 +28,8 @@ paid per turn). In DuckDB::
     SELECT avg(reward) FROM (SELECT DISTINCT trajectory_id, reward FROM 'RUN/trajectories/rl_00000.parquet');
         -- mean return of the scored episodes (avg skips the failures' null)
 
-``source`` says where an episode came from (one of ``SOURCES``, which the flywheel's mechanisms
-define: ``turnforge.train.mechanisms``): ``demo`` (expert demonstrations), ``plain`` (the policy
+``source`` says where an episode came from (a name; the training stages write those of
+``turnforge.train.mechanisms.SOURCES``): ``demo`` (expert demonstrations), ``plain`` (the policy
 on a task's real start), ``retry`` (more plain attempts, possibly at another temperature, on a
 task none of the first ones solved), ``guided`` (the policy with env guidance or hints in its
 prompt), ``curriculum`` (started from a snapshot state along an earlier trajectory), ``anchor``
@@ -48,6 +48,7 @@ env (or agent) paid before the judge replaced it; they are null otherwise.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -55,7 +56,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from turnforge.train.mechanisms import SOURCES
 from turnforge.types import Trajectory
 
 SCHEMA = pa.schema(
@@ -127,9 +127,10 @@ def write_trajectories(
 
     ``advantages`` maps a trajectory id to the advantage of each of its turns: the row's
     ``advantage`` is its turn's value (null for a whole-episode sample whose turns differ),
-    ``turn_advantages`` the whole list. ``sources`` is each episode's ``source``: one of
-    ``SOURCES`` for all of them, or a mapping from trajectory id that names every trajectory
-    (default: ``default_source(stage)``); an unknown value or a missing id raises ``ValueError``."""
+    ``turn_advantages`` the whole list. ``sources`` is each episode's ``source``: one name for
+    all of them, or a mapping from trajectory id that names every trajectory (default:
+    ``default_source(stage)``); a value that is not a lower-case name, or a missing id, raises
+    ``ValueError``."""
     source_of = _source_lookup(trajectories, sources, stage)
     rows: dict[str, list] = {name: [] for name in SCHEMA.names}
     for traj in trajectories:
@@ -206,7 +207,7 @@ def read_image(parquet_path: str | Path, key: str) -> bytes:
 
 def _source_lookup(trajectories: Sequence[Trajectory], sources: Mapping[str, str] | str | None,
                    stage: str) -> dict[str, str]:
-    """Each trajectory id's source, checked against ``SOURCES`` before anything is written."""
+    """Each trajectory id's source, checked to be a name before anything is written."""
     if sources is None or isinstance(sources, str):
         value = default_source(stage) if sources is None else sources
         found = {traj.trajectory_id: value for traj in trajectories}
@@ -217,9 +218,8 @@ def _source_lookup(trajectories: Sequence[Trajectory], sources: Mapping[str, str
                              "give one per trajectory id, or one source for all")
         found = {traj.trajectory_id: sources[traj.trajectory_id] for traj in trajectories}
     for tid, value in found.items():
-        if value not in SOURCES:
-            raise ValueError(f"unknown source {value!r} for trajectory {tid!r}; valid sources: "
-                             + ", ".join(repr(v) for v in SOURCES))
+        if not (isinstance(value, str) and re.fullmatch(r"[a-z][a-z0-9_]*", value)):
+            raise ValueError(f"source {value!r} of trajectory {tid!r} is not a name (lower-case letters, digits, _)")
     return found
 
 

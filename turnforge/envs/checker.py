@@ -48,8 +48,7 @@ from typing import Any, Callable, Mapping, NoReturn, Sequence
 from turnforge.envs.base import Env, InvalidAction, capabilities, close_env
 from turnforge.envs.levels import LevelEnv
 from turnforge.errors import UserError
-from turnforge.policy.thinking import MARKERS
-from turnforge.types import EnvSnapshot, StepResult, Task
+from turnforge.types import THINKING_MARKERS, EnvSnapshot, StepResult, Task
 
 #: An action text no env should accept.
 GARBAGE_ACTION = "<<turnforge check_env: this is not an action>>"
@@ -303,7 +302,7 @@ def _expert(env: Env) -> str:
     action = env.expert_action()
     if not isinstance(action, str):
         _fail(f"{_name(env)}.expert_action() returned {type(action).__name__}; return the action text")
-    for _, close in MARKERS:
+    for _, close in THINKING_MARKERS:
         action = action.rpartition(close)[2].lstrip("\n") if close in action else action
     return action
 

@@ -417,12 +417,17 @@ def check_urls(srv) -> None:
                             f"{err}); start `turnforge serve MODEL --port P` there, or fix the address") from None
 
 
+#: How replicas start: ``(spec, count, timeout_s) -> replicas`` (``start_replicas``: processes; Ray actors:
+#: ``turnforge.gateway.ray_replicas``, whose actor holds a gateway).
+Launcher = Callable[[ReplicaSpec, int, float], list[Replica]]
+
+
 def open_sampler(srv, policy, *, model_dir: Path, run_dir: Path, context: int, max_new_tokens: int, dtype: str,
-                 device: str, prefix_cache: bool, seed: int, ray_address: str | None = None,
+                 device: str, prefix_cache: bool, seed: int, launch: Launcher = start_replicas,
                  log: Callable[[str], None] | None = None) -> ServerSampler:
     """The run's ``ServerSampler`` (``srv``: ``rollout.server``): its replicas started from
-    ``model_dir`` (processes with their logs in ``RUN/logs/``, or Ray actors on the cluster at
-    ``ray_address``: ``srv.launch``) plus those of ``srv.urls``, every one checked to serve
+    ``model_dir`` by ``launch`` (processes with their logs in ``RUN/logs/``, or Ray actors on a
+    cluster) plus those of ``srv.urls``, every one checked to serve
     the policy's model; pushes under ``srv.weights_dir`` (default ``RUN/weights``). On several
     trainer ranks every rank calls it alike, and rank 0 starts the replicas; then ``publish``
     (every rank) before the first sample."""
@@ -434,12 +439,7 @@ def open_sampler(srv, policy, *, model_dir: Path, run_dir: Path, context: int, m
     if world().main and srv.replicas:  # on several trainer ranks rank 0 starts them, the others learn where
         spec = ReplicaSpec(model_dir, context, max_new_tokens, dtype, device, threads, prefix_cache, seed, run_dir / "logs")
         try:
-            if srv.launch == "ray":
-                from turnforge.inference.ray_replicas import start_ray_replicas
-
-                started = start_ray_replicas(spec, srv.replicas, srv.timeout_s, ray_address, srv.ray_resources)
-            else:
-                started = start_replicas(spec, srv.replicas, srv.timeout_s)
+            started = launch(spec, srv.replicas, srv.timeout_s)
         except RunStopped as err:
             failed = str(err)
     failed, urls = broadcast((failed, [r.url for r in started]))

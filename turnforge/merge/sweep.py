@@ -47,7 +47,7 @@ def eval_targets(parents: Sequence[Path], labels: Sequence[str], *, required: bo
     """One target per run directory the parents sit in (parents of one run share it; a
     ``--toward init`` base is not a parent here), in the order of their first parent. A parent
     outside a run directory: ``UserError`` when ``required``, else it has no target."""
-    from turnforge.config import load_config
+    from turnforge.app.config import load_config
 
     runs: dict[Path, list[int]] = {}
     for i, (p, label) in enumerate(zip(parents, labels)):
@@ -70,7 +70,7 @@ def grid(points: int) -> list[float]:
 
 def evaluate_on(model: Path, target: EvalTarget, episodes: int) -> EvalResult:
     """``turnforge eval`` of ``model`` with the target's run config and ``episodes`` episodes."""
-    from turnforge.config import load_config
+    from turnforge.app.config import load_config
     from turnforge.rollout.engine import make_engine
     from turnforge.train.evaluate import evaluate, load_for_eval, prefill_cache
 

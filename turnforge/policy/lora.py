@@ -79,9 +79,9 @@ def check_lora_targets(model: torch.nn.Module, target_modules: list[str]) -> Non
 def thinking_rows(policy: Policy) -> list[int]:
     """Token ids of the thinking markers ``model.thinking`` added: the embedding rows that train
     beside the adapters (a LoRA adapter alone would leave them at their initial values)."""
-    from turnforge.policy.tiny import THINK_TOKENS
+    from turnforge.types import THINKING_MARKERS
 
-    return [int(i) for i in policy.tokenizer.convert_tokens_to_ids(list(THINK_TOKENS))]
+    return [int(i) for i in policy.tokenizer.convert_tokens_to_ids(list(THINKING_MARKERS[0]))]
 
 
 def add_lora(policy: Policy, cfg, seed: int, stage: str, adapter_dir: Path | None = None,

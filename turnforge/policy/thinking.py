@@ -29,11 +29,11 @@ from functools import lru_cache
 from typing import TYPE_CHECKING
 
 from turnforge.errors import UserError
+from turnforge.types import THINKING_MARKERS
 
 if TYPE_CHECKING:
     from turnforge.policy.model import ChatFormat
 
-MARKERS = (("<think>", "</think>"),)  # (open, close) pairs reasoning templates use
 SEPARATOR = "\n\n"  # what reasoning templates put between the close marker and the answer
 
 
@@ -84,7 +84,7 @@ def detect(chat: ChatFormat) -> Thinking | None:
     dropping its thinking."""
     source = chat.tokenizer.chat_template
     source = source if isinstance(source, str) else str(source)
-    pair = next(((o, c) for o, c in MARKERS if c in source), None)
+    pair = next(((o, c) for o, c in THINKING_MARKERS if c in source), None)
     if pair is None:
         return None
     open_, close = pair

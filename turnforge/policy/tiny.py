@@ -20,11 +20,11 @@ from pathlib import Path
 from typing import Callable
 
 import torch
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
-from tokenizers import AddedToken
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from turnforge.config import CORPUS_ENVS, TinyModelConfig
 from turnforge.errors import UserError
+from turnforge.types import THINKING_MARKERS
 
 PAD_TOKEN = "<|endoftext|>"
 IM_START = "<|im_start|>"
@@ -52,13 +52,11 @@ CHAT_TEMPLATE = (
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
 
-THINK_TOKENS = ("<think>", "</think>")
-
 # ChatML with Qwen3's treatment of thinking, for tests and benchmarks of reasoning templates
 # (``turnforge.policy.thinking``): an assistant message after the last user message is written
 # with its thinking block (the final one with an empty block when it has none); those before
 # the last user message keep only what follows their last </think>, leading newlines stripped
-# (so thinking is kept before tool results, as Qwen3 does). Needs THINK_TOKENS in the tokenizer.
+# (so thinking is kept before tool results, as Qwen3 does). Needs THINKING_MARKERS[0] in the tokenizer.
 THINKING_CHAT_TEMPLATE = (
     "{%- set ns = namespace(last=-1) %}"
     "{%- for m in messages %}{%- if m['role'] == 'user' %}{%- set ns.last = loop.index0 %}{%- endif %}{%- endfor %}"
@@ -82,7 +80,7 @@ def add_thinking(tok, template: str = THINKING_CHAT_TEMPLATE):
     """``tok`` (changed in place and returned) with ``<think>``/``</think>`` as single tokens and
     ``template`` as its chat template: what makes a tokenizer a reasoning model's
     (``make_thinking``, ``model.thinking``)."""
-    tok.add_tokens([AddedToken(t, normalized=False, special=False) for t in THINK_TOKENS])
+    tok.add_tokens([AddedToken(t, normalized=False, special=False) for t in THINKING_MARKERS[0]])
     tok.chat_template = template
     return tok
 
@@ -292,7 +290,12 @@ def _tiny_vlm(cfg: TinyModelConfig, tokenizer, special: dict[str, int],
     """A randomly initialised Idefics3 (SmolVLM-class) model around the tiny text model, and its
     processor (image splitting off: every image is one fixed-length block; pixels normalised by
     ``mean_std``, see ``image_stats``)."""
-    from transformers import Idefics3Config, Idefics3ForConditionalGeneration, Idefics3ImageProcessorPil, Idefics3Processor
+    from transformers import (
+        Idefics3Config,
+        Idefics3ForConditionalGeneration,
+        Idefics3ImageProcessorPil,
+        Idefics3Processor,
+    )
 
     from turnforge.policy.vision import IMAGE_TOKEN, IMAGE_TOKENS
 

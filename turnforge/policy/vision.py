@@ -32,7 +32,6 @@ from typing import Sequence
 import torch
 
 from turnforge.errors import UserError
-from turnforge.train.estimators import ESTIMATORS
 
 SUPPORTED = ("idefics3", "smolvlm")  # model types whose text model takes 1-D positions and <image> blocks
 IMAGE_TOKEN = "<image>"
@@ -190,10 +189,12 @@ def model_has_vision(model_cfg) -> bool:
     return config.exists() and "vision_config" in json.loads(config.read_text())
 
 
-def check_vision_options(cfg, env) -> None:
+def check_vision_options(cfg, env, variants: dict[str, bool] | None = None) -> None:
     """One ``UserError`` line, before any work, for an env that shows images to a text-only model
     and for options a vision policy does not take (id-keyed caches and samplers that cannot see
-    the pixels, summaries, and the losses that re-score without them)."""
+    the pixels, and the losses that re-score without them). ``variants``: the variant choices
+    without images (``rollout.context=summarize``, ``rl.advantage=mc_grpo``...: each variant's
+    registry declares it; ``turnforge.app.rules`` asks them), each with whether the run makes it."""
     from turnforge.envs.base import capabilities
 
     vision = model_has_vision(cfg.model)
@@ -206,12 +207,10 @@ def check_vision_options(cfg, env) -> None:
         "rollout.prefix_cache=true": cfg.rollout.prefix_cache,
         "rollout.backend=vllm": cfg.rollout.backend == "vllm",
         "rollout.backend=server": cfg.rollout.backend == "server",
-        "rollout.context=summarize": cfg.rollout.context == "summarize",
-        "rollout.context=fold": cfg.rollout.context == "fold",
         "rl.kl_mode=reward": cfg.rl.kl_mode == "reward" and cfg.rl.kl_coef > 0,
         "rl.rehearsal_coef>0": cfg.rl.rehearsal_coef > 0,
-        **{f"rl.advantage={name}": cfg.rl.advantage == name for name, e in ESTIMATORS.items() if not e.with_images},
         "critic.enabled=true": cfg.critic.enabled,
+        **(variants or {}),
     }
     bad = [k for k, on in refused.items() if on]
     if bad:

@@ -1,6 +1,6 @@
 """Token bookkeeping of one episode under a context policy and explicit budgets.
 
-Three context policies:
+Four context policies (``rollout.context``), one class each in ``CONTEXTS`` (``ContextPolicy``):
 
 - ``full_history``: one growing sequence per episode (system, obs 1, action 1, obs 2,
   ...); the whole episode is one training sample.
@@ -63,7 +63,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -72,7 +72,6 @@ from turnforge.errors import UserError
 from turnforge.policy.model import ChatFormat
 from turnforge.rollout.history import HISTORIES
 from turnforge.types import Sample
-
 
 #: What ``rollout.context=fold`` adds to the system prompt.
 FOLD_INSTRUCTIONS = (
@@ -216,6 +215,12 @@ class EpisodeContext:
     branches: int = 0  # branches opened so far
     _branch_samples: list[Sample] = field(default_factory=list)
     _split_runs: bool = False  # an action of several runs (a forced thinking close): samples record run_turns
+    policy: ContextPolicy = field(init=False)  # rollout.context's (CONTEXTS)
+    history: Any = field(init=False)  # rollout.history's (turnforge.rollout.history.HISTORIES)
+
+    def __post_init__(self) -> None:
+        self.policy = CONTEXTS[self.cfg.context]
+        self.history = HISTORIES[self.cfg.history]
 
     @property
     def in_branch(self) -> bool:
@@ -233,20 +238,10 @@ class EpisodeContext:
         if images:
             if self.vision is None:
                 raise ValueError("an observation with images needs a vision policy")
-            if self.cfg.context == "summarize":
-                raise ValueError("rollout.context=summarize does not take observations with images")
+            if not self.policy.takes_images:
+                raise ValueError(f"rollout.context={self.policy.name} does not take observations with images")
             blocks = tuple(i for png in images for i in self.vision.block(png))  # type: ignore[attr-defined]
-        if self.cfg.context == "full_history":
-            return self._observe_full(content, blocks, images)[0]
-        if self.cfg.context == "fold":
-            first = not self._ids and not self.in_branch
-            cut, self._last_obs = self._observe_full(content)
-            if first:
-                self._first_obs = self._last_obs
-            return cut
-        if self.cfg.context == "summarize":
-            return self._observe_summarize(content)
-        return self._observe_window(content, blocks, images)
+        return self.policy.observe(self, content, blocks, images)
 
     def _fit(self, content: tuple[int, ...], fixed: int) -> tuple[tuple[int, ...], int]:
         room = self.cfg.max_context_tokens - self.cfg.max_new_tokens - fixed
@@ -257,7 +252,7 @@ class EpisodeContext:
             raise ContextOverflow
         return content[:keep] + self.marker_ids, len(content) - keep
 
-    def _observe_full(self, content: tuple[int, ...], blocks: tuple[int, ...] = (), images: tuple[bytes, ...] = ()
+    def append_observation(self, content: tuple[int, ...], blocks: tuple[int, ...] = (), images: tuple[bytes, ...] = ()
                       ) -> tuple[int, tuple[int, ...]]:
         """Append an observation message (its image blocks, then its text); (tokens cut, the text as written)."""
         memory: tuple[int, ...] = ()
@@ -277,56 +272,11 @@ class EpisodeContext:
         self._logprobs.extend([float("nan")] * len(ids))
         self._versions.extend([-1] * len(ids))
 
-    def _observe_summarize(self, content: tuple[int, ...]) -> int:
-        if not self._ids:
-            cut, self._first_obs = self._observe_full(content)
-            return cut
-        head, tail = self.chat.turn(self.spec.observation_role)
-        grown = len(self._ids) + len(head) + len(content) + len(tail) + self.cfg.max_new_tokens
-        if grown <= self.cfg.summary_at or self._actions == self._segment_first_turn:
-            return self._observe_full(content)[0]  # fits, or a fresh segment: no summary of nothing
-        if self.summaries >= self.cfg.max_summaries:
-            raise SummaryLimit
-        ask = summary_request(self.chat, self.cfg)
-        if len(self._ids) + len(ask) + self.cfg.summary_max_tokens > self.cfg.max_context_tokens:
-            raise ContextOverflow
-        self._context(ask)
-        self._held, self.summary_due = content, True
-        return 0
-
     def summarize(self, ids: tuple[int, ...], logprobs: tuple[float, ...] | None, version: int) -> int:
-        """Record the summary (ids exactly as generated; ``logprobs`` None for a written one),
-        close the segment as a sample and start the next from the system prompt, the first
-        observation, the summary and the held-back observation. Returns the tokens cut from
-        that observation; raises ``ContextOverflow`` when the new segment cannot fit."""
-        if not self.summary_due:
+        """``summarize``: record the summary the prompt asked for (``Summarize.summarize``)."""
+        if not isinstance(self.policy, Summarize) or not self.summary_due:
             raise RuntimeError("summarize() without a summary due")
-        if logprobs is not None and len(logprobs) != len(ids):
-            raise ValueError(f"{len(ids)} summary ids but {len(logprobs)} logprobs")
-        train = self.cfg.summary_loss == "train"
-        sampled = logprobs is not None and train
-        self._ids.extend(ids)
-        self._mask.extend([int(train)] * len(ids))
-        self._logprobs.extend(list(logprobs) if sampled else [float("nan")] * len(ids))  # type: ignore[arg-type]
-        self._versions.extend([version if sampled else -1] * len(ids))
-        self.samples.append(self._segment(summary_tokens=len(ids)))
-        self.summaries += 1
-        self.summary_due = False
-        body = list(ids)
-        special = set(self.chat.tokenizer.all_special_ids)
-        while body and body[-1] in special:  # a sampled stop token ends the summary, not the message
-            body.pop()
-        self._ids, self._mask, self._logprobs, self._versions = [], [], [], []
-        self._segment_first_turn = self._actions
-        first = self._first_obs + self.chat.encode("\n\n") if self.cfg.summary_keep_first else ()
-        content = (self.memory + first + self.chat.encode("Your summary so far:\n") + tuple(body)
-                   + self.chat.encode("\n\nNow:\n") + self._held)
-        head, tail = self.chat.start(self.spec.system, self.spec.tools, self.spec.examples, self.spec.observation_role)
-        fixed = len(head) + len(tail) + len(content) - len(self._held)
-        held, cut = self._fit(self._held, fixed)
-        self._context(head + content[: len(content) - len(self._held)] + held + tail)
-        self._held = ()
-        return cut
+        return self.policy.summarize(self, ids, logprobs, version)
 
     def _segment(self, summary_tokens: int = 0) -> Sample:
         k = len(self.samples)
@@ -355,48 +305,14 @@ class EpisodeContext:
         head, _ = self.chat.start(self.spec.system, self.spec.tools, self.spec.examples, self.spec.observation_role)
         return {"memory_start": len(head), "memory_tokens": len(self.memory)}
 
-    def _window_prompt(self, turns, content: tuple[int, ...]) -> tuple[int, ...]:
-        """The window's first observation goes in the first user message (a tool result as
-        first message would be an orphan), later ones in messages of the observation role."""
-        head, tail = self.chat.start(self.spec.system, self.spec.tools, self.spec.examples, self.spec.observation_role)
-        later_head, later_tail = self.chat.turn(self.spec.observation_role)
-        out: list[int] = list(head) + list(self.memory)
-        for i, (obs, act, _) in enumerate(turns):
-            if i > 0:
-                out.extend(later_head)
-            out.extend(obs)
-            out.extend(tail if i == 0 else later_tail)
-            del out[len(out) - act.retract:]
-            out.extend(act.shown)
-        out.extend(later_head if turns else ())
-        out.extend(content)
-        out.extend(tail if not turns else later_tail)
-        return tuple(out)
-
-    def _observe_window(self, content: tuple[int, ...], blocks: tuple[int, ...] = (), images: tuple[bytes, ...] = ()) -> int:
-        k = self.cfg.history_window
-        turns = self._turns[-k:] if k > 0 else []
-        while True:
-            fixed = len(self._window_prompt(turns, blocks))
-            room = self.cfg.max_context_tokens - self.cfg.max_new_tokens - fixed
-            if len(content) <= room or not turns:
-                break
-            turns = turns[1:]
-            self.history_dropped += 1
-        content, cut = self._fit(content, fixed)
-        self._obs_ids, self._obs_images = blocks + content, images
-        self._prompt = self._window_prompt(turns, self._obs_ids)
-        self._prompt_images = tuple(png for t in turns for png in t[2]) + images
-        return cut
-
     # ------------------------------------------------------------ prompts and actions
     def prompt(self) -> tuple[int, ...]:
         """Ids the policy conditions on for the next action."""
-        return self._prompt if self.cfg.context == "window" else tuple(self._ids)
+        return self._prompt if self.policy.one_sample_per_turn else tuple(self._ids)
 
     def prompt_images(self) -> tuple[bytes, ...]:
         """The images whose blocks ``prompt()`` holds, in order."""
-        return self._prompt_images if self.cfg.context == "window" else tuple(self._images)
+        return self._prompt_images if self.policy.one_sample_per_turn else tuple(self._images)
 
     def act(self, ids: tuple[int, ...], logprobs: tuple[float, ...] | None, version: int, meta: bool = False,
             forced: tuple[int, int] = (0, 0)) -> None:
@@ -416,7 +332,7 @@ class EpisodeContext:
         self._split_runs = self._split_runs or runs > 1
         if not meta:
             self._actions += 1
-        history = HISTORIES[self.cfg.history]
+        history = self.history
         shown = history.shown(ids, self.chat, self.spec.observation_role)
         # The closing text minus what the ids already hold (e.g. a sampled <|im_end|>): decode
         # with special tokens kept so a sampled stop token is seen.
@@ -429,14 +345,14 @@ class EpisodeContext:
         lp = np.asarray(logprobs if logprobs is not None else [float("nan")] * len(ids), dtype=np.float32)
         lp[mask == 0] = float("nan")
         ver = np.where(mask == 1, version if logprobs is not None else -1, -1).astype(np.int32)
-        if self.cfg.context != "window" and not history.per_turn:
+        if not self.policy.one_sample_per_turn and not history.per_turn:
             self._ids.extend(ids)
             self._mask.extend(mask.tolist())
             self._logprobs.extend(lp.tolist())
             self._versions.extend(ver.tolist())
             self._context(action.close)
             return
-        prompt = self._prompt if self.cfg.context == "window" else tuple(self._ids)
+        prompt = self.prompt()
         n = len(prompt)
         self.samples.append(
             Sample(
@@ -446,11 +362,11 @@ class EpisodeContext:
                 versions=np.concatenate([np.full(n, -1, np.int32), ver]),
                 trajectory_id=self.trajectory_id,
                 turn_index=self._actions - 1,
-                images=self._prompt_images if self.cfg.context == "window" else tuple(self._images),
+                images=self.prompt_images(),
                 **self._memory_span(),
             )
         )
-        if self.cfg.context == "window":
+        if self.policy.one_sample_per_turn:
             self._turns.append((self._obs_ids, action, self._obs_images))
         else:  # as_rendered on a growing context: the next prompt shows the action as the template renders it
             for part in (self._ids, self._mask, self._logprobs, self._versions):
@@ -459,63 +375,287 @@ class EpisodeContext:
 
     # ------------------------------------------------------------ fold
     def branch(self, goal: str) -> int:
-        """fold: after ``act(..., meta=True)`` recorded a ``branch(goal)`` call in the main context,
-        open the branch's context: the system prompt, the first observation, the goal and the latest
-        observation. Returns the tokens cut from that observation; ``ContextOverflow`` when it cannot fit."""
-        if self.cfg.context != "fold" or self.in_branch:
+        """``fold``: open a branch after ``act(..., meta=True)`` recorded a ``branch(goal)`` call (``Fold.branch``)."""
+        if not isinstance(self.policy, Fold) or self.in_branch:
             raise RuntimeError("branch() needs rollout.context=fold and no open branch")
-        self._main = (self._ids, self._mask, self._logprobs, self._versions, self._runs)
-        self._ids, self._mask, self._logprobs, self._versions, self._runs = [], [], [], [], []
-        self.branches += 1
-        self._branch_first_turn = self._actions
-        head, tail = self.chat.start(self.spec.system, self.spec.tools, self.spec.examples, self.spec.observation_role)
-        lead = self.memory + self._first_obs + self.chat.encode(f"\n\nSub-task: {goal}\n\nNow:\n")
-        last, cut = self._fit(self._last_obs, len(head) + len(lead) + len(tail))
-        self._context(head + lead + last + tail)
-        return cut
+        return self.policy.branch(self, goal)
 
     def fold_return(self, message: str) -> int:
-        """fold: after ``act(..., meta=True)`` recorded a ``return(message)`` call in the branch, close
-        the branch as a sample and go on in the main context with the message and the latest
-        observation. Returns the tokens cut from that observation; ``ContextOverflow`` when it cannot fit."""
-        if not self.in_branch:
+        """``fold``: close the open branch after ``act(..., meta=True)`` recorded a ``return(message)`` call."""
+        if not isinstance(self.policy, Fold) or not self.in_branch:
             raise RuntimeError("fold_return() without an open branch")
-        self._close_branch()
-        head, tail = self.chat.turn(self.spec.observation_role)
-        lead = self.chat.encode(f"Sub-task returned: {message}\n\nNow:\n")
-        last, cut = self._fit(self._last_obs, len(self._ids) + len(head) + len(lead) + len(tail))
-        self._context(head + lead + last + tail)
-        return cut
-
-    def _close_branch(self) -> None:
-        """The branch's context as a sample (segment 1, 2, ... with parent 0); the main context's buffers back."""
-        assert self._main is not None
-        if any(self._mask):
-            self._branch_samples.append(self._fold_sample(len(self._branch_samples) + 1, 0, self._branch_first_turn))
-        self._ids, self._mask, self._logprobs, self._versions, self._runs = self._main
-        self._main = None
-
-    def _fold_sample(self, index: int, parent: int, first_turn: int) -> Sample:
-        return self._buffer_sample(segment_index=index, parent_segment=parent, first_turn=first_turn,
-                                   run_turns=tuple(self._runs))
+        return self.policy.fold_return(self, message)
 
     def finish(self) -> list[Sample]:
         """All samples of the episode (call once, after the last action)."""
-        if self.cfg.context == "fold":
-            if self.in_branch:  # the episode ended inside a branch
-                self._close_branch()
-            if any(self._mask):
-                self.samples = [self._fold_sample(0, -1, 0), *self._branch_samples]
-            return self.samples
-        if self.cfg.context == "summarize":
-            if self._actions > self._segment_first_turn:  # the last segment, when it holds an action
-                self.samples.append(self._segment())
-                self._segment_first_turn = self._actions
-            return self.samples
-        if self.cfg.context == "full_history" and not HISTORIES[self.cfg.history].per_turn and any(self._mask):
-            self.samples = [self._buffer_sample(images=tuple(self._images),
-                                                run_turns=tuple(self._runs) if self._split_runs else ())]
-        return self.samples
+        return self.policy.finish(self)
+
+
+# ---------------------------------------------------------------- context policies
+class ContextPolicy:
+    """One ``rollout.context`` policy: how an episode's observations and actions become prompts and
+    samples. ``EpisodeContext`` holds the buffers and asks its policy; the engine, the config rules
+    and the viewer ask the policy's declarations instead of comparing names:
+
+    - ``sample``: what one training sample holds (a turn, the episode, a segment, a context);
+    - ``one_sample_per_turn``: each turn is its own prompt and sample (no growing context);
+    - ``renders_history``: ``rollout.history=as_rendered`` and ``rollout.thinking_budget`` apply;
+    - ``takes_images``: observations may carry images (vision policies);
+    - ``values_per_turn``: samples are single turns or whole episodes, so a learned critic reads them;
+    - ``system_note``: text the system prompt gets (explaining meta-actions), or None;
+    - ``writes_summaries``: the policy writes summaries (``summarize``, ``EpisodeContext.summarize``);
+    - ``meta_actions``: the policy's ``branch``/``return`` calls switch contexts (``fold``);
+    - ``conflict(cfg)``: its own cross-key rules; ``env_conflict(cfg, env)``: what it needs of the
+      env (checked at start); one line each, or None;
+    - ``observe(ctx, content, blocks, images)`` and ``finish(ctx)``: its part of the bookkeeping.
+
+    Adding one is one class here, registered in ``CONTEXTS``, plus its test (docs/guide.md).
+    """
+
+    name: ClassVar[str]
+    help: ClassVar[str]
+    sample: ClassVar[str]
+    one_sample_per_turn: ClassVar[bool] = False
+    renders_history: ClassVar[bool] = False
+    takes_images: ClassVar[bool] = True
+    values_per_turn: ClassVar[bool] = True
+    system_note: ClassVar[str | None] = None
+    writes_summaries: ClassVar[bool] = False
+    meta_actions: ClassVar[bool] = False
+
+    def conflict(self, cfg: Any) -> str | None:
+        return None
+
+    def env_conflict(self, cfg: Any, env: Any) -> str | None:
+        return None
+
+    def observe(self, ctx: EpisodeContext, content: tuple[int, ...], blocks: tuple[int, ...] = (),
+                images: tuple[bytes, ...] = ()) -> int:
+        """Write the observation (``content``: its text ids; ``blocks``: its images' ids); the text tokens cut."""
+        return ctx.append_observation(content, blocks, images)[0]
+
+    def finish(self, ctx: EpisodeContext) -> list[Sample]:
+        """The episode's samples."""
+        if not ctx.history.per_turn and any(ctx._mask):
+            ctx.samples = [ctx._buffer_sample(images=tuple(ctx._images), run_turns=tuple(ctx._runs) if ctx._split_runs else ())]
+        return ctx.samples
+
+
+class FullHistory(ContextPolicy):
+    """One growing sequence per episode (system, obs 1, action 1, obs 2, ...); the whole episode is
+    one sample (one per turn under ``rollout.history=as_rendered``)."""
+
+    name, help, sample = "full_history", "one sample per episode", "episode"
+    renders_history = True
+
+
+class Window(ContextPolicy):
+    """Each turn's prompt is the system prompt, the last ``rollout.history_window`` turns and the
+    current observation; each turn is one sample. Older turns are dropped first to fit the budget."""
+
+    name, help, sample = "window", "one sample per turn, prompt = last turns", "turn"
+    one_sample_per_turn = True
+    renders_history = True
+
+    def env_conflict(self, cfg, env):
+        if env.observation_role != "user" and cfg.rollout.history_window == 0:
+            return (f"env {env.env_id!r} answers with {env.observation_role} messages, so with rollout.context=window and "
+                    "rollout.history_window=0 the policy would never see the task again; use rollout.context=full_history "
+                    "or rollout.history_window >= 1")
+        return None
+
+    def prompt_ids(self, ctx: EpisodeContext, turns, content: tuple[int, ...]) -> tuple[int, ...]:
+        """The window's first observation goes in the first user message (a tool result as
+        first message would be an orphan), later ones in messages of the observation role."""
+        head, tail = ctx.chat.start(ctx.spec.system, ctx.spec.tools, ctx.spec.examples, ctx.spec.observation_role)
+        later_head, later_tail = ctx.chat.turn(ctx.spec.observation_role)
+        out: list[int] = list(head) + list(ctx.memory)
+        for i, (obs, act, _) in enumerate(turns):
+            if i > 0:
+                out.extend(later_head)
+            out.extend(obs)
+            out.extend(tail if i == 0 else later_tail)
+            del out[len(out) - act.retract:]
+            out.extend(act.shown)
+        out.extend(later_head if turns else ())
+        out.extend(content)
+        out.extend(tail if not turns else later_tail)
+        return tuple(out)
+
+    def observe(self, ctx: EpisodeContext, content, blocks=(), images=()) -> int:
+        k = ctx.cfg.history_window
+        turns = ctx._turns[-k:] if k > 0 else []
+        while True:
+            fixed = len(self.prompt_ids(ctx, turns, blocks))
+            room = ctx.cfg.max_context_tokens - ctx.cfg.max_new_tokens - fixed
+            if len(content) <= room or not turns:
+                break
+            turns = turns[1:]
+            ctx.history_dropped += 1
+        content, cut = ctx._fit(content, fixed)
+        ctx._obs_ids, ctx._obs_images = blocks + content, images
+        ctx._prompt = self.prompt_ids(ctx, turns, ctx._obs_ids)
+        ctx._prompt_images = tuple(png for t in turns for png in t[2]) + images
+        return cut
+
+    def finish(self, ctx: EpisodeContext) -> list[Sample]:
+        return ctx.samples
+
+
+class Summarize(ContextPolicy):
+    """SUPO / ReSum: a growing context that, past ``rollout.summary_threshold`` tokens, the policy
+    summarizes; it restarts from the task, the summary and the latest observation. One sample per
+    segment (see the module docstring)."""
+
+    name, sample = "summarize", "segment"
+    help = ("a growing context that, past rollout.summary_threshold tokens, the policy summarizes and that restarts "
+            "from the task, its summary and the latest observation: one sample per segment")
+    takes_images = False
+    values_per_turn = False
+    writes_summaries = True
+
+    def conflict(self, cfg):
+        r = cfg.rollout
+        if r.summary_at + r.summary_max_tokens > r.max_context_tokens:
+            return (f"rollout.summary_threshold={r.summary_at} plus rollout.summary_max_tokens={r.summary_max_tokens} is "
+                    f"above rollout.max_context_tokens={r.max_context_tokens}: a summary would not fit; set "
+                    f"rollout.summary_threshold to at most {r.max_context_tokens - r.summary_max_tokens} (less the summary "
+                    "request's tokens)")
+        return None
+
+    def observe(self, ctx: EpisodeContext, content, blocks=(), images=()) -> int:
+        if not ctx._ids:
+            cut, ctx._first_obs = ctx.append_observation(content)
+            return cut
+        head, tail = ctx.chat.turn(ctx.spec.observation_role)
+        grown = len(ctx._ids) + len(head) + len(content) + len(tail) + ctx.cfg.max_new_tokens
+        if grown <= ctx.cfg.summary_at or ctx._actions == ctx._segment_first_turn:
+            return ctx.append_observation(content)[0]  # fits, or a fresh segment: no summary of nothing
+        if ctx.summaries >= ctx.cfg.max_summaries:
+            raise SummaryLimit
+        ask = summary_request(ctx.chat, ctx.cfg)
+        if len(ctx._ids) + len(ask) + ctx.cfg.summary_max_tokens > ctx.cfg.max_context_tokens:
+            raise ContextOverflow
+        ctx._context(ask)
+        ctx._held, ctx.summary_due = content, True
+        return 0
+
+    def summarize(self, ctx: EpisodeContext, ids: tuple[int, ...], logprobs: tuple[float, ...] | None, version: int) -> int:
+        """Record the summary (ids exactly as generated; ``logprobs`` None for a written one),
+        close the segment as a sample and start the next from the system prompt, the first
+        observation, the summary and the held-back observation. Returns the tokens cut from
+        that observation; raises ``ContextOverflow`` when the new segment cannot fit."""
+        if logprobs is not None and len(logprobs) != len(ids):
+            raise ValueError(f"{len(ids)} summary ids but {len(logprobs)} logprobs")
+        train = ctx.cfg.summary_loss == "train"
+        sampled = logprobs is not None and train
+        ctx._ids.extend(ids)
+        ctx._mask.extend([int(train)] * len(ids))
+        ctx._logprobs.extend(list(logprobs) if sampled else [float("nan")] * len(ids))  # type: ignore[arg-type]
+        ctx._versions.extend([version if sampled else -1] * len(ids))
+        ctx.samples.append(ctx._segment(summary_tokens=len(ids)))
+        ctx.summaries += 1
+        ctx.summary_due = False
+        body = list(ids)
+        special = set(ctx.chat.tokenizer.all_special_ids)
+        while body and body[-1] in special:  # a sampled stop token ends the summary, not the message
+            body.pop()
+        ctx._ids, ctx._mask, ctx._logprobs, ctx._versions = [], [], [], []
+        ctx._segment_first_turn = ctx._actions
+        first = ctx._first_obs + ctx.chat.encode("\n\n") if ctx.cfg.summary_keep_first else ()
+        content = (ctx.memory + first + ctx.chat.encode("Your summary so far:\n") + tuple(body)
+                   + ctx.chat.encode("\n\nNow:\n") + ctx._held)
+        head, tail = ctx.chat.start(ctx.spec.system, ctx.spec.tools, ctx.spec.examples, ctx.spec.observation_role)
+        fixed = len(head) + len(tail) + len(content) - len(ctx._held)
+        held, cut = ctx._fit(ctx._held, fixed)
+        ctx._context(head + content[: len(content) - len(ctx._held)] + held + tail)
+        ctx._held = ()
+        return cut
+
+    def finish(self, ctx: EpisodeContext) -> list[Sample]:
+        if ctx._actions > ctx._segment_first_turn:  # the last segment, when it holds an action
+            ctx.samples.append(ctx._segment())
+            ctx._segment_first_turn = ctx._actions
+        return ctx.samples
+
+
+class Fold(ContextPolicy):
+    """Context-Folding (FoldGRPO): a growing main context in which the policy opens sub-contexts with
+    ``branch(goal)`` and folds them with ``return(message)``; one sample per context."""
+
+    name, sample = "fold", "context"
+    help = ("a growing context in which the policy opens sub-contexts with branch(goal) and folds them with "
+            "return(message): one sample per context")
+    values_per_turn = False
+    system_note = FOLD_INSTRUCTIONS
+    meta_actions = True
+
+    def conflict(self, cfg):
+        if not cfg.rollout.include_instructions:
+            return ("rollout.context=fold explains branch(goal) and return(message) in the system prompt; set "
+                    "rollout.include_instructions=true")
+        return None
+
+    def env_conflict(self, cfg, env):
+        if env.tools:
+            return (f"env {env.env_id!r} takes tool calls, so branch(goal) and return(message) cannot be told from its "
+                    "actions; rollout.context=fold needs an env with text actions (use rollout.context=summarize)")
+        return None
+
+    def observe(self, ctx, content, blocks=(), images=()):
+        first = not ctx._ids and not ctx.in_branch
+        cut, ctx._last_obs = ctx.append_observation(content)
+        if first:
+            ctx._first_obs = ctx._last_obs
+        return cut
+
+    def branch(self, ctx: EpisodeContext, goal: str) -> int:
+        """After ``act(..., meta=True)`` recorded a ``branch(goal)`` call in the main context,
+        open the branch's context: the system prompt, the first observation, the goal and the latest
+        observation. Returns the tokens cut from that observation; ``ContextOverflow`` when it cannot fit."""
+        ctx._main = (ctx._ids, ctx._mask, ctx._logprobs, ctx._versions, ctx._runs)
+        ctx._ids, ctx._mask, ctx._logprobs, ctx._versions, ctx._runs = [], [], [], [], []
+        ctx.branches += 1
+        ctx._branch_first_turn = ctx._actions
+        head, tail = ctx.chat.start(ctx.spec.system, ctx.spec.tools, ctx.spec.examples, ctx.spec.observation_role)
+        lead = ctx.memory + ctx._first_obs + ctx.chat.encode(f"\n\nSub-task: {goal}\n\nNow:\n")
+        last, cut = ctx._fit(ctx._last_obs, len(head) + len(lead) + len(tail))
+        ctx._context(head + lead + last + tail)
+        return cut
+
+    def fold_return(self, ctx: EpisodeContext, message: str) -> int:
+        """After ``act(..., meta=True)`` recorded a ``return(message)`` call in the branch, close
+        the branch as a sample and go on in the main context with the message and the latest
+        observation. Returns the tokens cut from that observation; ``ContextOverflow`` when it cannot fit."""
+        self._close_branch(ctx)
+        head, tail = ctx.chat.turn(ctx.spec.observation_role)
+        lead = ctx.chat.encode(f"Sub-task returned: {message}\n\nNow:\n")
+        last, cut = ctx._fit(ctx._last_obs, len(ctx._ids) + len(head) + len(lead) + len(tail))
+        ctx._context(head + lead + last + tail)
+        return cut
+
+    def _close_branch(self, ctx: EpisodeContext) -> None:
+        """The branch's context as a sample (segment 1, 2, ... with parent 0); the main context's buffers back."""
+        assert ctx._main is not None
+        if any(ctx._mask):
+            ctx._branch_samples.append(self._fold_sample(ctx, len(ctx._branch_samples) + 1, 0, ctx._branch_first_turn))
+        ctx._ids, ctx._mask, ctx._logprobs, ctx._versions, ctx._runs = ctx._main
+        ctx._main = None
+
+    def _fold_sample(self, ctx: EpisodeContext, index: int, parent: int, first_turn: int) -> Sample:
+        return ctx._buffer_sample(segment_index=index, parent_segment=parent, first_turn=first_turn,
+                                   run_turns=tuple(ctx._runs))
+
+    def finish(self, ctx: EpisodeContext) -> list[Sample]:
+        if ctx.in_branch:  # the episode ended inside a branch
+            self._close_branch(ctx)
+        if any(ctx._mask):
+            ctx.samples = [self._fold_sample(ctx, 0, -1, 0), *ctx._branch_samples]
+        return ctx.samples
+
+
+#: Every context policy by its ``rollout.context`` name.
+CONTEXTS: dict[str, ContextPolicy] = {cls.name: cls() for cls in (Window, FullHistory, Summarize, Fold)}
 
 
 def summary_request(chat: ChatFormat, cfg: RolloutConfig) -> tuple[int, ...]:
@@ -527,7 +667,7 @@ def summary_request(chat: ChatFormat, cfg: RolloutConfig) -> tuple[int, ...]:
 def check_summary_budget(chat: ChatFormat, cfg: RolloutConfig) -> None:
     """``summarize``: raise ``UserError`` unless a segment at the threshold, the summary request
     and a whole summary fit ``rollout.max_context_tokens`` in this model's tokens."""
-    if cfg.context != "summarize":
+    if not isinstance(CONTEXTS[cfg.context], Summarize):
         return
     ask = len(summary_request(chat, cfg))
     need = cfg.summary_at + ask + cfg.summary_max_tokens

@@ -63,13 +63,19 @@ from turnforge.envs.registry import build_env
 from turnforge.errors import UserError
 from turnforge.policy.generate import Generation
 from turnforge.policy.model import Policy
-from turnforge.policy.thinking import MARKERS
 from turnforge.rollout.actors import Actor, ActorInput, PolicyActor
 from turnforge.rollout.budget import NO_FORCE, think_then_answer
-from turnforge.rollout.context import (FOLD_INSTRUCTIONS, ContextOverflow, EpisodeContext, PromptSpec, SummaryLimit,
-                                       check_summary_budget, fold_meta)
+from turnforge.rollout.context import (
+    CONTEXTS,
+    ContextOverflow,
+    EpisodeContext,
+    PromptSpec,
+    SummaryLimit,
+    check_summary_budget,
+    fold_meta,
+)
 from turnforge.rollout.episodic import EpisodicMemory
-from turnforge.types import EnvSnapshot, Task, Trajectory, Turn
+from turnforge.types import THINKING_MARKERS, EnvSnapshot, Task, Trajectory, Turn
 
 
 @dataclass(frozen=True)
@@ -228,9 +234,10 @@ class RolloutEngine:
     def __init__(self, backend: EnvBackend, cfg: RolloutConfig, policy: Policy | None, env: Env) -> None:
         self.backend, self.cfg, self.policy, self.env = backend, cfg, policy, env
         self.prompt = PromptSpec.of(env, cfg.include_instructions, cfg.example_turns, cfg.tools_in_system_prompt)
-        if cfg.context == "fold":  # the meta-actions are explained in the system prompt
-            self.prompt = replace(self.prompt, system=f"{self.prompt.system}\n\n{FOLD_INSTRUCTIONS}" if self.prompt.system
-                                  else FOLD_INSTRUCTIONS)
+        self.context = CONTEXTS[cfg.context]
+        note = self.context.system_note  # e.g. fold's meta-actions, explained in the system prompt
+        if note is not None:
+            self.prompt = replace(self.prompt, system=f"{self.prompt.system}\n\n{note}" if self.prompt.system else note)
         if policy is not None:
             check_summary_budget(policy.chat, cfg)
             if cfg.thinking_budget is not None and policy.chat.thinking is None:
@@ -338,9 +345,10 @@ class RolloutEngine:
         needs = actor.probe(req.task, req.trajectory_id, 0)  # what the actor reads off the env: check the env has it
         if needs.expert:
             self.caps.require("expert", self.env.env_id, f"{type(actor).__name__} (it plays the expert's moves)")
-            if self.cfg.context == "summarize" and tokens and self.policy is not None:
+            if self.context.writes_summaries and tokens and self.policy is not None:
                 self.caps.require("expert_summary", self.env.env_id,
-                                  f"{type(actor).__name__} with rollout.context=summarize (it writes the expert's summaries)")
+                                  f"{type(actor).__name__} with rollout.context={self.context.name} (it writes the expert's "
+                                  "summaries)")
         if needs.random_seed is not None:
             self.caps.require("random_action", self.env.env_id, f"{type(actor).__name__} (it plays random actions)")
         ctx = None
@@ -364,7 +372,7 @@ class RolloutEngine:
         if turn >= ep.max_turns:
             return Probe()  # no action follows: the turn budget ends the episode
         probe = Probe() if turn < len(ep.request.first_actions) else ep.actor.probe(ep.request.task, ep.request.trajectory_id, turn)
-        summary = probe.expert and ep.ctx is not None and self.cfg.context == "summarize"
+        summary = probe.expert and ep.ctx is not None and self.context.writes_summaries
         return Probe(probe.expert, probe.random_seed, ep.keep_snapshots, keys=ep.ctx is not None, summary=summary)
 
     def _on_result(self, r: EnvResult) -> None:
@@ -533,7 +541,7 @@ class RolloutEngine:
             e.min_version = version if e.min_version is None else min(e.min_version, version)
             text, stopped, ids = decoded, action.stopped, action.ids
         elif e.ctx is not None:  # a text action, written as the tokens the LM should produce
-            if self.thinking is None and any(close in action for _, close in MARKERS):
+            if self.thinking is None and any(close in action for _, close in THINKING_MARKERS):
                 raise UserError(f"the expert's action {action[:60]!r} holds a thought but the chat template of "
                                 f"{self.policy.path!r} has no thinking markers; set model.thinking=true, use a reasoning "  # type: ignore[union-attr]
                                 "model, or turn the env's expert thoughts off (env.kwargs.expert_thoughts=false)")
@@ -565,7 +573,7 @@ class RolloutEngine:
         ``rollout.max_branches`` so far) or ``return(message)`` (in a branch) is recorded and switches
         the episode's context; it is not sent to the env and the episode acts again. True if it was one."""
         ctx = e.ctx
-        if self.cfg.context != "fold" or ctx is None or decoded is None:
+        if not self.context.meta_actions or ctx is None or decoded is None:
             return False
         meta = fold_meta(decoded)
         if meta is None or (meta[0] == "branch") == ctx.in_branch or (meta[0] == "branch" and ctx.branches >= self.cfg.max_branches):

@@ -30,6 +30,7 @@ class AsSampled:
     """Later prompts show the action's ids as sampled."""
 
     name: str = "as_sampled"
+    help: str = "every sampled token, thinking included"
     per_turn: bool = False  # a growing context stays one sample
 
     def shown(self, ids: tuple[int, ...], chat: ChatFormat, role: str) -> tuple[int, ...]:
@@ -42,6 +43,7 @@ class AsRendered:
     follows (its thinking dropped where the template drops it); one sample per turn."""
 
     name: str = "as_rendered"
+    help: str = "the template's rendering, earlier thinking dropped; one sample per turn"
     per_turn: bool = True
 
     def shown(self, ids: tuple[int, ...], chat: ChatFormat, role: str) -> tuple[int, ...]:

@@ -19,12 +19,13 @@ from turnforge.config import TrainConfig
 from turnforge.data.store import write_trajectories
 from turnforge.dist import all_sum, attach_trainer, minibatch_share, share_weighted, sync_weights, world
 from turnforge.errors import RunStopped
+from turnforge.optim import GuardedStep, lr_factor
 from turnforge.policy.generate import token_logprobs
 from turnforge.policy.lora import trainable_parameters
 from turnforge.rollout.actors import ExpertActor
 from turnforge.rollout.engine import EpisodeRequest
 from turnforge.seeding import rng, stable_hash
-from turnforge.train.common import GuardedStep, collate, lr_factor
+from turnforge.train.common import collate
 from turnforge.train.metrics import BCEpoch, BCStats
 from turnforge.train.run_dir.failures import check_trajectories
 from turnforge.train.session import Session

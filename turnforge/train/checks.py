@@ -10,31 +10,27 @@ change state, restores that do not restore, a tiny held-out split).
 
 from __future__ import annotations
 
+from turnforge.algos.estimators import ESTIMATORS, names_where
 from turnforge.config import TrainConfig
 from turnforge.envs.base import Env, capabilities
 from turnforge.envs.checker import EnvCheckError, check_env
-from turnforge.errors import UserError
-from turnforge.train.estimators import ESTIMATORS, names_where, spoken_list
+from turnforge.errors import UserError, spoken_list
+from turnforge.rollout.context import CONTEXTS
 from turnforge.train.mechanisms import enabled
 
 
 def check_options(cfg: TrainConfig, env: Env) -> None:
     """Raise ``UserError`` when ``cfg`` asks ``env`` for something it cannot do."""
     caps, env_id, rl = capabilities(env), cfg.env.id, cfg.rl
-    if env.observation_role != "user" and cfg.rollout.context == "window" and cfg.rollout.history_window == 0:
-        raise UserError(
-            f"env {env_id!r} answers with {env.observation_role} messages, so with rollout.context=window and "
-            "rollout.history_window=0 the policy would never see the task again; use rollout.context=full_history "
-            "or rollout.history_window >= 1"
-        )
-    if cfg.rollout.context == "fold" and env.tools:
-        raise UserError(f"env {env_id!r} takes tool calls, so branch(goal) and return(message) cannot be told from its "
-                        "actions; rollout.context=fold needs an env with text actions (use rollout.context=summarize)")
+    context = CONTEXTS[cfg.rollout.context]
+    problem = context.env_conflict(cfg, env)
+    if problem:
+        raise UserError(problem)
     if cfg.bc.enabled:
         caps.require("expert", env_id, "the BC warm start (bc.enabled=true)", "set bc.enabled=false")
-        if cfg.rollout.context == "summarize":
-            caps.require("expert_summary", env_id, "BC demonstrations with rollout.context=summarize (the expert writes "
-                         "the summaries)", "set bc.enabled=false")
+        if context.writes_summaries:
+            caps.require("expert_summary", env_id, f"BC demonstrations with rollout.context={context.name} (the expert "
+                         "writes the summaries)", "set bc.enabled=false")
         if cfg.bc.expert_noise > 0:
             caps.require("random_action", env_id, f"a noisy demonstrator (bc.expert_noise={cfg.bc.expert_noise})",
                          "set bc.expert_noise=0")

@@ -1,32 +1,14 @@
 """Credit assignment of the RL stage: trajectories -> per-turn advantages -> per-sample advantages.
 
 ``assign_credit`` is step 2 of an RL iteration, infrastructure failures already excluded. It
-asks the estimator ``rl.advantage`` names (one class each in ``turnforge.train.estimators``):
-
-- critic-free (``turn_advantages``): ``grpo`` normalises the episode return within its group
-  and puts it on every turn; ``gigpo`` adds a step-level term from the turns of the group that
-  acted in the same env state; ``rloo`` and ``reinforce_pp`` change the baseline and scale;
-  ``pass_at_k`` and ``w_reinforce`` score the env's success flag (binary), for what an episode
-  adds to its group's pass@k, or with more weight on failures than on successes;
-- ``gae``: state values V(s_k) per turn from the learned critic, Monte-Carlo rollouts from env
-  snapshots, or their blend (``critic`` section), then GAE over the turns of each episode
-  (``gae_turn_advantages``: decoupled lambdas, optionally length-adaptive);
-- ``mc_grpo``: the rollouts only supply states; at ``rl.mc_grpo_states`` of them the policy
-  samples G actions, each scored by ``Q_MC(s, a)`` from env snapshots and normalised within
-  the state's group (``turnforge.train.mc``).
-
-With ``rl.kl_mode=reward`` the KL to the reference is a per-turn reward penalty applied here
-(``kl_penalties``). The math lives in ``turnforge.algos`` (pure tensor functions); this module
-turns ``Trajectory`` records into the flat tensors those functions take and maps the result
-back onto samples. Episode-level estimators (grpo, rloo, reinforce_pp) give every turn of an
-episode the same value; GiGPO and GAE give each turn its own.
-
-Reward shaping (``rl.shaping=potential``) happens here, on the per-turn rewards every
-estimator reads: ``r_k + c * (gamma * Phi(s_k+1) - Phi(s_k))`` with ``Phi`` the env's
-``potential()`` (0 at terminal states). Step-level estimators (gigpo, gae) use
-``rl.gamma``; episode-level ones sum rewards undiscounted, so they shape with gamma = 1,
-where the sum telescopes to ``Phi(s_T) - Phi(s_0)`` and cannot change which policy is
-optimal (Ng et al. 1999).
+asks the estimator ``rl.advantage`` names (one class each in ``turnforge.algos.estimators``,
+which owns its math and settings: grpo, rloo, reinforce_pp, gigpo, gae, mc_grpo, pass_at_k,
+w_reinforce, psr), after computing what only the training stage can: a learned critic's values
+(estimators that ``reads_values``), the KL penalties of ``rl.kl_mode=reward`` (``kl_penalties``)
+and the Monte-Carlo rollouts from env snapshots (``turnforge.train.mc``). It then maps each
+turn's advantage onto the samples (``sample_advantage``: one sample per turn, or a per-token
+array for a sample of several turns), leaves out void and overlong episodes and, with
+``rl.skip_zero_variance_groups``, groups whose advantages are all zero.
 """
 
 from __future__ import annotations
@@ -37,74 +19,15 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from turnforge.algos import decoupled_gae, discounted_returns, kl_estimate, length_adaptive_lam
-from turnforge.config import CriticConfig, RLConfig, TrainConfig
-from turnforge.critic.mc import blend
-from turnforge.critic.value import ValueModel
+from turnforge.algos import discounted_returns, kl_estimate
+from turnforge.algos.estimators import ESTIMATORS, CreditInputs, Penalties, turn_rewards
+from turnforge.config import RLConfig, TrainConfig
+from turnforge.critic.value import ValueModel, turn_values
+from turnforge.rollout.context import CONTEXTS
 from turnforge.train.common import score_samples
-from turnforge.train.estimators import ESTIMATORS, Penalties
 from turnforge.train.mc import MonteCarlo
 from turnforge.train.metrics import MCStats
 from turnforge.types import Sample, Trajectory
-
-
-def turn_rewards(traj: Trajectory, rl: RLConfig, gamma: float, penalties: Penalties | None = None) -> np.ndarray:
-    """The per-turn rewards the estimators see: the env's, plus potential-based shaping,
-    minus ``penalties`` (the KL penalty of ``rl.kl_mode=reward``)."""
-    r = np.array([turn.reward for turn in traj.turns], np.float64)
-    if penalties is not None:
-        r = r - penalties[traj.trajectory_id]
-    if rl.shaping == "potential":
-        phi = np.array([turn.potential for turn in traj.turns], np.float64)
-        phi_next = np.array([turn.next_potential for turn in traj.turns], np.float64)
-        r = r + rl.shaping_coef * (gamma * phi_next - phi)
-    return r
-
-
-def turn_advantages(trajs: Sequence[Trajectory], rl: RLConfig, penalties: Penalties | None = None) -> dict[str, np.ndarray]:
-    """Advantage of every turn of every trajectory (``trajectory_id -> [num_turns]``) by a
-    critic-free estimator (``turnforge.train.estimators``: grpo, rloo, reinforce_pp, gigpo,
-    pass_at_k, w_reinforce).
-
-    ``trajs`` must hold no infrastructure failures (they are excluded before this)."""
-    return ESTIMATORS[rl.advantage].turn_advantages(trajs, rl, penalties)
-
-
-def gae_turn_advantages(
-    trajs: Sequence[Trajectory],
-    values: dict[str, np.ndarray],
-    rl: RLConfig,
-    critic: CriticConfig,
-    penalties: Penalties | None = None,
-) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-    """GAE over the turns of each episode: ``(advantages, critic targets)`` per turn.
-
-    Episodes become rows of a ``[E, K]`` tensor (K = most turns) with a mask on real
-    turns; VAPO's decoupled GAE gives the policy ``lam_policy`` (per episode with
-    ``length_adaptive``) and the critic ``lam_critic``. An episode cut by the turn limit
-    is treated as ended (value 0 after it): the agent's horizon is ``max_turns``, so no
-    reward can follow. With ``whiten_advantages`` the advantages are normalised over all
-    turns of the batch.
-    """
-    if not trajs:
-        return {}, {}
-    k = max(t.num_turns for t in trajs)
-    shape = (len(trajs), k)
-    r, v, m = torch.zeros(shape, dtype=torch.float64), torch.zeros(shape, dtype=torch.float64), torch.zeros(shape)
-    for i, t in enumerate(trajs):
-        n = t.num_turns
-        r[i, :n] = torch.from_numpy(turn_rewards(t, rl, rl.gamma, penalties))
-        v[i, :n] = torch.from_numpy(np.asarray(values[t.trajectory_id], np.float64))
-        m[i, :n] = 1.0
-    lam_policy = length_adaptive_lam(m, critic.alpha) if critic.length_adaptive else critic.lam_policy
-    adv, ret = decoupled_gae(r, v, m.double(), rl.gamma, lam_policy, critic.lam_critic)
-    if critic.whiten_advantages:
-        real = adv[m.bool()]
-        if real.numel() > 1:
-            adv = torch.where(m.bool(), (adv - real.mean()) / (real.std() + 1e-8), adv)
-    adv_out = {t.trajectory_id: adv[i, :t.num_turns].numpy().astype(np.float32) for i, t in enumerate(trajs)}
-    ret_out = {t.trajectory_id: ret[i, :t.num_turns].numpy().astype(np.float32) for i, t in enumerate(trajs)}
-    return adv_out, ret_out
 
 
 def monte_carlo_returns(trajs: Sequence[Trajectory], rl: RLConfig) -> dict[str, np.ndarray]:
@@ -202,7 +125,9 @@ def assign_credit(
     penalties = None
     if reference is not None and rl.kl_mode == "reward":
         penalties = kl_penalties(reference, trajs, pad_id, cfg.rollout.temperature, rl.kl_estimator, rl.kl_coef)
-    got = ESTIMATORS[rl.advantage].credit(trajs, cfg, it, penalties=penalties, critic=critic, mc=mc, pad_id=pad_id)
+    estimator = ESTIMATORS[rl.advantage]
+    critic_values = turn_values(critic, trajs, pad_id) if estimator.reads_values and critic is not None else None
+    got = estimator.credit(trajs, cfg, CreditInputs(it, penalties, critic_values, mc))
     kl_penalty = float(np.mean(np.concatenate([penalties[t.trajectory_id] for t in trajs]))) if penalties and trajs else None
     pairs, group_of = got.pairs, got.group_of
     if pairs is None:
@@ -223,24 +148,9 @@ def overlong_episodes(trajs: Sequence[Trajectory], cfg: TrainConfig) -> set[str]
     ``rollout.max_summaries``. Their advantages still enter their group's baseline above; their
     samples get no gradient, so writing summaries forever is not reinforced (nor punished)."""
     r = cfg.rollout
-    if r.context != "summarize" or not r.overlong_mask:
+    if not CONTEXTS[r.context].writes_summaries or not r.overlong_mask:
         return set()
     return {t.trajectory_id for t in trajs if t.truncation_reason == "summary_limit"}
-
-
-def state_values(
-    trajs: list[Trajectory], it: int, critic_values: dict[str, np.ndarray] | None, mc_weight: float, mc: MonteCarlo | None,
-) -> tuple[dict[str, np.ndarray], MCStats | None]:
-    """V(s_k) per turn for GAE: the learned critic's, Monte-Carlo values, or the blend
-    ``(1 - w) V_phi + w V_MC`` (``w = critic.mc_weight``); plus the Monte-Carlo counters."""
-    if mc_weight == 0:
-        assert critic_values is not None  # the config guarantees a value source
-        return critic_values, None
-    assert mc is not None
-    v_mc, stats = mc.turn_values(trajs, it)
-    if critic_values is None:
-        return v_mc, stats
-    return {k: np.asarray(blend(critic_values[k], v_mc[k], mc_weight), np.float32) for k in critic_values}, stats
 
 
 def kl_penalties(

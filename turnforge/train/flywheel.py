@@ -51,19 +51,22 @@ import torch
 
 from turnforge.algos import entropy_floor_penalty, signed_nll, weighted_nll
 from turnforge.algos.boundary import boundary_allotment, boundary_weight, success_share
+from turnforge.algos.estimators import ESTIMATORS
 from turnforge.config import TrainConfig
 from turnforge.data.filters import Candidate, FilterCount, FilterParams, apply_filters, kept_samples
 from turnforge.data.store import write_trajectories
 from turnforge.dist import masked_mean_over_ranks, minibatch_share, sync_sampler, world
 from turnforge.errors import RunStopped
+from turnforge.optim import GuardedStep, set_lr
 from turnforge.policy.generate import token_logprobs
 from turnforge.policy.model import Policy
 from turnforge.rollout.actors import Actor, PolicyActor
+from turnforge.rollout.context import CONTEXTS
 from turnforge.rollout.engine import EpisodeRequest, RolloutEngine
 from turnforge.seeding import generator, rng, stable_hash
 from turnforge.train.awr import AWRRound
-from turnforge.train.common import GuardedStep, action_entropy, collate, set_lr
-from turnforge.train.credit import drop_void, sample_advantage, turn_advantages
+from turnforge.train.common import action_entropy, collate
+from turnforge.train.credit import drop_void, sample_advantage
 from turnforge.train.mechanisms import Mechanism, MechanismRecord, enabled
 from turnforge.train.metrics import AWRStats, FlywheelRound, summary_stats, summary_text
 from turnforge.train.rl import training_state
@@ -225,7 +228,7 @@ def _round(s: Session, st: FlywheelState, mechs: list[Mechanism], optimizer: tor
         expert_queries=sum(x.hints for x in expert), anchor_expert_moves=sum(x.moves for x in expert),
         boundary=boundary, awr=awr_stats, pass_k_dropped=dropped, memory_entries=len(s.memory) if s.memory is not None else 0,
         memory_added=remembered, memory_recalls=sum(1 for t, _ in col.played if t.memory_tokens),
-        summaries=summary_stats([t for t, _ in col.played]) if cfg.rollout.context == "summarize" else None,
+        summaries=summary_stats([t for t, _ in col.played]) if CONTEXTS[cfg.rollout.context].writes_summaries else None,
         thinking_tokens=col.thinking[0], answer_tokens=col.thinking[1], thinking_cuts=col.thinking[2],
     )
     s.metrics.log(record, s.state.env_steps)
@@ -402,7 +405,7 @@ def _grpo(s: Session, optimizer: torch.optim.Optimizer, step: GuardedStep, trajs
     replayed successes join with advantage 1 and the decoupled objective's truncated
     importance weights (they were sampled by older policies)."""
     ok, _ = drop_void([t for t in trajs if t.infra_failure is None], s.cfg.rl)
-    per_turn = turn_advantages(ok, s.cfg.rl)
+    per_turn = ESTIMATORS[s.cfg.rl.advantage].turn_advantages(ok, s.cfg.rl)
     pairs = [(x, sample_advantage(x, per_turn[t.trajectory_id])) for t in ok for x in t.samples]
     pairs += [(x, 1.0) for c in replayed for x in kept_samples([c])]
     if pairs:

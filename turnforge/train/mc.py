@@ -6,7 +6,7 @@ env snapshots, on top of the estimators in ``turnforge.critic.mc``.
   are deduplicated by task, anchor key and turn index, so the G episodes of a group share
   their first state's estimate). Rollouts run for the turns the episode had left, played by
   uniform random actions or by the frozen BC policy (``critic.mc_policy``).
-- ``MonteCarlo.grpo_batch``: MC-GRPO. At ``rl.mc_grpo_states`` states drawn from the rollouts,
+- ``MonteCarlo.grpo_batch``: MC-GRPO. At ``rl.mc_grpo.states`` states drawn from the rollouts,
   the current policy samples G actions from the state's prompt; each distinct action is
   scored once by ``Q_MC(s, a) = mean_m [r_m + gamma * G_m(s'_m)]`` with tails played by
   ``critic.mc_policy`` (``mc_q_values``); Q values are normalised within the state's group
@@ -85,7 +85,7 @@ class MonteCarlo:
         turns = [(t, k) for t in trajs for k in range(t.num_turns)]
         if not turns:
             return [], {}, MCStats(states=0, env_steps=0, failed=0, value_stderr=0.0)
-        pick = np.sort(rng(cfg.seed, "mc-grpo-states", it).choice(len(turns), size=min(rl.mc_grpo_states, len(turns)), replace=False))
+        pick = np.sort(rng(cfg.seed, "mc-grpo-states", it).choice(len(turns), size=min(rl.mc_grpo.states, len(turns)), replace=False))
         states = [turns[i] for i in pick]
         prompts = []
         for t, k in states:

@@ -34,23 +34,32 @@ import numpy as np
 import torch
 
 from turnforge.algos import explained_variance
+from turnforge.algos.estimators import ESTIMATORS
 from turnforge.config import TrainConfig
 from turnforge.critic.value import ValueModel, pretrain_critic, sample_targets, update_critic
 from turnforge.data.store import write_trajectories
 from turnforge.dist import optimizer_state, sync_sampler, sync_weights, world
-from turnforge.inference.client import ServerSampler, ServerStats
 from turnforge.errors import RunStopped
+from turnforge.inference.client import ServerSampler, ServerStats
+from turnforge.optim import GuardedStep, lr_factor, set_lr
 from turnforge.policy.model import Policy
 from turnforge.rollout.actors import PolicyActor
+from turnforge.rollout.context import CONTEXTS
 from turnforge.rollout.engine import EpisodeRequest
 from turnforge.rollout.episodic import EpisodicMemory
 from turnforge.seeding import generator, rng, stable_hash
-from turnforge.train.common import GuardedStep, event_counts, lr_factor, set_lr
+from turnforge.train.common import event_counts
 from turnforge.train.credit import Credit, assign_credit, monte_carlo_returns
-from turnforge.train.estimators import ESTIMATORS
 from turnforge.train.mc import MonteCarlo
-from turnforge.train.metrics import (CriticStats, IterationMetrics, RunWarning, UpdateStats, ValuePretrainStats, summary_stats,
-                                     summary_text)
+from turnforge.train.metrics import (
+    CriticStats,
+    IterationMetrics,
+    RunWarning,
+    UpdateStats,
+    ValuePretrainStats,
+    summary_stats,
+    summary_text,
+)
 from turnforge.train.rehearsal import Rehearsal, load_or_play
 from turnforge.train.rollouts import RolloutBatch, make_rollouts
 from turnforge.train.run_dir.checkpoint import TrainingState, keep_weights, save_model, save_resumable
@@ -155,7 +164,7 @@ def run_rl(
             s.state.skipped_steps = step.skipped
             record = iteration_record(it, ok, got, credit, learned, rollout_seconds=t_rollout, credit_seconds=t_credit,
                                       lr=optimizer.param_groups[0]["lr"], skipped_steps=step.skipped,
-                                      policy_version=policy.version, summarize=cfg.rollout.context == "summarize",
+                                      policy_version=policy.version, summarize=CONTEXTS[cfg.rollout.context].writes_summaries,
                                       inference=copy.deepcopy(policy.sampler.stats) if isinstance(policy.sampler, ServerSampler) else None)
             s.metrics.log(record, s.state.env_steps)
             if rstats.turns and rstats.generation_truncations > rstats.turns / 2 and not warned:

@@ -327,7 +327,7 @@ class RankedRollouts(_Source):
 
 def make_rollouts(s: Session, keep_snapshots: bool) -> _Source:
     cfg = s.cfg
-    if world().distributed:  # on several ranks: each rank's own engine, synchronous (turnforge.rules); with
+    if world().distributed:  # on several ranks: each rank's own engine, synchronous (turnforge.app.rules); with
         # cluster=ray its env workers are Ray actors (engine.env_workers)
         return RankedRollouts(LocalRollouts(s, keep_snapshots))
     if cfg.agent.entrypoint is not None:

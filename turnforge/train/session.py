@@ -1,6 +1,6 @@
 """What the stages of one run share: config, run directory, policy, the rollout engine, logs, counters.
 
-The orchestrating ``turnforge.train.run.train`` builds one ``Session`` and hands it to the stages;
+The orchestrating ``turnforge.app.run.train`` builds one ``Session`` and hands it to the stages;
 the pieces a stage computes with (``rl.learn``, ``rl.iteration_record``, ``credit.assign_credit``,
 the flywheel's ``collect`` and ``route``, the mechanisms' hooks) take what they read instead, so a
 unit test builds their inputs without a run."""

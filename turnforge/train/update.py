@@ -12,13 +12,19 @@ import numpy as np
 import torch
 
 from turnforge.algos import (
-    PolicyLossOutput, aggregation_weights, decoupled_ppo_loss, importance_weights, masked_mean, ppo_clip_loss,
+    PolicyLossOutput,
+    aggregation_weights,
+    decoupled_ppo_loss,
+    importance_weights,
+    masked_mean,
+    ppo_clip_loss,
 )
 from turnforge.config import RLConfig
 from turnforge.dist import minibatch_share, share_weighted
+from turnforge.optim import GuardedStep
 from turnforge.policy.generate import token_logprobs
 from turnforge.policy.model import Policy
-from turnforge.train.common import Batch, GuardedStep, collate, score_samples
+from turnforge.train.common import Batch, collate, score_samples
 from turnforge.train.merge import MergedSample, merge_samples, minibatches
 from turnforge.train.metrics import OffPolicyStats, UpdateStats
 from turnforge.train.rehearsal import Rehearsal, rehearsal_loss

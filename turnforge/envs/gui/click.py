@@ -2,7 +2,7 @@
 
 Each observation is a screenshot (``observation_images()``: PNG bytes) and a short text: the
 instruction and one line on how to answer. The agent answers with one action on its first line
-(``turnforge.rewards.grounding.parse_action``): ``click(x, y)`` (a pixel of the shown image,
+(``turnforge.envs.gui.grounding.parse_action``): ``click(x, y)`` (a pixel of the shown image,
 (0, 0) its top-left corner), ``click(x1, y1, x2, y2)`` (a box, scored by its centre with GUI-G1's
 box-size guard), ``type("text")`` (into the focused field) or ``scroll(up|down)`` (one screen).
 
@@ -27,7 +27,7 @@ content (10% held out), so train and held-out screens never coincide; the same t
 same PNG bytes. Tasks from a JSONL file (``env.tasks``) carry the same fields.
 
 Reward per step: ``grounding_reward`` of the answer against the action that solves the step
-(UI-R1: format + action type + argument; see ``turnforge.rewards.grounding``; weights by the
+(UI-R1: format + action type + argument; see ``turnforge.envs.gui.grounding``; weights by the
 ``reward_weights`` option). A right action advances the episode (``success`` when the last one is
 done: the final click in the target box, the word typed into the right field); any other valid
 action (a click outside the target, a box larger than the guard allows, a wrong word or direction,
@@ -53,9 +53,7 @@ from functools import lru_cache
 from typing import Any, Mapping, Sequence
 
 from turnforge.envs.base import Env
-from turnforge.envs.tasks import TaskGenerator, content_key
-from turnforge.errors import UserError, choices
-from turnforge.rewards.grounding import (
+from turnforge.envs.gui.grounding import (
     GRAMMAR,
     Box,
     ExpectedAction,
@@ -65,6 +63,8 @@ from turnforge.rewards.grounding import (
     grounding_reward,
     parse_action,
 )
+from turnforge.envs.tasks import TaskGenerator, content_key
+from turnforge.errors import UserError, choices
 from turnforge.types import EnvSnapshot, StepResult, Task
 
 KINDS = ("click", "type", "scroll")

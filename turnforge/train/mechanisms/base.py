@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from turnforge.train.estimators import Requirement
+from turnforge.algos.estimators import Requirement
 
 if TYPE_CHECKING:
     from turnforge.config import TrainConfig

@@ -1,34 +1,51 @@
 """Every cross-key rule of a run's options, in one place, at the two moments they can be checked.
 
-- ``config_conflict(cfg)``: when the config is validated (``TrainConfig``), before anything is
-  built: the rules of ``CONFIG_RULES``, one function per section, in order; the first that
+- ``config_conflict(cfg)``: when the config is loaded (``turnforge.app.config``), before anything
+  is built: the rules of ``CONFIG_RULES``, one function per section, in order; the first that
   fails names both keys and the fix. The advantage estimator's own rules
-  (``Estimator.conflict``, ``turnforge.train.estimators``) and each flywheel mechanism's
-  (``Mechanism.conflict``, ``turnforge.train.mechanisms``) run among them.
+  (``Estimator.conflict``, ``turnforge.algos.estimators``), each flywheel mechanism's
+  (``Mechanism.conflict``, ``turnforge.train.mechanisms``) and each context policy's
+  (``ContextPolicy.conflict``, ``turnforge.rollout.context``) run among them.
 - ``check_run(cfg, env)``: at the start of a run, with its env built and before any model work:
   the checks of ``START_CHECKS``, the options against the env's capabilities
   (``turnforge.train.checks``: the estimator's and mechanisms' ``requirements`` plug in there)
   and against the model (``turnforge.policy.vision``).
 
-A rule returns one line or None; a start check raises ``UserError``. The config imports this
-module, so it imports nothing heavy (the start checks are imported when they run).
+A rule returns one line or None; a start check raises ``UserError``.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
-from turnforge.train.estimators import ESTIMATORS, names_where, spoken_list
+from turnforge.algos.estimators import ESTIMATORS, names_where
+from turnforge.config import TrainConfig
+from turnforge.envs.base import Env
+from turnforge.errors import UserError, spoken_list
+from turnforge.policy.model import load_chat_format
+from turnforge.policy.vision import check_vision_options
+from turnforge.rollout.context import CONTEXTS
+from turnforge.train.checks import check_options
 from turnforge.train.mechanisms import enabled
 
-if TYPE_CHECKING:
-    from turnforge.config import TrainConfig
-    from turnforge.envs.base import Env
+
+def _model_and_budgets(cfg: TrainConfig) -> str | None:
+    if cfg.model.gguf is not None and cfg.model.path not in (None, "tiny"):
+        return f"set one of model.path ({cfg.model.path!r}) and model.gguf ({cfg.model.gguf!r}), not both"
+    if cfg.model.path is None and cfg.model.gguf is None:
+        return f"recipe {cfg.recipe!r} needs model.path=/local/hf/model/dir (a directory saved with save_pretrained)"
+    if cfg.rollout.max_new_tokens >= cfg.rollout.max_context_tokens:
+        return (f"rollout.max_new_tokens ({cfg.rollout.max_new_tokens}) must be below "
+                f"rollout.max_context_tokens ({cfg.rollout.max_context_tokens})")
+    return None
 
 
 def _estimator_and_critic(cfg: TrainConfig) -> str | None:
     rl, critic = cfg.rl, cfg.critic
     estimator = ESTIMATORS[rl.advantage]
+    if estimator.single_states and not CONTEXTS[cfg.rollout.context].one_sample_per_turn:
+        return (f"rl.advantage={rl.advantage} samples actions at single states and needs rollout.context=window "
+                f"(got {cfg.rollout.context})")
     conflict = estimator.conflict(cfg)
     if conflict:
         return conflict
@@ -52,7 +69,7 @@ def _flywheel(cfg: TrainConfig) -> str | None:
             return f"{w} trains on the round's own episodes; flywheel.mechanisms={fw.mechanisms} add or replay others: set flywheel.mechanisms=[]"
         if "rft" not in fw.stages:
             return f"{w} weighs the samples of the rft stage: add rft to flywheel.stages"
-        if cfg.rollout.context != "window":
+        if not CONTEXTS[cfg.rollout.context].one_sample_per_turn:
             return f"{w} weighs each turn's sample and needs rollout.context=window (got {cfg.rollout.context})"
         if fw.weighting == "group_awr" and fw.group_size < 2:
             return "flywheel.weighting=group_awr compares the turns of a task's group taken in one state: set flywheel.group_size >= 2"
@@ -117,22 +134,20 @@ def _critic_pretraining(cfg: TrainConfig) -> str | None:
 
 def _rollout(cfg: TrainConfig) -> str | None:
     r = cfg.rollout
-    if r.context == "summarize" and r.summary_at + r.summary_max_tokens > r.max_context_tokens:
-        return (f"rollout.summary_threshold={r.summary_at} plus rollout.summary_max_tokens={r.summary_max_tokens} is above "
-                f"rollout.max_context_tokens={r.max_context_tokens}: a summary would not fit; set rollout.summary_threshold "
-                f"to at most {r.max_context_tokens - r.summary_max_tokens} (less the summary request's tokens)")
-    if r.context == "fold" and not r.include_instructions:
-        return ("rollout.context=fold explains branch(goal) and return(message) in the system prompt; set "
-                "rollout.include_instructions=true")
-    if r.history == "as_rendered" and r.context not in ("full_history", "window"):
+    context = CONTEXTS[r.context]
+    conflict = context.conflict(cfg)
+    if conflict:
+        return conflict
+    renders = " or ".join(n for n, c in CONTEXTS.items() if c.renders_history)
+    if r.history == "as_rendered" and not context.renders_history:
         return (f"rollout.history=as_rendered writes each turn's prompt as the template renders it; it needs "
-                f"rollout.context=full_history or window (got {r.context}); or set rollout.history=as_sampled")
-    if r.thinking_budget is not None and r.context not in ("full_history", "window"):
+                f"rollout.context={renders} (got {r.context}); or set rollout.history=as_sampled")
+    if r.thinking_budget is not None and not context.renders_history:
         return (f"rollout.thinking_budget={r.thinking_budget} closes thinking inside a turn's action; it needs "
-                f"rollout.context=full_history or window (got {r.context}); or set rollout.thinking_budget=null")
-    if r.context in ("summarize", "fold") and cfg.critic.enabled:
-        return ("critic.enabled=true reads values per turn of whole episodes or single turns, not of summarize segments; "
-                "use critic.mc_weight=1 (Monte-Carlo values) or another rollout.context")
+                f"rollout.context={renders} (got {r.context}); or set rollout.thinking_budget=null")
+    if not context.values_per_turn and cfg.critic.enabled:
+        return (f"critic.enabled=true reads values per turn of whole episodes or single turns, not of {r.context} "
+                f"{context.sample}s; use critic.mc_weight=1 (Monte-Carlo values) or another rollout.context")
     return None
 
 
@@ -250,7 +265,7 @@ def _ray(cfg: TrainConfig) -> str | None:
 
 def _dist(cfg: TrainConfig) -> str | None:
     """What runs on several trainer ranks so far (``turnforge.dist``; with ``cluster=ray`` the ranks
-    are Ray actors, ``turnforge.ray_ranks``): BC, the flywheel, synchronous RL with or without the
+    are Ray actors, ``turnforge.app.ray_ranks``): BC, the flywheel, synchronous RL with or without the
     learned critic (and its value pretraining), Monte-Carlo values and rehearsal, sampling in the
     ranks' processes or on shared inference replicas (``rollout.backend=server``); the other
     stages are refused by name."""
@@ -292,7 +307,7 @@ def _dist(cfg: TrainConfig) -> str | None:
 
 #: The config-time rules, in the order they are asked.
 CONFIG_RULES: tuple[Callable[[TrainConfig], str | None], ...] = (
-    _estimator_and_critic, _flywheel, _reference_resets, _critic_pretraining, _rollout, _lora, _agent, _judge, _vllm,
+    _model_and_budgets, _estimator_and_critic, _flywheel, _reference_resets, _critic_pretraining, _rollout, _lora, _agent, _judge, _vllm,
     _server, _engine, _memory, _ray, _dist,
 )
 
@@ -307,15 +322,13 @@ def config_conflict(cfg: TrainConfig) -> str | None:
 
 
 def _env_capabilities(cfg: TrainConfig, env: Env) -> None:
-    from turnforge.train.checks import check_options
-
     check_options(cfg, env)
 
 
 def _vision(cfg: TrainConfig, env: Env) -> None:
-    from turnforge.policy.vision import check_vision_options
-
-    check_vision_options(cfg, env)
+    variants = {**{f"rollout.context={n}": cfg.rollout.context == n for n, c in CONTEXTS.items() if not c.takes_images},
+                **{f"rl.advantage={n}": cfg.rl.advantage == n for n, e in ESTIMATORS.items() if not e.with_images}}
+    check_vision_options(cfg, env, variants)
 
 
 def _chat_template(cfg: TrainConfig, env: Env) -> None:
@@ -324,9 +337,6 @@ def _chat_template(cfg: TrainConfig, env: Env) -> None:
     ``model.thinking`` is for a model without thinking markers; a thinking budget needs a template
     with thinking markers (the tiny model's ChatML has them with model.thinking only). A GGUF
     model's template is checked once it is converted (the rollout engine)."""
-    from turnforge.errors import UserError
-    from turnforge.policy.model import load_chat_format
-
     if cfg.model.gguf is not None:  # converted later: the rollout engine checks its template then
         return
     path, budget = cfg.model.path, cfg.rollout.thinking_budget

@@ -16,7 +16,7 @@ Run directory layout::
 ``train(cfg, out, resume=True)`` on a directory with ``checkpoints/last`` continues
 from there: weights, optimizer state and counters are restored and every random stream
 is derived from (seed, stage, iteration), so the resumed run ends with the same weights
-as an uninterrupted one. The set-up (checks, lock, policy, engine) is ``turnforge.train.setup``.
+as an uninterrupted one. The set-up (checks, lock, policy, engine) is ``turnforge.app.setup``.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from turnforge.app.setup import freeze_bc, make_critic, open_run, preflight, rl_references
 from turnforge.config import TrainConfig
 from turnforge.dist import attach_trainer, init_world, load_optimizer_state
 from turnforge.envs.base import close_env
@@ -43,7 +44,6 @@ from turnforge.train.reporting import final_line, plot_learning_curve, plot_pass
 from turnforge.train.rl import budget_spent, run_rl, training_state
 from turnforge.train.run_dir.checkpoint import save_model, save_resumable
 from turnforge.train.session import Session
-from turnforge.train.setup import freeze_bc, make_critic, open_run, preflight, rl_references
 from turnforge.types import EvalResult
 
 

@@ -18,9 +18,12 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
 
+from turnforge.envpool.ray_pool import connect_ray
 from turnforge.errors import RunStopped
+from turnforge.gateway.server import open_replica
+from turnforge.inference.client import Replica, ReplicaSpec
+from turnforge.seeding import stable_hash
 
 
 class _ReplicaBody:
@@ -31,23 +34,18 @@ class _ReplicaBody:
         """Load the model, start serving; returns the URL (``http://node-address:port``)."""
         import ray
 
-        from turnforge.gateway.server import open_replica
-
         self.gateway = open_replica(Path(model_dir), host="0.0.0.0", port=0, max_tokens=max_tokens, context=context,
                                     dtype=dtype, device=device, seed=seed, threads=threads, prefix_cache=prefix_cache)
         self.gateway.start()
         return f"http://{ray.util.get_node_ip_address()}:{self.gateway.port}"
 
 
-def start_ray_replicas(spec: Any, count: int, timeout_s: float, address: str | None,
-                       resources: dict[str, float]) -> list:
-    """``count`` replica actors of ``spec`` (``ReplicaSpec``), all started at once;
-    ``RunStopped`` naming the first that did not serve within ``timeout_s`` (all are killed)."""
+def start_ray_replicas(spec: ReplicaSpec, count: int, timeout_s: float, address: str | None,
+                       resources: dict[str, float]) -> list[Replica]:
+    """``count`` replica actors of ``spec``, all started at once; ``RunStopped`` naming the first
+    that did not serve within ``timeout_s`` (all are killed). With ``address`` and ``resources``
+    bound (``functools.partial``) it is an ``inference.client.Launcher``."""
     import ray
-
-    from turnforge.envpool.ray_pool import connect_ray
-    from turnforge.inference.client import Replica
-    from turnforge.seeding import stable_hash
 
     connect_ray(address)
     actor = ray.remote(max_restarts=0, max_task_retries=0)(_ReplicaBody)

@@ -7,8 +7,7 @@ import math
 
 import pytest
 
-from turnforge.errors import UserError
-from turnforge.rewards.grounding import (
+from turnforge.envs.gui.grounding import (
     Box,
     ExpectedAction,
     GroundingWeights,
@@ -19,6 +18,7 @@ from turnforge.rewards.grounding import (
     grounding_reward,
     parse_action,
 )
+from turnforge.errors import UserError
 
 SIZE = (112, 112)
 TARGET = Box(10, 20, 29, 29)  # 20 x 10 pixels: area 200

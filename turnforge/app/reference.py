@@ -12,6 +12,7 @@ from typing import Any, Literal, Union, get_args, get_origin
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
+from turnforge.app.config import VARIANT_KEYS
 from turnforge.config import TrainConfig
 from turnforge.errors import UserError, choices
 
@@ -25,7 +26,9 @@ class Key:
 
 
 def config_keys(model: type[BaseModel] = TrainConfig, prefix: str = "") -> list[Key]:
-    """The leaf keys of ``model`` in declaration order (a section's keys under its name)."""
+    """The leaf keys of ``model`` in declaration order (a section's keys under its name); a key
+    that names variants (``VARIANT_KEYS``) shows its registry's names and their words."""
+    variants = {v.key: v.choices() for v in VARIANT_KEYS}
     keys: list[Key] = []
     for name, field in model.model_fields.items():
         kind = field.annotation
@@ -33,7 +36,13 @@ def config_keys(model: type[BaseModel] = TrainConfig, prefix: str = "") -> list[
             keys += config_keys(kind, f"{prefix}{name}.")
             continue
         default = field.default_factory() if field.default is PydanticUndefined else field.default
-        keys.append(Key(prefix + name, _type_name(kind), _value(default), field.description or ""))
+        key, type_name, description = prefix + name, _type_name(kind), field.description or ""
+        if key in variants:
+            names = " or ".join(repr(n) for n in variants[key])
+            type_name = f"list of {names}" if get_origin(kind) is list else names
+            if any(variants[key].values()):
+                description += ": " + "; ".join(f"{n} ({h})" for n, h in variants[key].items())
+        keys.append(Key(key, type_name, _value(default), description))
     return keys
 
 

@@ -1,4 +1,4 @@
-"""The set-up of a training run, so that ``turnforge.train.run.train`` reads as the job itself.
+"""The set-up of a training run, so that ``turnforge.app.run.train`` reads as the job itself.
 
 - ``preflight``: every check that can fail before any work (env id, options against the env's
   capabilities, ``check_env``, agent entrypoint and tasks, Ray, vLLM, the model, LoRA
@@ -17,6 +17,7 @@ from __future__ import annotations
 import shutil
 from contextlib import ExitStack, closing
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable
 
@@ -24,27 +25,58 @@ import torch
 import yaml
 
 from turnforge import errors
-from turnforge.config import TrainConfig, config_from_dict
+from turnforge.algos.estimators import ESTIMATORS
+from turnforge.app.config import config_from_dict
+from turnforge.app.rules import check_run
+from turnforge.config import TrainConfig
 from turnforge.critic.value import build_value_model
-from turnforge.dist import (attach_trainer, broadcast, broadcast_weights, load_optimizer_state, publish_weights,
-                            sharded_copy, world)
+from turnforge.dist import (
+    attach_trainer,
+    broadcast,
+    broadcast_weights,
+    load_optimizer_state,
+    publish_weights,
+    sharded_copy,
+    world,
+)
 from turnforge.envs.base import Env
 from turnforge.envs.checker import check_action_lengths
 from turnforge.envs.registry import build_env
 from turnforge.errors import UserError
+from turnforge.inference.client import open_sampler, start_replicas
 from turnforge.paths import check_out_dir
 from turnforge.policy.gguf import cached_import, find_gguf
-from turnforge.policy.lora import (ADAPTER_DIR, FrozenBase, add_lora, check_lora_targets, is_lora, merge_lora, skeleton,
-                                   thinking_rows)
-from turnforge.policy.model import ChatFormat, Policy, check_model_dir, load_policy, resolve_device, use_gradient_checkpointing
-from turnforge.policy.tiny import add_thinking, build_tiny_model, build_tokenizer, cached_thinking, default_corpus, tiny_hf_config
+from turnforge.policy.lora import (
+    ADAPTER_DIR,
+    FrozenBase,
+    add_lora,
+    check_lora_targets,
+    is_lora,
+    merge_lora,
+    skeleton,
+    thinking_rows,
+)
+from turnforge.policy.model import (
+    ChatFormat,
+    Policy,
+    check_model_dir,
+    load_policy,
+    resolve_device,
+    use_gradient_checkpointing,
+)
+from turnforge.policy.tiny import (
+    add_thinking,
+    build_tiny_model,
+    build_tokenizer,
+    cached_thinking,
+    default_corpus,
+    tiny_hf_config,
+)
 from turnforge.policy.vision import check_first_images
-from turnforge.rollout.context import PromptSpec, check_summary_budget
+from turnforge.rollout.context import CONTEXTS, PromptSpec, check_summary_budget
 from turnforge.rollout.engine import Engine, RolloutEngine, make_engine
 from turnforge.rollout.episodic import EpisodicMemory, read_store
-from turnforge.rules import check_run
 from turnforge.train.checks import check_env_at_start
-from turnforge.train.estimators import ESTIMATORS
 from turnforge.train.metrics import RunSummary, RunWarning, read_summary
 from turnforge.train.reporting import MetricsLog, Progress, SilentMetricsLog
 from turnforge.train.rl import Critic, make_reference, pretrain_values
@@ -99,7 +131,7 @@ def preflight(cfg: TrainConfig, run_dir: Path, resume: bool) -> Checked:
         env = build_env(cfg.env.id, cfg.env.kwargs, cfg.env.tasks, cfg.env.heldout_fraction)
         stored = read_store(cfg.memory, env.env_id) if cfg.memory.enabled and cfg.memory.store is not None else None
         checked = Checked(env, memory=stored)
-        check_run(cfg, checked.env)  # the options against the env and the model (turnforge.rules)
+        check_run(cfg, checked.env)  # the options against the env and the model (turnforge.app.rules)
         if cfg.check_env:
             check_env_at_start(cfg)
     if cfg.cluster == "ray" or (cfg.rollout.backend == "server" and cfg.rollout.server.launch == "ray"):
@@ -125,7 +157,7 @@ def preflight(cfg: TrainConfig, run_dir: Path, resume: bool) -> Checked:
 
         hf = tiny_hf_config(cfg.model.tiny) if cfg.model.path == "tiny" else AutoConfig.from_pretrained(cfg.model.path)
         check_lora_targets(skeleton(hf), list(cfg.model.lora.target_modules))
-    if cfg.rollout.context == "summarize" and cfg.model.gguf is None:  # (a GGUF model's: once it is converted)
+    if CONTEXTS[cfg.rollout.context].writes_summaries and cfg.model.gguf is None:  # (a GGUF model's: once converted)
         check_summary_budget(ChatFormat(_tokenizer(cfg)), cfg.rollout)
     if world().main:
         check_run_dir(run_dir, resume)
@@ -195,12 +227,15 @@ def open_run(cfg: TrainConfig, run_dir: Path, checked: Checked, stack: ExitStack
     policy = _load_policy(cfg, run_dir, model_path, found)
     broadcast_weights(policy.model)  # every rank starts from rank 0's weights (a no-op in a world of one)
     if cfg.rollout.backend == "server":  # the inference replicas (closed with the run), each checked to serve this model
-        from turnforge.inference.client import open_sampler
+        from turnforge.gateway.ray_replicas import start_ray_replicas  # Ray and the gateway: optional extras
 
-        policy.sampler = open_sampler(cfg.rollout.server, policy, model_dir=model_path, run_dir=run_dir,
+        srv = cfg.rollout.server
+        launch = (partial(start_ray_replicas, address=cfg.engine.ray_address, resources=srv.ray_resources)
+                  if srv.launch == "ray" else start_replicas)
+        policy.sampler = open_sampler(srv, policy, model_dir=model_path, run_dir=run_dir,
                                       context=cfg.rollout.max_context_tokens, max_new_tokens=cfg.rollout.max_new_tokens,
                                       dtype=cfg.model.dtype, device=cfg.model.device, prefix_cache=cfg.rollout.prefix_cache,
-                                      seed=cfg.seed, ray_address=cfg.engine.ray_address, log=progress.message)
+                                      seed=cfg.seed, launch=launch, log=progress.message)
         stack.callback(policy.sampler.close)
     engine, too_long = _make_engine(cfg, policy, run_dir, checked, stack)
     if training is not None:

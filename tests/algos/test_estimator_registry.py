@@ -1,17 +1,22 @@
 """The estimator registry: every ``rl.advantage`` is one object that declares what it needs;
-the config, the start checks and the RL loop ask it (turnforge.train.estimators)."""
+the config, the start checks and the RL loop ask it (turnforge.algos.estimators)."""
 
 from __future__ import annotations
 
 import typing
+
 import numpy as np
 import pytest
 
-from turnforge.config import RLConfig, load_config
+from turnforge.algos.estimators import ESTIMATORS, Requirement
+from turnforge.app.config import load_config
+from turnforge.config import RLConfig
 from turnforge.errors import UserError
-from turnforge.train.credit import turn_advantages
-from turnforge.train.estimators import ESTIMATORS, Requirement
 from turnforge.types import Task, Trajectory, Turn
+
+
+def turn_advantages(trajs, rl):
+    return ESTIMATORS[rl.advantage].turn_advantages(trajs, rl)
 
 
 def _episode(tid: str, reward: float, success: bool) -> Trajectory:
@@ -24,6 +29,21 @@ def test_the_config_takes_exactly_the_registered_names():
     assert all(f"{name} (" in RLConfig.model_fields["advantage"].description for name in ESTIMATORS)
     with pytest.raises(UserError, match="bad value for 'rl.advantage'.*'psr'"):
         load_config("sokoban-tiny", ["rl.advantage=reinforce_plus"])
+
+
+def test_each_estimators_settings_are_its_own_section_of_rl():
+    from turnforge.app.reference import config_keys
+
+    owned = {n: e.Settings for n, e in ESTIMATORS.items() if e.Settings is not None}
+    assert set(owned) == {"gigpo", "gae", "mc_grpo", "pass_at_k", "w_reinforce"}
+    keys = {k.key for k in config_keys()}
+    for name, settings in owned.items():
+        assert RLConfig.model_fields[name].annotation is settings
+        assert {f"rl.{name}.{field}" for field in settings.model_fields} <= keys
+    cfg = load_config("sokoban-tiny", ["rl.advantage=gigpo", "rl.gigpo.omega=2", "flywheel.rounds=0"])
+    assert ESTIMATORS["gigpo"].settings(cfg.rl).omega == 2.0
+    with pytest.raises(UserError, match=r"unknown config key 'rl.gigpo.omga'; valid keys here: 'omega'"):
+        load_config("sokoban-tiny", ["rl.gigpo.omga=2"])
 
 
 def test_psr_reinforces_successes_only():

@@ -43,10 +43,10 @@ class TrainerRank:
     def run(self, cfg_data: dict[str, Any], run_dir: str, resume: bool, env: dict[str, str]) -> tuple[int, str]:
         """Train as the rank ``env`` names; returns (exit status, one line: the cause, or '')."""
         os.environ.update(env)
-        from turnforge.config import config_from_dict
+        from turnforge.app.config import config_from_dict
+        from turnforge.app.run import train
         from turnforge.dist import LOST_PEER, shutdown
         from turnforge.errors import Interrupted, RunStopped, UserError
-        from turnforge.train.run import train
 
         try:
             train(config_from_dict(cfg_data), Path(run_dir), resume=resume, live=False)
