@@ -149,12 +149,12 @@ class EnvConfig(Section):
     id: str = Field("sokoban", description="Registered env id (see `turnforge envs`)")
     kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments for the env constructor")
     tasks: str | None = Field(
-        None, description="JSONL file of task dicts (one per line, each with a 'split' of 'train' or 'heldout'); "
-        "None = the env's own task source"
+        None, description="JSONL file of task dicts (one per line, each with a 'split' of 'train' or 'heldout'), or "
+        "what the env reads instead (terminal: a directory of Harbor tasks); None = the env's own task source"
     )
     heldout_fraction: float | None = Field(
-        None, ge=0, le=1, description="With env.tasks: split the rows that have no 'split' field by content hash, "
-        "this share held out"
+        None, ge=0, le=1, description="With env.tasks: split the rows (Harbor tasks: the tasks) that have no split of "
+        "their own by content hash (a Harbor task's name), this share held out"
     )
 
     @field_validator("id", mode="before")

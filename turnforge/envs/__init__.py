@@ -24,6 +24,7 @@ register("python-tasks", "turnforge.envs.tool.python_tasks:PythonTasksEnv")
 register("code-repair", "turnforge.envs.code.repair:CodeRepairEnv")
 register("miniwob", "turnforge.envs.web.miniwob:MiniWoBEnv")
 register("gui-click", "turnforge.envs.gui.click:GuiClickEnv")
+register("terminal", "turnforge.envs.terminal.env:TerminalEnv")
 register("mix", "turnforge.envs.mix:MixEnv", envs=[{"id": "sokoban"}, {"id": "frozenlake"}])
 
 __all__ = [

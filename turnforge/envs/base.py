@@ -190,6 +190,14 @@ class Env(ABC):
             raise ValueError(f"task index must be >= 0, got {index}")
         return replace(self.task_source().task(split, int(index)), env_id=self.env_id)
 
+    def read_tasks(self, path: str, heldout_fraction: float | None = None) -> TaskSource:
+        """The task source ``env.tasks=PATH`` gives this env: a JSONL file of task dicts (each with
+        a 'split', or split by content with ``heldout_fraction``). An env that reads another format
+        (the terminal env: Harbor task directories) overrides it."""
+        from turnforge.envs.tasks import TaskDataset
+
+        return TaskDataset.from_jsonl(path, heldout_fraction=heldout_fraction)
+
     def task_source(self) -> TaskSource:
         """``self.tasks``, or a one-line error saying how to give the env tasks."""
         if self.tasks is None:

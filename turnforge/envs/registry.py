@@ -119,13 +119,12 @@ def share_levels(envs: list[Env]) -> list[Env]:
 
 def build_env(env_id: str, env_kwargs: dict[str, Any] | None = None, tasks: str | None = None,
               heldout_fraction: float | None = None) -> Env:
-    """``make(env_id, **env_kwargs)`` with its task source replaced by the JSONL file ``tasks``
-    (the recipe's ``env.tasks``), when given."""
+    """``make(env_id, **env_kwargs)`` with its task source replaced by what the env reads from
+    ``tasks`` (the recipe's ``env.tasks``: a JSONL file, or what the env's ``read_tasks`` takes,
+    e.g. a directory of Harbor tasks for ``terminal``), when given."""
     env = make(env_id, **(env_kwargs or {}))
     if tasks is not None:
         if isinstance(env, LevelEnv) and not getattr(env, "reads_task_data", False):
             raise UserError(f"env {env_id!r} generates its own levels (a LevelEnv); env.tasks applies to envs that read task.data")
-        from turnforge.envs.tasks import TaskDataset
-
-        env.tasks = TaskDataset.from_jsonl(tasks, heldout_fraction=heldout_fraction)
+        env.tasks = env.read_tasks(tasks, heldout_fraction)
     return env

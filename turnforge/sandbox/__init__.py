@@ -13,10 +13,18 @@ attack that must fail.
 
 ``SandboxError`` is an infrastructure fault (drop the sample); whatever the program does
 yields a ``Result``. Backend ``"unsafe-none"`` runs without isolation, with a loud warning.
+
+A terminal env's box (``box.py``: ``Box``, ``BoxSpec``, ``open_box``; ``shell.py``: ``BwrapBox``)
+keeps one bash per episode in such a sandbox: ``box.exec("cd src && make")``.
 """
 
+from turnforge.sandbox.box import BOX_KILL_REASONS, BOXES, Box, BoxSnapshot, BoxSpec, ExecResult, open_box
 from turnforge.sandbox.limits import KILL_REASONS, Limits, Result, SandboxError
 from turnforge.sandbox.process import TRUNCATED
 from turnforge.sandbox.sandbox import BACKENDS, Sandbox, UnsafeSandboxWarning
+from turnforge.sandbox.shell import BwrapBox  # registers "bwrap" in BOXES
 
-__all__ = ["BACKENDS", "KILL_REASONS", "Limits", "Result", "Sandbox", "SandboxError", "TRUNCATED", "UnsafeSandboxWarning"]
+__all__ = [
+    "BACKENDS", "BOXES", "BOX_KILL_REASONS", "KILL_REASONS", "TRUNCATED", "Box", "BoxSnapshot", "BoxSpec", "BwrapBox",
+    "ExecResult", "Limits", "Result", "Sandbox", "SandboxError", "UnsafeSandboxWarning", "open_box",
+]

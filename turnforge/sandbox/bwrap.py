@@ -6,7 +6,9 @@ from ``/etc``, only what the dynamic loader and Debian's python3 read, plus a sy
 ``/tmp``, ``/var``, ``/run``, ``/sys`` or any run directory. It gets a fresh ``/proc`` of its own
 pid namespace, a read-only minimal ``/dev`` with a ``/dev/shm`` tmpfs of ``disk_mb``, and a
 private tmpfs of ``disk_mb`` holding its work dir (``/sandbox/work``: cwd and HOME) and ``/tmp``
-(a link to ``/sandbox/tmp``). Nothing else is writable: bwrap's root tmpfs is made read-only.
+(a link to ``/sandbox/tmp``); or, given another work dir (a terminal box's ``/app``), one tmpfs
+of ``disk_mb`` there and one at ``/sandbox/tmp``. Nothing else is writable: bwrap's root tmpfs
+is made read-only.
 
 It runs as uid/gid 65534 in its own user, pid, network, ipc, uts and cgroup namespaces, with
 no capabilities, no_new_privs, a new session, no further user namespaces and
@@ -130,11 +132,18 @@ def unreadable(path: str) -> str | None:
 
 @contextlib.contextmanager
 def command(launch: tuple[str, ...], limits: Limits, files: dict[PurePosixPath, bytes], binds: tuple[str, ...] = (),
-            env: dict[str, str] | None = None) -> Iterator[tuple[list[str], tuple[int, ...]]]:
+            env: dict[str, str] | None = None, *, workdir: str = WORK_DIR, extra_dirs: tuple[str, ...] = (),
+            ro_files: dict[str, bytes] | None = None, as_pid_1: bool = False) -> Iterator[tuple[list[str], tuple[int, ...]]]:
     """The bwrap command line up to ``--``, and the memfds bwrap copies files from (closed on exit).
 
     ``binds``: host paths shown read-only at the same place (a Python environment for an MCP
-    server); ``env``: variables added to the program's scrubbed environment."""
+    server); ``env``: variables added to the program's scrubbed environment; ``workdir``: an
+    absolute path other than ``WORK_DIR`` becomes a private tmpfs of ``disk_mb`` of its own (cwd,
+    HOME and where ``files`` land) and /sandbox/tmp another, /sandbox itself staying read-only;
+    ``extra_dirs``: absolute paths made private tmpfs of ``disk_mb`` too; ``ro_files``: read-only
+    files at absolute paths (path -> content); ``as_pid_1``: the program is the pid namespace's
+    init (bwrap's ``--as-pid-1``): no process of the sandbox can signal it, and when it exits
+    every other process of the sandbox dies."""
     fds: list[int] = []
 
     def data(content: bytes) -> str:
@@ -159,23 +168,33 @@ def command(launch: tuple[str, ...], limits: Limits, files: dict[PurePosixPath, 
         else:
             argv += ["--ro-bind-data", data(_HOSTS.encode()), "/etc/hosts"]
         argv += [
-            "--ro-bind-data", data(_PASSWD.encode()), "/etc/passwd",
+            "--ro-bind-data", data(_PASSWD.replace(WORK_DIR, workdir).encode()), "/etc/passwd",
             "--ro-bind-data", data(_GROUP.encode()), "/etc/group",
             "--proc", "/proc", "--dev", "/dev",
             "--size", str(limits.disk_mb * MB), "--tmpfs", "/dev/shm", "--remount-ro", "/dev",
-            "--size", str(limits.disk_mb * MB), "--tmpfs", ROOT,
-            # /tmp -> sandbox/tmp, relative: a bind under /tmp (a venv in /tmp) resolves inside the new root
-            "--dir", WORK_DIR, "--dir", TMP_DIR, "--symlink", TMP_DIR.lstrip("/"), "/tmp",
         ]
+        size = str(limits.disk_mb * MB)
+        if workdir == WORK_DIR:
+            argv += ["--size", size, "--tmpfs", ROOT, "--dir", WORK_DIR, "--dir", TMP_DIR]
+        else:
+            argv += ["--size", size, "--tmpfs", TMP_DIR, "--size", size, "--tmpfs", workdir]
+        for path in extra_dirs:
+            argv += ["--size", size, "--tmpfs", path]
+        # /tmp -> sandbox/tmp, relative: a bind under /tmp (a venv in /tmp) resolves inside the new root
+        argv += ["--symlink", TMP_DIR.lstrip("/"), "/tmp"]
         for parent in sorted({p.parent for p in files} - {PurePosixPath(".")}):
-            argv += ["--dir", f"{WORK_DIR}/{parent}"]
+            argv += ["--dir", f"{workdir}/{parent}"]
         for path, content in files.items():
-            argv += ["--file", data(content), f"{WORK_DIR}/{path}"]
+            argv += ["--file", data(content), f"{workdir}/{path}"]
         for path in binds:
             argv += ["--ro-bind", path, path]
+        for path, content in (ro_files or {}).items():
+            argv += ["--ro-bind-data", data(content), path]
         # Last: the root (bwrap's own tmpfs, holding /etc and the mount points) becomes read-only.
-        argv += ["--remount-ro", "/", "--chdir", WORK_DIR, "--clearenv"]
-        for key, value in {**program_env(WORK_DIR, "/tmp"), **(env or {})}.items():
+        argv += ["--remount-ro", "/", "--chdir", workdir, "--clearenv"]
+        if as_pid_1:
+            argv.append("--as-pid-1")
+        for key, value in {**program_env(workdir, "/tmp"), **(env or {})}.items():
             argv += ["--setenv", key, value]
         yield [*argv, "--"], tuple(fds)
     finally:
