@@ -51,13 +51,14 @@ def checkpoints(tiny_model_dir, tmp_path_factory):
     (empty / "model.safetensors").write_bytes(b"")
     from turnforge.config import MemoryConfig
     from turnforge.rollout.episodic import EpisodicMemory, MemoryEntry
+    from turnforge.runs import RunDir
 
     memory_empty, memory_frozenlake = root / "memory_empty", root / "memory_frozenlake"
     memory_empty.mkdir()
     memory_frozenlake.mkdir()
-    EpisodicMemory(MemoryConfig(enabled=True), "sokoban").write(memory_empty)
+    EpisodicMemory(MemoryConfig(enabled=True), "sokoban").write(RunDir(memory_empty).memory)
     entry = MemoryEntry("frozenlake:train:0", "t", "rl", 0, "plain", "SFFF", ("Right",))
-    EpisodicMemory(MemoryConfig(enabled=True), "frozenlake", [entry]).write(memory_frozenlake)
+    EpisodicMemory(MemoryConfig(enabled=True), "frozenlake", [entry]).write(RunDir(memory_frozenlake).memory)
     # merge: a model lacking a parameter (another architecture) and one with another chat template
     from safetensors.torch import load_file, save_file
 

@@ -8,7 +8,7 @@ Layers, bottom to top. A module imports only from its own layer or a lower one, 
 and inside functions alike, and the units of a layer import each other without a circle
 (``tests/test_layers.py`` reads every import and fails on one that climbs):
 
-1. core: ``types``, ``errors``, ``seeding``, ``kernels``, ``memory``, ``batching``, ``plots``, ``paths``, ``settings``, ``algos``, ``optim``, ``dist``, ``config``
+1. core: ``types``, ``errors``, ``seeding``, ``kernels``, ``memory``, ``batching``, ``plots``, ``paths``, ``settings``, ``algos``, ``optim``, ``dist``, ``runs``, ``config``
 2. components: ``sandbox``, ``envs``, ``envpool``, ``policy``, ``rewards``, ``rollout``, ``critic``, ``data``, ``inference``
 3. services: ``gateway``, ``view``
 4. stages: ``train``

@@ -10,7 +10,11 @@ How a command ends (``main``):
   one line ``error: ...``, exit 1;
 - SIGINT/SIGTERM: one line saying where the run stopped and how to resume, exit 128 + signal;
 - an internal error (a bug): the Python traceback, then one line naming the run directory
-  and its logs, exit 1.
+  and its logs, exit 1;
+- on several trainer ranks started here (``--nproc N``): each rank leaves its line to the
+  launcher, which tells once how they ended: the rank that ended first and how (a signal, its
+  error), one line for each other rank, where to resume; exit 1, or the failing rank's own code
+  (``turnforge.app.launch``).
 
 ``TURNFORGE_TRACEBACK=1`` prints the traceback before a user error's or a stopped run's line
 (and before ``check-env``'s FAIL line: an env method's own traceback).
@@ -44,7 +48,8 @@ from rich.table import Column, Table
 
 from turnforge import errors
 from turnforge.errors import Interrupted, RunStopped, UserError, choices
-from turnforge.paths import check_out_dir, check_out_file, run_config_of, write_json
+from turnforge.paths import alive, check_out_dir, check_out_file, write_json
+from turnforge.runs import run_config_of
 
 if TYPE_CHECKING:  # annotations only: the commands import these after their quick checks
     from turnforge.config import TrainConfig
@@ -87,8 +92,8 @@ def train(
     args: Optional[List[str]] = typer.Argument(None, help="[RECIPE | path.yaml] [key=value ...] (default recipe: sokoban-tiny)"),
     out: Optional[Path] = typer.Option(None, "--out", help="Run directory (default: runs/<recipe>-<time>)"),
     resume: Optional[Path] = typer.Option(None, "--resume", help="Continue the run in this directory from its last checkpoint"),
-    nproc: Optional[int] = typer.Option(None, "--nproc", min=1, help="Trainer ranks on this machine (torch.distributed.run "
-                                        "with FSDP2; sets dist.nproc; with --resume, the world size to go on with)"),
+    nproc: Optional[int] = typer.Option(None, "--nproc", min=1, help="Trainer ranks on this machine (torch's elastic launcher, "
+                                        "as torchrun; FSDP2; sets dist.nproc; with --resume, the world size to go on with)"),
 ) -> None:
     """Train a policy: behaviour-cloning warm start, then GRPO, with held-out evaluation."""
     args = list(args or [])
@@ -151,38 +156,18 @@ def _with_world(cfg, nproc: int | None):
 
 def _start(cfg, run_dir: Path, argv: list[str], *, resume: bool) -> None:
     """Run the training job in this process, or, with ``dist.nproc > 1`` and no launcher around
-    this process yet, check everything here first and start the ranks through torch's launcher."""
-    from turnforge.app.run import train as run_train
-    from turnforge.dist import launch, launched_size
+    this process yet, start the ranks (``turnforge.app.launch``: every check first, then torch's
+    launcher or Ray) and exit with their status."""
+    from turnforge.dist import launched_size
 
-    n = cfg.dist.nproc
-    if n == 1 or launched_size() > 1:
+    if cfg.dist.nproc == 1 or launched_size() > 1:
+        from turnforge.app.run import train as run_train
+
         run_train(cfg, run_dir, resume=resume)
         return
-    from turnforge.app.setup import preflight
+    from turnforge.app.launch import start_ranks
 
-    if cfg.cluster == "ray":  # the ranks are Ray actors on the cluster (turnforge.app.ray_ranks)
-        preflight(cfg, run_dir, resume)  # every bad input is one line here, before any rank starts
-        from turnforge.app.ray_ranks import launch_on_ray
-
-        sys.exit(launch_on_ray(cfg, run_dir, resume=resume))
-    _check_world(cfg, n)
-    preflight(cfg, run_dir, resume)
-    sys.exit(launch(n, argv, threads=max(1, cfg.threads // n), run_dir=run_dir))
-
-
-def _check_world(cfg, n: int) -> None:
-    """``--nproc`` against this machine: no more ranks than CPU cores (or GPUs with a GPU device)."""
-    import torch
-
-    if cfg.model.device.startswith("cuda") or (cfg.model.device == "auto" and torch.cuda.is_available()):
-        gpus = torch.cuda.device_count()  # (none at all: model.device's own check names it)
-        if gpus and n > gpus:
-            raise UserError(f"--nproc {n} is more than the {gpus} GPUs here; use --nproc {gpus} or fewer")
-        return
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    if n > cores:
-        raise UserError(f"--nproc {n} is more than the {cores} CPU cores this process may use; use --nproc {cores} or fewer")
+    sys.exit(start_ranks(cfg, run_dir, argv, resume=resume))
 
 
 @app.command(context_settings={"allow_extra_args": False})
@@ -685,19 +670,8 @@ def serve_cmd(
     with gateway:
         # one plain line (rich would wrap a long path in the middle of the URL a user or a script reads off it)
         print(f"serving {checkpoint} on {gateway.url}/v1 (model {gateway.model_name!r}); Ctrl-C stops", flush=True)
-        while parent_pid is None or _alive(parent_pid):
+        while parent_pid is None or (alive(parent_pid) and (os.getppid() != 1 or parent_pid == 1)):
             time.sleep(1.0 if parent_pid is not None else 3600)
-
-
-def _alive(pid: int) -> bool:
-    """Whether process ``pid`` still runs (a replica's trainer)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return os.getppid() != 1 or pid == 1
 
 
 model_app = typer.Typer(no_args_is_help=True, help="Models from files and packages (no hub access).")
@@ -985,13 +959,16 @@ def _traceback_if_asked() -> None:
         traceback.print_exc()
 
 
-def _fail(line: str, code: int) -> NoReturn:
-    from turnforge.dist import report_failure, world
+def _fail(line: str, code: int, *, interrupted: bool = False) -> NoReturn:
+    """Print ``line`` and exit ``code``. One of several trainer ranks leaves the line to turnforge's
+    launcher, which tells every rank's end at once (``turnforge.app.launch``), or, under another
+    launcher (plain torchrun), prints it with its rank."""
+    from turnforge.dist import launched_rank, launched_size, report_failure
 
-    w = world()
-    if w.distributed:  # one of several trainer ranks: say which, and leave the line for the launcher
-        report_failure(line, code)
-        line = f"rank {w.rank}: {line}"
+    if launched_size() > 1:
+        if report_failure(line, code, interrupted=interrupted):
+            sys.exit(code)
+        line = f"rank {launched_rank()}: {line}"
     print(line, file=sys.stderr)
     sys.exit(code)
 
@@ -1027,8 +1004,8 @@ def main() -> None:
     except RunStopped as err:  # NonFiniteLoss included
         _traceback_if_asked()
         _fail(f"error: {err}", 1)
-    except Interrupted as err:
-        _fail(str(err), err.exit_code)
+    except Interrupted as err:  # (a rank that turnforge's launcher stopped says nothing: the launcher tells why)
+        _fail(str(err), err.exit_code, interrupted=True)
     except (KeyboardInterrupt, *_click_classes("Abort")):
         code = 130
     except _click_classes("Exit") as err:
@@ -1052,20 +1029,23 @@ def main() -> None:
         _internal_error()
     if code == 130:
         run_dir = errors.current_run_dir
-        _fail("interrupted" + (f"; resume with: turnforge train --resume {run_dir[-1]}" if run_dir else ""), 130)
+        _fail("interrupted" + (f"; resume with: turnforge train --resume {run_dir[-1]}" if run_dir else ""), 130,
+              interrupted=True)
     sys.exit(code or 0)
 
 
 def _internal_error() -> NoReturn:
     """A bug: the traceback, then where the run's logs are. (On several trainer ranks, a collective
-    whose peer went away is not a bug here: one line, the cause is the other rank's.)"""
-    from turnforge.dist import LOST_PEER, report_failure, world
+    whose peer went away, or any error once the launcher is stopping the ranks because another
+    one failed, is not a bug here: one line, the cause is the other rank's.)"""
+    from turnforge.dist import LOST_PEER, launched_size, report_failure, stopped_by_launcher
 
     err = sys.exc_info()[1]
-    if world().distributed and any(k in str(err) for k in LOST_PEER):
-        _fail(f"error: another trainer rank went away ({type(err).__name__}: {str(err).strip().splitlines()[0][:300]})", 1)
+    if launched_size() > 1 and (stopped_by_launcher() or any(k in str(err) for k in LOST_PEER)):
+        said = str(err).strip().splitlines()[0][:300] if str(err).strip() else ""
+        _fail(f"error: another trainer rank went away ({type(err).__name__}: {said})", 1)
     traceback.print_exc()
-    report_failure(traceback.format_exc(), 1)  # on several ranks: the exception's line, for the launcher
+    report_failure("internal error: " + traceback.format_exc().strip().splitlines()[-1], 1)  # the launcher's line for it
     run_dir = errors.current_run_dir
     _fail("turnforge: internal error" + (f"; run directory: {run_dir[-1]} (config.yaml, metrics.jsonl)" if run_dir else ""), 1)
 

@@ -21,17 +21,18 @@ process group, no wrapper, no extra copy. With ``size > 1``:
   trajectories, counters) travel with ``gather``/``broadcast``.
 
 Every collective has the process group's timeout (``dist.timeout_s``): a rank that dies or
-hangs stops the others within it. The launcher is torch's own (``torch.distributed.run``,
-``launch``).
+hangs stops the others within it. The launchers live in the application layer
+(``turnforge.app.launch``: torch's elastic agent; ``turnforge.app.ray_ranks``); a rank leaves its
+closing line for turnforge's launcher (``report_failure``) and learns from it whether a SIGTERM
+is a user's interrupt or the launcher stopping it because another rank failed
+(``stopped_by_launcher``).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
-import shutil
-import subprocess
-import sys
-import tempfile
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -44,8 +45,10 @@ T = TypeVar("T")
 #: What a rank reports when another rank went away under it (a collective's peer closed or timed out).
 LOST_PEER = ("Connection reset by peer", "Connection closed by peer", "timed out", "Timed out", "Timeout", "Broken pipe")
 
-#: Per-rank one-line failure reports: a directory the launcher names, each rank writes ``rank<R>.txt``.
+#: Per-rank closing lines (``RankReport``): a directory turnforge's launcher names, each rank writes ``rank<R>.json``.
 ERRORS_ENV = "TURNFORGE_RANK_ERRORS"
+#: The launcher's note in that directory: written before it stops the ranks because one ended in failure.
+STOPPING = "stopping"
 
 
 @dataclass(frozen=True)
@@ -78,6 +81,12 @@ def world() -> World:
 def launched_size() -> int:
     """The world size torch's launcher set for this process (1 when not launched by it)."""
     return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def launched_rank() -> int:
+    """This process's rank as torch's launcher set it (0 when not launched by it); known before
+    ``init_world`` joins the process group."""
+    return int(os.environ.get("RANK", "0")) if launched_size() > 1 else 0
 
 
 def init_world(backend: str, timeout_s: float, device: str = "cpu") -> World:
@@ -263,8 +272,6 @@ def gather(obj: T) -> list[T]:
 
 def summed(parts: Sequence[T]) -> T:
     """Dataclasses of counters (one per rank, from ``gather``) added field by field."""
-    import dataclasses
-
     return type(parts[0])(**{f.name: sum(getattr(p, f.name) for p in parts) for f in dataclasses.fields(parts[0])})
 
 
@@ -303,48 +310,58 @@ def barrier() -> None:
         dist.barrier()
 
 
-# --- failures and launching ---------------------------------------------------------------------
+# --- failures: what a rank leaves for its launcher -------------------------------------------------
 
 
-def report_failure(message: str, code: int = 1) -> None:
-    """Leave this rank's one-line failure and exit status for the launcher to print (``ERRORS_ENV``;
-    the first report of a rank is its cause)."""
+@dataclass(frozen=True)
+class RankReport:
+    """A rank's closing line, left for turnforge's launcher to print (``turnforge.app.launch``):
+    the line the rank would have printed (``error: ...``, ``interrupted during ...; resume
+    with: ...``), its exit status, and whether a signal interrupted it (``Interrupted``)."""
+
+    rank: int
+    code: int
+    line: str
+    interrupted: bool = False
+
+
+def _reports_dir() -> Path | None:
+    """The launcher's directory for this rank's report (``ERRORS_ENV``); None outside turnforge's
+    launcher (a world of one, plain ``torchrun``, a Ray actor)."""
     where = os.environ.get(ERRORS_ENV)
-    path = Path(where, f"rank{_WORLD.rank}.txt") if where and _WORLD.distributed else None
-    if path is not None and not path.exists():
+    return Path(where) if where and launched_size() > 1 else None
+
+
+def report_failure(message: str, code: int = 1, *, interrupted: bool = False) -> bool:
+    """Leave this rank's closing line (the last line of ``message``) and exit status for turnforge's
+    launcher, which prints every rank's story once all have stopped; the first report of a rank is
+    its cause. True when that launcher is there to print it (the rank then prints nothing itself)."""
+    where = _reports_dir()
+    if where is None:
+        return False
+    rank = launched_rank()
+    path = where / f"rank{rank}.json"
+    if not path.exists():
         cause = message.strip().splitlines()[-1] if message.strip() else "failed"
-        path.write_text(f"rank {_WORLD.rank}: {cause}")
-        Path(where, f"code.{int(code)}").touch()
+        report = RankReport(rank, int(code), cause, interrupted)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(dataclasses.asdict(report)))
+        tmp.replace(path)  # whole or absent for the launcher
+    return True
 
 
-def launch(nproc: int, argv: Sequence[str], *, threads: int, run_dir: Path | None = None) -> int:
-    """Run ``turnforge <argv>`` on ``nproc`` local ranks through torch's launcher
-    (``python -m torch.distributed.run --standalone``), each rank with ``threads`` intra-op
-    threads; returns the exit status. When a rank fails, the launcher stops the others; then one
-    line per rank that reported its cause (``report_failure``), or one line saying a rank stopped
-    without one (killed: the launcher's summary above names it), and where to resume."""
-    errors = Path(tempfile.mkdtemp(prefix="turnforge-ranks-"))
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads), **{ERRORS_ENV: str(errors)})
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-           "-m", "turnforge.cli", *argv]
-    try:
-        code = subprocess.run(cmd, env=env).returncode
-        if code != 0:
-            reports = {int(p.stem[4:]): p.read_text().strip() for p in errors.glob("rank*.txt")}
-            lost = all(any(k in line for k in LOST_PEER) for line in reports.values())  # only "the other side went away"
-            if lost:  # the ranks without a report are the cause: killed (a signal, the OOM killer) before saying anything
-                for rank in sorted(set(range(nproc)) - set(reports)):
-                    print(f"rank {rank}: went silent before it could report (killed, hung, or out of memory); "
-                          "torch.distributed.run's summary above has its exit code", file=sys.stderr)
-            for rank in sorted(reports):
-                print(reports[rank], file=sys.stderr)
-            if run_dir is not None and code not in (2,) and (Path(run_dir) / "checkpoints").is_dir():
-                print(f"the run's last checkpoint is intact; resume with: turnforge train --resume {run_dir}", file=sys.stderr)
-            codes = [int(p.name.split(".")[1]) for p in errors.glob("code.*")]
-            return min(codes) if codes else code
-        return code
-    finally:
-        shutil.rmtree(errors, ignore_errors=True)
+def read_reports(directory: Path) -> dict[int, RankReport]:
+    """The ranks' reports in ``directory`` (``report_failure``), by rank."""
+    reports = [RankReport(**json.loads(p.read_text())) for p in Path(directory).glob("rank*.json")]
+    return {r.rank: r for r in reports}
+
+
+def stopped_by_launcher() -> bool:
+    """Whether turnforge's launcher is stopping this rank because another rank ended in failure
+    (it leaves ``STOPPING`` in the reports' directory before it sends SIGTERM): a SIGTERM that is
+    not a user's interrupt, and an error that is the other rank's fault, not this one's."""
+    where = _reports_dir()
+    return where is not None and (where / STOPPING).exists()
 
 
 def sharded_copy(model: torch.nn.Module) -> torch.nn.Module | None:

@@ -11,8 +11,8 @@ from test_train_tiny import FAST
 from turnforge.app.config import load_config
 from turnforge.app.run import train
 from turnforge.app.setup import load_run_config
+from turnforge.runs import RunDir
 from turnforge.train.metrics import read_metrics
-from turnforge.train.rehearsal import FILE
 
 #: a BC start with some valid moves (FAST's is all invalid: nothing to rehearse)
 REHEARSE = FAST + ["bc.num_demos=48", "bc.epochs=6",
@@ -22,7 +22,7 @@ REHEARSE = FAST + ["bc.num_demos=48", "bc.epochs=6",
 @pytest.mark.slow
 def test_a_run_rehearses_its_start_and_resumes_to_the_same_weights(tmp_path):
     summary = train(load_config("sokoban-tiny", REHEARSE), tmp_path / "a", live=False)
-    cache = pq.read_table(tmp_path / "a" / FILE)
+    cache = pq.read_table(RunDir(tmp_path / "a").rehearsal)
     meta = {k.decode(): int(v) for k, v in cache.schema.metadata.items()}
     assert 0 < meta["episodes"] <= meta["played"] == 6 and cache.num_rows > 0
     for versions, mask in zip(cache.column("versions").to_pylist(), cache.column("loss_mask").to_pylist()):

@@ -22,10 +22,11 @@ from turnforge.app.config import load_config
 from turnforge.app.run import train
 from turnforge.app.setup import load_run_config
 from turnforge.errors import UserError
+from turnforge import runs
+from turnforge.runs import RunDir, RunLock
 from turnforge.train.metrics import read_summary
 from turnforge.train.run_dir import checkpoint
 from turnforge.train.run_dir.checkpoint import find_resumable
-from turnforge.train.run_dir.lock import RunLock
 
 pytestmark = pytest.mark.slow
 
@@ -68,7 +69,7 @@ def test_second_writer_and_resume_next_to_a_live_run_are_refused(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
     holder = subprocess.Popen([sys.executable, "-c", (
-        "import sys, time; from pathlib import Path; from turnforge.train.run_dir.lock import RunLock\n"
+        "import sys, time; from pathlib import Path; from turnforge.runs import RunLock\n"
         f"RunLock(Path({str(run)!r})).acquire(); print('locked', flush=True); time.sleep(60)")],
         stdout=subprocess.PIPE, text=True)
     try:
@@ -191,9 +192,9 @@ def test_atomic_save_leaves_no_partial_directory(tmp_path, monkeypatch, tiny_mod
 
     policy = load_policy(tiny_model_dir)
     state, training = checkpoint.TrainerState(stage="rl", iteration=1), checkpoint.TrainingState(version=1)
-    checkpoint.save_resumable(tmp_path, policy, state, training)
-    monkeypatch.setattr(checkpoint, "seal", lambda d: (_ for _ in ()).throw(OSError("disk full")))
+    checkpoint.save_resumable(RunDir(tmp_path), policy, state, training)
+    monkeypatch.setattr(runs, "seal", lambda d: (_ for _ in ()).throw(OSError("disk full")))
     with pytest.raises(OSError, match="disk full"):
-        checkpoint.save_resumable(tmp_path, policy, checkpoint.TrainerState(stage="rl", iteration=2), training)
+        checkpoint.save_resumable(RunDir(tmp_path), policy, checkpoint.TrainerState(stage="rl", iteration=2), training)
     found = find_resumable(tmp_path)
     assert found.path.name == "last" and found.state.iteration == 1 and found.skipped == ()

@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 from turnforge.errors import UserError
 from turnforge.merge.checkpoints import merge_checkpoints
 from turnforge.merge.methods import MergeSpec
-from turnforge.policy.manifest import verify
+from turnforge.paths import verify
 
 
 def _derive(base, out, seed: int, share: float):

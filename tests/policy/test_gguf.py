@@ -65,7 +65,7 @@ def test_missing_readers_name_the_install_command(tmp_path, monkeypatch):
 @needs_smollm2
 @pytest.mark.slow
 def test_smollm2_from_its_package_converts_once_to_a_directory_that_loads(tmp_path, monkeypatch):
-    from turnforge.policy.manifest import verify
+    from turnforge.paths import verify
     from turnforge.policy.model import load_policy
 
     monkeypatch.setenv("TURNFORGE_CACHE", str(tmp_path / "cache"))

@@ -18,6 +18,7 @@ from turnforge.envs.registry import register
 from turnforge.errors import UserError
 from turnforge.policy.lora import ADAPTER_DIR, FrozenBase, add_lora, trainable_parameters
 from turnforge.policy.model import load_policy
+from turnforge.runs import RunDir
 from turnforge.train.run_dir.checkpoint import save_model
 
 IDS = torch.tensor([[5, 9, 13, 7, 3, 11, 2, 4]])
@@ -81,10 +82,10 @@ def test_a_lora_checkpoint_holds_a_merged_model_and_the_adapter(tiny_model_dir, 
     add_lora(policy, LoraConfig(r=4), seed=0, stage="rl")
     _nudge(policy.model)
     want = _logits(policy.model)
-    save_model(policy, tmp_path / "ck")
-    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "ck")
+    ck = save_model(RunDir(tmp_path), policy, RunDir(tmp_path).checkpoint("final"))
+    merged = AutoModelForCausalLM.from_pretrained(ck)
     torch.testing.assert_close(_logits(merged), want, atol=1e-5, rtol=1e-5)  # W + s BA folded: float rounding only
-    adapter = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_dir), tmp_path / "ck" / ADAPTER_DIR)
+    adapter = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_dir), ck / ADAPTER_DIR)
     assert torch.equal(_logits(adapter), want)  # base + adapter: bit for bit
     assert _logits(policy.model).equal(want)  # saving did not merge the live model
 

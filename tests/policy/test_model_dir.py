@@ -9,7 +9,7 @@ import shutil
 import pytest
 
 from turnforge.errors import UserError
-from turnforge.policy.manifest import seal, verify
+from turnforge.paths import seal, verify
 from turnforge.policy.model import load_chat_format, load_policy
 from turnforge.policy.tiny import build_tiny_model
 

@@ -152,10 +152,10 @@ def test_the_processed_image_cache_keeps_the_most_recent(vlm):
 
 def test_checkpoint_keeps_the_processor(vlm, tmp_path):
     from turnforge.policy.model import load_policy
+    from turnforge.runs import RunDir
     from turnforge.train.run_dir.checkpoint import save_model
 
-    save_model(vlm, tmp_path / "ck")
-    again = load_policy(tmp_path / "ck")
+    again = load_policy(save_model(RunDir(tmp_path), vlm, RunDir(tmp_path).checkpoint("final")))
     image = png(COLOURS["blue"])
     assert again.vision.block(image) == vlm.vision.block(image)
     cfg = RolloutConfig(context="window", max_turns=2, max_new_tokens=3, max_context_tokens=1024)

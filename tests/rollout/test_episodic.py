@@ -14,6 +14,7 @@ from turnforge.errors import UserError
 from turnforge.rollout.actors import PolicyActor
 from turnforge.rollout.engine import EpisodeRequest
 from turnforge.rollout.episodic import HEADER, EpisodicMemory, MemoryEntry, read_store, render, terms
+from turnforge.runs import RunDir
 from turnforge.types import Task, Trajectory, Turn
 
 ALL_WORDS = "the box wall floor target up down left right # _ . $ @ 2 4 8 16 hole goal"  # test-echo's words
@@ -114,7 +115,7 @@ def test_state_and_the_parquet_file_round_trip(tmp_path):
     cfg = MemoryConfig(enabled=True)
     mem = EpisodicMemory(cfg, "test-echo", [_entry("a", "x", ("up", "down")), _entry("b", "y")])
     assert EpisodicMemory.from_state(cfg, "test-echo", mem.state()).entries == mem.entries
-    mem.write(tmp_path)
+    mem.write(RunDir(tmp_path).memory)
     stored = read_store(MemoryConfig(enabled=True, store=str(tmp_path)), "test-echo")
     assert stored.frozen and stored.entries == mem.entries
 
@@ -123,12 +124,12 @@ def test_store_checks_name_the_problem(tmp_path):
     cfg = MemoryConfig(enabled=True, store=str(tmp_path))
     with pytest.raises(UserError, match=r"memory.store=.*: no memory.parquet there"):
         read_store(cfg, "test-echo")
-    EpisodicMemory(cfg, "test-echo").write(tmp_path)
+    EpisodicMemory(cfg, "test-echo").write(RunDir(tmp_path).memory)
     with pytest.raises(UserError, match="its memory is empty"):
         read_store(cfg, "test-echo")
-    EpisodicMemory(cfg, "sokoban", [_entry("a", "x")]).write(tmp_path)
+    EpisodicMemory(cfg, "sokoban", [_entry("a", "x")]).write(RunDir(tmp_path).memory)
     with pytest.raises(UserError, match="remembers env sokoban, not 'test-echo'"):
         read_store(cfg, "test-echo")
-    (tmp_path / "memory.parquet").write_text("not parquet")
+    RunDir(tmp_path).memory.write_text("not parquet")
     with pytest.raises(UserError, match="is not a memory file"):
         read_store(cfg, "test-echo")

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from turnforge.train.rehearsal import FILE, Rehearsal, read_cache, rehearsal_loss, write_cache
+from turnforge.runs import RunDir
+from turnforge.train.rehearsal import Rehearsal, read_cache, rehearsal_loss, write_cache
 from turnforge.types import Sample
 
 
@@ -50,8 +51,8 @@ def test_rehearsal_loss_is_the_token_mean_nll_at_the_temperature():
 def test_the_cache_round_trips_and_batches_cycle(tmp_path):
     xs = [sample([1, 2, 3], [0, 1, 1], "a"), sample([0, 2], [0, 1], "b"), sample([3, 3, 1, 2], [0, 0, 1, 1], "c")]
     r = Rehearsal(xs, 0.5, 0.1, episodes=3, played=4, env_steps=9)
-    write_cache(tmp_path / FILE, r)
-    back, meta = read_cache(tmp_path / FILE)
+    write_cache(RunDir(tmp_path).rehearsal, r)
+    back, meta = read_cache(RunDir(tmp_path).rehearsal)
     assert meta == {"episodes": 3, "played": 4, "env_steps": 9}
     for a, b in zip(xs, back):
         assert a.trajectory_id == b.trajectory_id and np.array_equal(a.token_ids, b.token_ids)

@@ -154,7 +154,7 @@ def test_metrics_log_and_curve(tmp_path):
     metrics = read_metrics(tmp_path)  # typed records back, env steps and times filled in
     assert [e.result.success_rate for e in metrics.evals] == [0.1, 0.3, 0.6]
     assert metrics.bc.demonstrations == 4 and metrics.bc.env_steps == 50 and metrics.bc.time > 0
-    png = plot_learning_curve(tmp_path, "demo")
+    png = plot_learning_curve(tmp_path / "learning_curve.png", metrics, "demo")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # resuming at env step 50 drops later events
     MetricsLog(tmp_path, keep_until_env_steps=50).close()

@@ -142,12 +142,13 @@ def segment_run(tmp_path_factory, tiny_model_dir) -> Path:
         from turnforge.app.run import train
         from turnforge.config import MemoryConfig
         from turnforge.rollout.episodic import EpisodicMemory, MemoryEntry
+        from turnforge.runs import RunDir
 
         store = path.parent / f"{path.name}-memory"
         store.mkdir(exist_ok=True)
         words = "the box wall floor target up down left right # _ . $ @ 2 4 8 16 hole goal"  # test-echo's words
         EpisodicMemory(MemoryConfig(enabled=True), "test-echo",
-                       [MemoryEntry("test-echo:train:0", "t", "rl", 0, "plain", words, ("up",))]).write(store)
+                       [MemoryEntry("test-echo:train:0", "t", "rl", 0, "plain", words, ("up",))]).write(RunDir(store).memory)
         train(load_config("sokoban-tiny", [
             "memory.enabled=true", f"memory.store={store}", "memory.max_tokens=24",
             "env.id=test-echo", "env.kwargs={episode_len: 8, max_obs_words: 8}", "check_env=false", "bc.enabled=false",

@@ -93,7 +93,7 @@ def test_default_output_is_next_to_the_run(view_run_b, view_run, tmp_path):
 HOLD_LOCK = """
 import sys, time
 from pathlib import Path
-from turnforge.train.run_dir.lock import RunLock
+from turnforge.runs import RunLock
 RunLock(Path(sys.argv[1])).acquire()
 print("locked", flush=True)
 time.sleep(120)

@@ -16,7 +16,8 @@ same as under torchrun, one code path.
 
 The run directory is written by rank 0's actor and read by the others: on several machines it
 must be on a shared filesystem. A rank whose actor dies, or whose training raises, ends the
-run: the other actors are killed, one line names each rank and its cause.
+run: the other actors are killed, one line names each rank and its cause, as under torchrun
+(``turnforge.app.launch``), and one says where to resume.
 """
 
 from __future__ import annotations
@@ -70,12 +71,13 @@ def launch_on_ray(cfg, run_dir: Path, *, resume: bool, place_timeout_s: float = 
     """Run the training job on ``cfg.dist.nproc`` trainer ranks placed by Ray (see the module
     docstring); returns the exit status. Prints where the ranks run, then, when a rank fails,
     one line per rank: the first failure (an actor that died, or the cause a rank reported),
-    then the others'."""
+    then the others' ("stopped because rank 1 died"), then where to resume (``resume_lines``)."""
     import ray
     from ray.exceptions import RayActorError
     from ray.util.placement_group import placement_group, remove_placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+    from turnforge.app.launch import resume_lines
     from turnforge.envpool.ray_pool import connect_ray
     from turnforge.errors import UserError
 
@@ -113,6 +115,7 @@ def launch_on_ray(cfg, run_dir: Path, *, resume: bool, place_timeout_s: float = 
                    "OMP_NUM_THREADS": str(threads)}
             futures[actor.run.remote(cfg.model_dump(), str(run_dir), resume, env)] = i
         results: dict[int, tuple[int, str]] = {}
+        died: set[int] = set()  # the ranks whose actor died (rather than reporting a failure)
         pending = list(futures)
         while pending:
             done, pending = ray.wait(pending, num_returns=1)
@@ -121,16 +124,21 @@ def launch_on_ray(cfg, run_dir: Path, *, resume: bool, place_timeout_s: float = 
                 results[rank] = ray.get(done[0])
             except RayActorError as err:
                 results[rank] = (1, f"its actor died ({type(err).__name__}: killed, out of memory, or its node left)")
+                died.add(rank)
             if results[rank][0] != 0 and pending:  # the first failure ends the run: the others would wait in a collective
                 first = rank
                 for r, a in enumerate(actors):
                     if r not in results:
                         ray.kill(a)
-                        results[r] = (1, "stopped: another rank failed")
+                        results[r] = (1, f"stopped because rank {first} {'died' if first in died else 'failed'}")
                 for r in [first] + sorted(set(results) - {first}):
                     if results[r][0] != 0:
                         print(f"rank {r}: {results[r][1]}", file=sys.stderr)
-                return min(code for code, _ in results.values() if code != 0)
+                code = results[first][0]
+                if code != 2:  # (a user error: fix it first; its line says what)
+                    for line in resume_lines(run_dir):
+                        print(line, file=sys.stderr)
+                return code
         failed = {r: res for r, res in results.items() if res[0] != 0}
         for r, (_, line) in sorted(failed.items()):
             print(f"rank {r}: {line}", file=sys.stderr)

@@ -1,17 +1,7 @@
 """One training run, top to bottom: set-up -> BC warm start -> eval, pass@k -> flywheel -> critic -> RL -> eval, pass@k -> save.
 
-Run directory layout::
-
-    DIR/config.yaml             the full resolved config
-    DIR/metrics.jsonl, DIR/tb/  typed records (``turnforge.train.metrics``) and TensorBoard
-    DIR/learning_curve.png      held-out success and return vs env steps, stages marked
-    DIR/pass_at_k.png           pass@k of the start and after training (eval.pass_at_k_samples > 0)
-    DIR/summary.json            headline numbers (``turnforge.train.metrics.RunSummary``)
-    DIR/trajectories/*.parquet  one row per training sample (see turnforge.data.store)
-    DIR/base_model/             the initial model (tiny recipes build it here)
-    DIR/checkpoints/bc/         after behaviour cloning (HF format)
-    DIR/checkpoints/last/       resumable: HF model + optimizer + counters
-    DIR/checkpoints/final/      the trained policy (HF format)
+What the run writes and where (the run directory's layout, and the rule that rank 0 alone writes
+it) is ``turnforge.runs``.
 
 ``train(cfg, out, resume=True)`` on a directory with ``checkpoints/last`` continues
 from there: weights, optimizer state and counters are restored and every random stream
@@ -21,9 +11,9 @@ as an uninterrupted one. The set-up (checks, lock, policy, engine) is ``turnforg
 
 from __future__ import annotations
 
-import json
 import time
 from contextlib import ExitStack
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -32,17 +22,16 @@ from turnforge.app.setup import freeze_bc, make_critic, open_run, preflight, rl_
 from turnforge.config import TrainConfig
 from turnforge.dist import attach_trainer, init_world, load_optimizer_state
 from turnforge.envs.base import close_env
-from turnforge.paths import write_atomic
 from turnforge.policy.generate import PrefillCache
 from turnforge.policy.lora import trainable_parameters
 from turnforge.policy.model import quiet_hf
 from turnforge.train.bc import run_bc
 from turnforge.train.flywheel import run_flywheel
 from turnforge.train.flywheel_report import write_flywheel_report
-from turnforge.train.metrics import BestTemperature, RunSummary, TemperatureEval, to_json
+from turnforge.train.metrics import BestTemperature, RunSummary, TemperatureEval, read_metrics, to_json
 from turnforge.train.reporting import final_line, plot_learning_curve, plot_pass_at_k, run_summary, start_name
 from turnforge.train.rl import budget_spent, run_rl, training_state
-from turnforge.train.run_dir.checkpoint import save_model, save_resumable
+from turnforge.train.run_dir.checkpoint import TrainingState, save_model, save_resumable
 from turnforge.train.session import Session
 from turnforge.types import EvalResult
 
@@ -68,38 +57,25 @@ def train(cfg: TrainConfig, out: str | Path, *, resume: bool = False, live: bool
     checked = preflight(cfg, run_dir, resume)
     with ExitStack() as stack:
         stack.callback(close_env, checked.env)  # what the checks' env holds (a browser env's browser)
-        run = open_run(cfg, run_dir, checked, stack, resume=resume, live=live)
-        if isinstance(run, RunSummary):  # --resume of a finished run
-            return run
-        s, state, policy = run.session, run.session.state, run.session.policy
+        opened = open_run(cfg, run_dir, checked, stack, resume=resume, live=live)
+        if isinstance(opened, RunSummary):  # --resume of a finished run
+            return opened
+        s, state, policy = opened.session, opened.session.state, opened.session.policy
 
         # 2. behaviour cloning warm start, then the reference evaluations: at eval.temperature and
         #    at each of eval.bc_temperatures (the best of them is the baseline learning is stated against),
         #    then pass@k of the start (eval.pass_at_k_samples; its own random stream, after the evaluations)
-        if run.resumed is None:
-            state.bc = run_bc(s) if cfg.bc.enabled else None
-            freeze_bc(s)
-            prefills = s.prefills()
-            state.eval_before_rl, state.bc_temperatures = evaluate_start(s, prefills)
-            state.boundary_start = s.boundary("start", state.eval_before_rl, prefills)
-            state.wall_seconds = s.wall_seconds()
-            save_resumable(run_dir, policy, state, training_state(policy, None, memory=s.memory))
+        if opened.resumed is None:
+            warm_start(s)
 
         # 3. the data flywheel (flywheel.rounds > 0): rounds of collect -> filter -> train -> evaluate
         if policy.trainer is None:
             attach_trainer(policy)  # on several ranks: the sharded copy updates run through (turnforge.dist)
         optimizer = torch.optim.AdamW(trainable_parameters(policy.train_model), lr=cfg.rl.lr, weight_decay=0.0)
-        training = run.training  # the resumed checkpoint's optimizer (and critic) state, if any
+        training = opened.training  # the resumed checkpoint's optimizer (and critic) state, if any
         if cfg.flywheel.rounds > 0 and state.stage == "bc":
-            if training is not None and training.flywheel is not None:  # stopped between two rounds
-                load_optimizer_state(policy.train_model, optimizer, training.optimizer)
-            rounds = run_flywheel(s, optimizer, training.flywheel if training is not None else None)
+            flywheel_stage(s, optimizer, training)
             training = None  # the optimizer is the flywheel's own now
-            state.hints = rounds[-1].expert_queries
-            state.anchor_moves = rounds[-1].anchor_expert_moves
-            state.stage = "flywheel"
-            state.wall_seconds = s.wall_seconds()
-            save_resumable(run_dir, policy, state, training_state(policy, optimizer, memory=s.memory))
 
         # 4. the critic (rl.advantage=gae with critic.enabled): the BC policy's trunk plus a
         #    value head, pretrained on Monte-Carlo returns of the BC policy
@@ -108,7 +84,7 @@ def train(cfg: TrainConfig, out: str | Path, *, resume: bool = False, live: bool
         # 5. RL (a first SIGINT/SIGTERM finishes the iteration, checkpoints and stops)
         if training is not None and training.optimizer is not None:
             load_optimizer_state(policy.train_model, optimizer, training.optimizer)
-        bc_policy, reference = rl_references(cfg, run_dir, policy)
+        bc_policy, reference = rl_references(cfg, s.run, policy)
         s.stop.graceful = True
         run_rl(s, optimizer, reference, critic, bc_policy, stop_after)
         s.stop.graceful = False
@@ -119,21 +95,56 @@ def train(cfg: TrainConfig, out: str | Path, *, resume: bool = False, live: bool
             return None
 
         # 6. final evaluation and pass@k, checkpoint, summary, plots, flywheel report
-        prefills = s.prefills()
-        after = s.evaluate("after-rl", prefills=prefills)
-        boundary_after = s.boundary("after", after, prefills)
-        save_model(policy, run_dir / "checkpoints" / "final")
-        state.wall_seconds = s.wall_seconds()
-        summary = run_summary(cfg, state, policy, s.engine, run_dir, after, rl_seconds, boundary_after)
-        if not w.main:  # rank 0 writes the summary, plots and report
-            return summary
-        write_atomic(run_dir / "summary.json", json.dumps(to_json(summary), indent=2) + "\n")
-        plot_learning_curve(run_dir, f"{cfg.recipe} (seed {cfg.seed})")
-        if summary.boundary_start is not None or summary.boundary_after is not None:
-            plot_pass_at_k(run_dir, summary, f"{cfg.recipe} (seed {cfg.seed})")
-        if cfg.flywheel.rounds > 0:
-            write_flywheel_report(run_dir, summary, cfg)
-        s.progress.message(final_line(summary, cfg, run_dir))
+        return finish(s, rl_seconds)
+
+
+def warm_start(s: Session) -> None:
+    """Step 2 of a new run: behaviour cloning (``bc.enabled``), the BC policy frozen as
+    ``checkpoints/bc``, its evaluations (``evaluate_start``) and pass@k, then the first resumable
+    checkpoint."""
+    state = s.state
+    state.bc = run_bc(s) if s.cfg.bc.enabled else None
+    freeze_bc(s)
+    prefills = s.prefills()
+    state.eval_before_rl, state.bc_temperatures = evaluate_start(s, prefills)
+    state.boundary_start = s.boundary("start", state.eval_before_rl, prefills)
+    state.wall_seconds = s.wall_seconds()
+    save_resumable(s.run, s.policy, state, training_state(s.policy, None, memory=s.memory))
+
+
+def flywheel_stage(s: Session, optimizer: torch.optim.Optimizer, training: TrainingState | None) -> None:
+    """Step 3: the flywheel's rounds (``run_flywheel``), from where ``training`` (a checkpoint
+    taken between two rounds) stopped; then the stage's resumable checkpoint."""
+    state = s.state
+    if training is not None and training.flywheel is not None:  # stopped between two rounds
+        load_optimizer_state(s.policy.train_model, optimizer, training.optimizer)
+    rounds = run_flywheel(s, optimizer, training.flywheel if training is not None else None)
+    state.hints = rounds[-1].expert_queries
+    state.anchor_moves = rounds[-1].anchor_expert_moves
+    state.stage = "flywheel"
+    state.wall_seconds = s.wall_seconds()
+    save_resumable(s.run, s.policy, state, training_state(s.policy, optimizer, memory=s.memory))
+
+
+def finish(s: Session, rl_seconds: float | None) -> RunSummary:
+    """Step 6: the final evaluation and pass@k, ``checkpoints/final``, then the run's record:
+    ``summary.json``, the learning curve, pass@k (when measured) and the flywheel's report
+    (rank 0 writes them, through ``turnforge.runs.RunDir``)."""
+    cfg, state, policy, run = s.cfg, s.state, s.policy, s.run
+    prefills = s.prefills()
+    after = s.evaluate("after-rl", prefills=prefills)
+    boundary_after = s.boundary("after", after, prefills)
+    save_model(run, policy, run.checkpoint("final"))
+    state.wall_seconds = s.wall_seconds()
+    summary = run_summary(cfg, state, policy, s.engine, run, after, rl_seconds, boundary_after)
+    title = f"{cfg.recipe} (seed {cfg.seed})"
+    run.write_json(run.summary, to_json(summary))
+    run.write(run.learning_curve, lambda out: plot_learning_curve(out, read_metrics(run), title))
+    if summary.boundary_start is not None or summary.boundary_after is not None:
+        run.write(run.pass_at_k, partial(plot_pass_at_k, summary=summary, title=title))
+    if cfg.flywheel.rounds > 0:
+        write_flywheel_report(run, summary, cfg)
+    s.progress.message(final_line(summary, cfg, run))  # (quiet on the other ranks)
     return summary
 
 

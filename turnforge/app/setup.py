@@ -76,21 +76,21 @@ from turnforge.policy.vision import check_first_images
 from turnforge.rollout.context import CONTEXTS, PromptSpec, check_summary_budget
 from turnforge.rollout.engine import Engine, RolloutEngine, make_engine
 from turnforge.rollout.episodic import EpisodicMemory, read_store
+from turnforge.runs import RunDir
 from turnforge.train.checks import check_env_at_start
 from turnforge.train.metrics import RunSummary, RunWarning, read_summary
 from turnforge.train.reporting import MetricsLog, Progress, SilentMetricsLog
 from turnforge.train.rl import Critic, make_reference, pretrain_values
 from turnforge.train.run_dir.checkpoint import Resumable, TrainerState, TrainingState, find_resumable, save_model
 from turnforge.train.run_dir.interrupts import Interrupts
-from turnforge.train.run_dir.lock import LOCK, RunLock
 from turnforge.train.session import Session
 
 
 def load_run_config(run_dir: Path) -> TrainConfig:
     """The config a run directory was started with (``--resume``)."""
-    path = run_dir / "config.yaml"
+    path = RunDir(run_dir).config
     if not path.exists():
-        raise UserError(f"--resume {str(run_dir)!r}: no config.yaml there; is it a turnforge run directory?")
+        raise UserError(f"--resume {str(run_dir)!r}: no {path.name} there; is it a turnforge run directory?")
     return config_from_dict(yaml.safe_load(path.read_text()))
 
 
@@ -102,11 +102,12 @@ def check_run_dir(run_dir: Path, resume: bool) -> None:
     check_out_dir(run_dir, "run directory")
     if resume:
         return
-    if run_dir.exists() and any(p.name != LOCK for p in run_dir.iterdir()):
-        if not (run_dir / "config.yaml").exists():
+    run = RunDir(run_dir)
+    if run_dir.exists() and any(p.name != run.lock.name for p in run_dir.iterdir()):
+        if not run.config.exists():
             raise UserError(f"--out {str(run_dir)!r} is not empty and is not a turnforge run directory; "
                             "give a new or empty directory")
-        if (run_dir / "summary.json").exists() or find_resumable(run_dir) is not None:
+        if run.summary.exists() or find_resumable(run) is not None:
             raise UserError(f"output directory {str(run_dir)!r} already holds a run; use --resume {run_dir} or another --out")
 
 
@@ -159,10 +160,14 @@ def preflight(cfg: TrainConfig, run_dir: Path, resume: bool) -> Checked:
         check_lora_targets(skeleton(hf), list(cfg.model.lora.target_modules))
     if CONTEXTS[cfg.rollout.context].writes_summaries and cfg.model.gguf is None:  # (a GGUF model's: once converted)
         check_summary_budget(ChatFormat(_tokenizer(cfg)), cfg.rollout)
-    if world().main:
-        check_run_dir(run_dir, resume)
-        run_dir.mkdir(parents=True, exist_ok=True)
+    RunDir(run_dir).write(run_dir, partial(_make_run_dir, resume=resume))
     return checked
+
+
+def _make_run_dir(run_dir: Path, *, resume: bool) -> None:
+    """``check_run_dir``, then the directory made (with its parents)."""
+    check_run_dir(run_dir, resume)
+    run_dir.mkdir(parents=True, exist_ok=True)
 
 
 def _tokenizer(cfg: TrainConfig) -> Any:
@@ -196,35 +201,28 @@ def open_run(cfg: TrainConfig, run_dir: Path, checked: Checked, stack: ExitStack
     a new run's config and base model, or the newest complete checkpoint with ``resume``;
     SIGINT/SIGTERM handling; the policy and the engine; the metrics log; the ``Session``.
     ``--resume`` of a run that already finished returns its summary (nothing to do)."""
-    w = world()  # on several trainer ranks only rank 0 writes the run directory (turnforge.dist)
-    if w.main:
-        stack.enter_context(RunLock(run_dir))
+    run = RunDir(run_dir)  # its writers obey the rank rule: on several trainer ranks rank 0 alone writes
+    stack.enter_context(run.hold())
     errors.current_run_dir.append(str(run_dir))
     stack.callback(errors.current_run_dir.remove, str(run_dir))
-    progress = stack.enter_context(Progress(cfg.recipe, live=live, quiet=not w.main))
+    progress = stack.enter_context(Progress(cfg.recipe, live=live, quiet=not world().main))  # rank 0's display is the run's
     progress.message(f"run directory {run_dir}: recipe {cfg.recipe}, env {cfg.env.id}, seed {cfg.seed}")  # first: a log's head says what runs
-    if resume and (run_dir / "summary.json").exists():
-        summary = read_summary(run_dir)
+    if resume and run.summary.exists():
+        summary = read_summary(run)
         progress.message(f"run {run_dir} is finished ({summary.rl_iterations} RL iterations, held-out success "
-                         f"{summary.eval_after_rl.success_rate:.3f}; see summary.json): nothing to resume")
+                         f"{summary.eval_after_rl.success_rate:.3f}; see {run.summary.name}): nothing to resume")
         return summary
-    found = find_resumable(run_dir) if resume else None
+    found = find_resumable(run) if resume else None
     if found is None:  # a new run, or one that stopped before its first checkpoint: start over
         state, training = TrainerState(), None
-        if w.main:
-            if not resume:
-                check_run_dir(run_dir, resume=False)  # again, under the lock
-            if _clear_leftovers(run_dir):
-                progress.message(f"{run_dir} held a run stopped before its first checkpoint; starting it over")
-            (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(), sort_keys=False))
-            model_path = _base_model(cfg, run_dir, progress)
-        model_path = Path(broadcast(str(model_path) if w.main else None))  # the other ranks read rank 0's
+        # rank 0 writes the config and the base model; every rank loads the model it names
+        model_path = Path(broadcast(run.write(run.root, partial(_new_run, cfg, resume=resume, progress=progress))))
     else:
         model_path, state, training = found.path, found.state, found.training
         for problem in found.skipped:
             progress.message(f"warning: {problem}; resuming from the previous checkpoint")
-    stop = stack.enter_context(Interrupts(lambda: _where(run_dir, state, stop, cfg.flywheel.rounds > 0)))
-    policy = _load_policy(cfg, run_dir, model_path, found)
+    stop = stack.enter_context(Interrupts(lambda: _where(run, state, stop, cfg.flywheel.rounds > 0)))
+    policy = _load_policy(cfg, run, model_path, found)
     broadcast_weights(policy.model)  # every rank starts from rank 0's weights (a no-op in a world of one)
     if cfg.rollout.backend == "server":  # the inference replicas (closed with the run), each checked to serve this model
         from turnforge.gateway.ray_replicas import start_ray_replicas  # Ray and the gateway: optional extras
@@ -232,12 +230,12 @@ def open_run(cfg: TrainConfig, run_dir: Path, checked: Checked, stack: ExitStack
         srv = cfg.rollout.server
         launch = (partial(start_ray_replicas, address=cfg.engine.ray_address, resources=srv.ray_resources)
                   if srv.launch == "ray" else start_replicas)
-        policy.sampler = open_sampler(srv, policy, model_dir=model_path, run_dir=run_dir,
+        policy.sampler = open_sampler(srv, policy, model_dir=model_path, run=run,
                                       context=cfg.rollout.max_context_tokens, max_new_tokens=cfg.rollout.max_new_tokens,
                                       dtype=cfg.model.dtype, device=cfg.model.device, prefix_cache=cfg.rollout.prefix_cache,
                                       seed=cfg.seed, launch=launch, log=progress.message)
         stack.callback(policy.sampler.close)
-    engine, too_long = _make_engine(cfg, policy, run_dir, checked, stack)
+    engine, too_long = _make_engine(cfg, policy, run, checked, stack)
     if training is not None:
         policy.version = training.version
     if found is not None:  # on several ranks with inference replicas: the weights resumed from, to them
@@ -247,11 +245,12 @@ def open_run(cfg: TrainConfig, run_dir: Path, checked: Checked, stack: ExitStack
         memory = checked.memory or EpisodicMemory.from_state(cfg.memory, engine.env.env_id,
                                                              training.memory if training is not None else None)
         engine.memory = memory
-    metrics = MetricsLog(run_dir, keep_until_env_steps=state.env_steps if found else None) if w.main else SilentMetricsLog()
+    if found is None:
+        run.write_text(run.metrics, "")  # a new run's log starts empty
+    # rank 0's log is the run's; the other ranks' records are stamped alike and dropped
+    metrics = run.write(run.root, partial(MetricsLog, keep_until_env_steps=state.env_steps if found else None)) or SilentMetricsLog()
     stack.callback(metrics.close)
-    if found is None and w.main:
-        (run_dir / "metrics.jsonl").write_text("")
-    s = Session(cfg, run_dir, policy, engine, metrics, progress, state, wall_offset=state.wall_seconds, stop=stop,
+    s = Session(cfg, run, policy, engine, metrics, progress, state, wall_offset=state.wall_seconds, stop=stop,
                 memory=memory)
     if found is not None:
         where = (f"after flywheel round {state.flywheel_rounds_done}" if state.stage == "bc" and state.flywheel_rounds_done
@@ -269,24 +268,35 @@ def open_run(cfg: TrainConfig, run_dir: Path, checked: Checked, stack: ExitStack
     return OpenRun(s, found)
 
 
-def _clear_leftovers(run_dir: Path) -> bool:
+def _new_run(cfg: TrainConfig, root: Path, *, resume: bool, progress: Progress) -> Path:
+    """A new run's files in ``root`` (rank 0, through ``RunDir.write``): the directory checked
+    again (under the lock), what a run stopped before its first checkpoint left cleared, the
+    config and the base model; returns the path of the model the run starts from."""
+    run = RunDir(root)
+    if not resume:
+        check_run_dir(root, resume=False)  # again, under the lock
+    if _clear_leftovers(run):
+        progress.message(f"{run} held a run stopped before its first checkpoint; starting it over")
+    run.write_text(run.config, yaml.safe_dump(cfg.model_dump(), sort_keys=False))
+    return _base_model(cfg, run, progress)
+
+
+def _clear_leftovers(run: RunDir) -> bool:
     """Remove what a run that stopped before its first checkpoint left; True if there was any."""
     found = False
-    for name in ("config.yaml", "metrics.jsonl", "tb", "trajectories", "base_model", "base_model.tmp", "checkpoints",
-                 "learning_curve.png", "summary.json"):
-        path = run_dir / name
+    for path in run.leftovers:
         if path.exists():
             found = True
             shutil.rmtree(path) if path.is_dir() else path.unlink()
     return found
 
 
-def _base_model(cfg: TrainConfig, run_dir: Path, progress: Progress) -> Path:
+def _base_model(cfg: TrainConfig, run: RunDir, progress: Progress) -> Path:
     """The model a new run starts from: a GGUF import (cached; its slow steps are logged), the
-    tiny model built in ``run_dir/base_model``, or ``model.path``; with ``model.thinking``, its
+    tiny model built in ``RUN/base_model``, or ``model.path``; with ``model.thinking``, its
     reasoning copy (cached)."""
     if cfg.model.path == "tiny" and cfg.model.gguf is None:
-        path = run_dir / "base_model"
+        path = run.base_model
         build_tiny_model(path, cfg.model.tiny, thinking=cfg.model.thinking)
         return path
     path = cached_import(cfg.model.gguf, log=progress.message) if cfg.model.gguf is not None else Path(cfg.model.path)
@@ -298,13 +308,13 @@ def lora_tokens(cfg: TrainConfig, policy: Policy) -> list[int]:
     return thinking_rows(policy) if cfg.model.thinking else []
 
 
-def _load_policy(cfg: TrainConfig, run_dir: Path, model_path: Path, found: Resumable | None) -> Policy:
+def _load_policy(cfg: TrainConfig, run: RunDir, model_path: Path, found: Resumable | None) -> Policy:
     """The policy in eval mode: with LoRA on a resume, the BC policy (merged) plus the
     checkpoint's adapter; otherwise the model (with a BC adapter when BC trains through LoRA);
     the prefix cache and the vLLM sampler as configured."""
     lora = cfg.model.lora
     if lora.r > 0 and found is not None:
-        policy = load_policy(run_dir / "checkpoints" / "bc", cfg.model.dtype, resolve_device(cfg.model.device))
+        policy = load_policy(run.checkpoint("bc"), cfg.model.dtype, resolve_device(cfg.model.device))
         add_lora(policy, lora, cfg.seed, "rl", adapter_dir=found.path / ADAPTER_DIR)
     else:
         policy = load_policy(model_path, cfg.model.dtype, resolve_device(cfg.model.device))
@@ -324,7 +334,7 @@ def _load_policy(cfg: TrainConfig, run_dir: Path, model_path: Path, found: Resum
     return policy
 
 
-def _make_engine(cfg: TrainConfig, policy: Policy, run_dir: Path, checked: Checked,
+def _make_engine(cfg: TrainConfig, policy: Policy, run: RunDir, checked: Checked,
                  stack: ExitStack) -> tuple[Engine, list[str]]:
     """The run's engine (closed with ``stack``) and warnings about actions longer than
     ``rollout.max_new_tokens``: the gateway's agent engine (it starts with the run and stops
@@ -332,7 +342,7 @@ def _make_engine(cfg: TrainConfig, policy: Policy, run_dir: Path, checked: Check
     if checked.env is None:
         from turnforge.gateway.agents import AgentEngine
 
-        return stack.enter_context(closing(AgentEngine(cfg, policy, run_dir, checked.agent_tasks, checked.agent_fn))), []
+        return stack.enter_context(closing(AgentEngine(cfg, policy, run.root, checked.agent_tasks, checked.agent_fn))), []
     prompt = PromptSpec.of(checked.env, cfg.rollout.include_instructions, cfg.rollout.example_turns,
                            cfg.rollout.tools_in_system_prompt)
     policy.chat.start(prompt.system, prompt.tools, prompt.examples, prompt.observation_role)  # the template fits the env
@@ -342,12 +352,12 @@ def _make_engine(cfg: TrainConfig, policy: Policy, run_dir: Path, checked: Check
     return engine, check_action_lengths(engine.env, policy.chat, cfg.rollout.max_new_tokens) if cfg.check_env else []
 
 
-def _where(run_dir: Path, state: TrainerState, stop: Interrupts, flywheel: bool = False) -> str:
+def _where(run: RunDir, state: TrainerState, stop: Interrupts, flywheel: bool = False) -> str:
     """Where an interrupted run stopped and what ``--resume`` continues from."""
-    resume = f"resume with: turnforge train --resume {run_dir}"
+    resume = f"resume with: turnforge train --resume {run}"
     if stop.requested is not None:
         return f"at RL iteration {state.iteration} (checkpoint saved); {resume}"
-    found = find_resumable(run_dir)
+    found = find_resumable(run)
     if found is None:
         return f"before the first checkpoint (during behaviour cloning or the first evaluation); {resume} (starts it over)"
     if flywheel and state.stage == "bc" and found.state.stage == "bc":
@@ -365,7 +375,7 @@ def freeze_bc(s: Session) -> None:
         policy.sampler.invalidate()
     if is_lora(policy.model):  # BC's adapter becomes part of the frozen base
         merge_lora(policy)
-    save_model(policy, s.run_dir / "checkpoints" / "bc")
+    save_model(s.run, policy, s.run.checkpoint("bc"))
     if s.cfg.model.lora.r > 0:
         add_lora(policy, s.cfg.model.lora, s.cfg.seed, "rl", tokens=lora_tokens(s.cfg, policy))
     attach_trainer(policy)  # on several ranks: a sharded copy of what the next stages train
@@ -392,7 +402,7 @@ def make_critic(s: Session, training: TrainingState | None) -> Critic | None:
     return critic
 
 
-def rl_references(cfg: TrainConfig, run_dir: Path, policy: Policy) -> tuple[Policy | None, torch.nn.Module | None]:
+def rl_references(cfg: TrainConfig, run: RunDir, policy: Policy) -> tuple[Policy | None, torch.nn.Module | None]:
     """``(bc_policy, reference)`` for the RL stage: the frozen BC policy when Monte-Carlo
     rollouts play it (``critic.mc_policy=bc``) or it is the KL reference of full fine-tuning;
     the KL reference (``rl.kl_coef > 0``): under LoRA the adapter's frozen base (no copy),
@@ -401,13 +411,13 @@ def rl_references(cfg: TrainConfig, run_dir: Path, policy: Policy) -> tuple[Poli
     bc_policy = None
     mc_by_bc = cfg.critic.mc_policy == "bc" and ESTIMATORS[cfg.rl.advantage].monte_carlo(cfg)
     if mc_by_bc or (cfg.rl.kl_coef > 0 and cfg.model.lora.r == 0):
-        bc_policy = load_policy(run_dir / "checkpoints" / "bc", cfg.model.dtype, resolve_device(cfg.model.device))
+        bc_policy = load_policy(run.checkpoint("bc"), cfg.model.dtype, resolve_device(cfg.model.device))
         bc_policy.model = make_reference(bc_policy.model)
     if cfg.rl.kl_coef > 0 and is_lora(policy.model):  # the frozen base is the BC policy: no copy needed
         reference: torch.nn.Module | None = FrozenBase(policy.model)
     else:
         reference = bc_policy.model if bc_policy is not None and cfg.rl.kl_coef > 0 else None
-    last_reset = run_dir / "checkpoints" / "reference"  # rl.reference_reset_every: a resume after a reset
+    last_reset = run.checkpoint("reference")  # rl.reference_reset_every: a resume after a reset
     if reference is not None and cfg.rl.reference_reset_every > 0 and last_reset.exists():
         reference = make_reference(load_policy(last_reset, cfg.model.dtype, resolve_device(cfg.model.device)).model)
     return bc_policy, reference

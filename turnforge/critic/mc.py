@@ -160,4 +160,4 @@ def _budgets(max_turns: int | Sequence[int], n: int) -> list[int]:
     return budgets
 
 
-__all__ = ["MCEstimate", "MCStart", "blend", "estimate", "mc_q_values", "mc_values"]
+__all__ = ["MCEstimate", "MCStart", "estimate", "mc_q_values", "mc_values"]

@@ -33,6 +33,7 @@ import pyarrow.parquet as pq
 
 from turnforge.data.store import SCHEMA
 from turnforge.errors import UserError
+from turnforge.runs import RunDir
 
 #: The views every store has, in the order they are made.
 VIEWS: tuple[str, ...] = ("samples", "trajectories", "success_by_task", "success_by_round", "success_by_source")
@@ -78,7 +79,8 @@ def trajectory_files(path: str | Path) -> list[Path]:
     path = Path(path)
     if path.is_file() and path.suffix == ".parquet":
         return [path]
-    folder = path / "trajectories" if (path / "trajectories").is_dir() else path
+    in_run = RunDir(path).trajectories
+    folder = in_run if in_run.is_dir() else path
     files = sorted(p for p in folder.glob("*.parquet") if p.is_file()) if folder.is_dir() else []
     if not files:
         why = "it does not exist" if not path.exists() else "expected RUN/trajectories/*.parquet or DIR/*.parquet"

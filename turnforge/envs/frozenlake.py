@@ -23,7 +23,7 @@ from typing import Any, Iterator, Mapping
 import numpy as np
 
 from turnforge.envs.base import parse_choice
-from turnforge.envs.levels import LevelEnv, Outcome
+from turnforge.envs.levels import LevelEnv, Outcome, redraw
 from turnforge.errors import UserError
 from turnforge.seeding import stable_hash
 from turnforge.types import Task
@@ -197,18 +197,19 @@ class FrozenLakeEnv(LevelEnv[FrozenLakeLevel]):
 
     def generate_level(self, level_seed: int) -> FrozenLakeLevel:
         """A random map with a hole-free path from start to goal (maps without one are redrawn)."""
-        for attempt in range(10_000):
-            rng = random.Random(stable_hash("frozenlake", level_seed, attempt))
-            holes = frozenset(
-                (r, c)
-                for r in range(self.size)
-                for c in range(self.size)
-                if rng.random() < self.hole_prob and (r, c) not in ((0, 0), (self.size - 1, self.size - 1))
-            )
-            level = FrozenLakeLevel(self.size, holes)
-            if shortest_path(level, (0, 0)) is not None:
-                return level
-        raise RuntimeError(f"frozenlake: no map with a path after 10000 attempts; lower hole_prob={self.hole_prob}")
+        return redraw(lambda attempt: self._map(random.Random(stable_hash("frozenlake", level_seed, attempt))), 10_000,
+                      f"frozenlake: no map with a path after 10000 attempts; lower hole_prob={self.hole_prob}")
+
+    def _map(self, rng: random.Random) -> FrozenLakeLevel | None:
+        """A map drawn from ``rng``, or None when no path leads from start to goal."""
+        holes = frozenset(
+            (r, c)
+            for r in range(self.size)
+            for c in range(self.size)
+            if rng.random() < self.hole_prob and (r, c) not in ((0, 0), (self.size - 1, self.size - 1))
+        )
+        level = FrozenLakeLevel(self.size, holes)
+        return level if shortest_path(level, (0, 0)) is not None else None
 
     def level_key(self, level: FrozenLakeLevel) -> str:
         return level.render(level.start)

@@ -31,7 +31,7 @@ import random
 from dataclasses import dataclass
 
 from turnforge.envs.base import InvalidAction, parse_choice
-from turnforge.envs.levels import LevelEnv, Outcome
+from turnforge.envs.levels import LevelEnv, Outcome, redraw
 from turnforge.errors import UserError
 from turnforge.seeding import stable_hash
 
@@ -157,18 +157,20 @@ class KeyDoorEnv(LevelEnv[KeyDoorLevel]):
         return ", ".join(ACTIONS)
 
     def generate_level(self, level_seed: int) -> KeyDoorLevel:
-        for attempt in range(10_000):
-            rng = random.Random(stable_hash("keydoor", level_seed, attempt))
-            length = rng.randint(self.min_length, self.max_length)
-            cells = _walk(length, rng)
-            if cells is None:
-                continue
-            key_index = rng.randint(*self.key_distance)
-            gates = range(key_index + self.gate_every, length - self.gate_every + 1, self.gate_every) if self.gate_every else ()
-            lamps = tuple((i, rng.choice(COLOURS)) for i in range(1, length)
-                          if i != key_index and i not in gates and rng.randrange(self.lamp_every) == 0)
-            return KeyDoorLevel(tuple(cells), key_index, rng.choice(COLOURS), lamps, (*gates, length))
-        raise RuntimeError("keydoor: no corridor after 10000 attempts")  # pragma: no cover
+        return redraw(lambda attempt: self._corridor(random.Random(stable_hash("keydoor", level_seed, attempt))), 10_000,
+                      "keydoor: no corridor after 10000 attempts")
+
+    def _corridor(self, rng: random.Random) -> KeyDoorLevel | None:
+        """A level drawn from ``rng``, or None when the walk of its corridor got stuck."""
+        length = rng.randint(self.min_length, self.max_length)
+        cells = _walk(length, rng)
+        if cells is None:
+            return None
+        key_index = rng.randint(*self.key_distance)
+        gates = range(key_index + self.gate_every, length - self.gate_every + 1, self.gate_every) if self.gate_every else ()
+        lamps = tuple((i, rng.choice(COLOURS)) for i in range(1, length)
+                      if i != key_index and i not in gates and rng.randrange(self.lamp_every) == 0)
+        return KeyDoorLevel(tuple(cells), key_index, rng.choice(COLOURS), lamps, (*gates, length))
 
     def level_key(self, level: KeyDoorLevel) -> str:
         lamps = ",".join(f"{i}{c[0]}" for i, c in level.lamps)

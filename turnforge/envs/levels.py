@@ -2,7 +2,8 @@
 
 An env author subclasses ``LevelEnv`` and writes:
 
-- ``generate_level(level_seed)``: build a level (deterministic in the seed);
+- ``generate_level(level_seed)``: build a level (deterministic in the seed; a generator that
+  can fail, e.g. an unsolvable room, redraws from derived seeds with ``redraw``);
 - ``level_key(level)``: a string that identifies the level's content (its hash decides the split);
 - ``initial_state(level, rng)``: the mutable game state for a fresh episode;
 - ``render()``: the observation text of ``self.state`` (deterministic);
@@ -55,6 +56,19 @@ from turnforge.seeding import stable_hash
 from turnforge.types import EnvSnapshot, Scalar, StepResult, Task
 
 LevelT = TypeVar("LevelT")
+T = TypeVar("T")
+
+
+def redraw(draw: Callable[[int], T | None], attempts: int, failure: str) -> T:
+    """``draw(attempt)`` for attempt 0, 1, ... until it gives something (None: rejected, draw
+    again); ``RuntimeError(failure)`` after ``attempts`` rejections. Each draw derives its own
+    random stream from the attempt (``stable_hash(..., attempt)``), so what is drawn depends on the
+    seed alone."""
+    for attempt in range(attempts):
+        got = draw(attempt)
+        if got is not None:
+            return got
+    raise RuntimeError(failure)
 
 
 @dataclass(frozen=True)
@@ -185,14 +199,15 @@ class LevelEnv(Env, Generic[LevelT]):
         if key in self.level_cache:
             self.level_cache.move_to_end(key)
             return self.level_cache[key]
-        for attempt in range(10_000):
-            level = self.generate_level(stable_hash(self.env_id, task.split, task.index, attempt))
-            if self.split_of(level) == task.split:
-                break
-        else:  # pragma: no cover - only with a degenerate heldout_fraction
-            raise RuntimeError(f"{self.env_id}: no level for {task.task_id} after 10000 attempts")
+        level = redraw(lambda attempt: self._level_in_split(task, attempt), 10_000,  # (only a degenerate heldout_fraction fails)
+                       f"{self.env_id}: no level for {task.task_id} after 10000 attempts")
         self._cache_level(key, level)
         return level
+
+    def _level_in_split(self, task: Task, attempt: int) -> LevelT | None:
+        """The level generated for ``task`` at ``attempt``, or None when it falls in the other split."""
+        level = self.generate_level(stable_hash(self.env_id, task.split, task.index, attempt))
+        return level if self.split_of(level) == task.split else None
 
     def _level_in_data(self, task: Task) -> LevelT:
         text = task.data["level"]  # type: ignore[index]

@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Iterable, Iterator, Mapping
 
 from turnforge.envs.base import parse_choice
-from turnforge.envs.levels import LevelEnv, Outcome
+from turnforge.envs.levels import LevelEnv, Outcome, redraw
 from turnforge.errors import UserError
 from turnforge.seeding import stable_hash
 from turnforge.types import Task
@@ -283,13 +283,11 @@ class SokobanEnv(LevelEnv[SokobanLevel]):
     # ------------------------------------------------------------ generation
     def generate_level(self, level_seed: int) -> SokobanLevel:
         """A solvable room; layouts the solver rejects are retried with derived seeds."""
-        for attempt in range(self.max_generation_attempts):
-            level = self._try_level(random.Random(stable_hash("sokoban", level_seed, attempt)))
-            if level is not None:
-                return level
-        raise RuntimeError(
+        return redraw(
+            lambda attempt: self._try_level(random.Random(stable_hash("sokoban", level_seed, attempt))),
+            self.max_generation_attempts,
             f"sokoban: no solvable level after {self.max_generation_attempts} attempts (seed {level_seed}); "
-            "widen min_solution_length..max_solution_length, use fewer boxes or a larger dim"
+            "widen min_solution_length..max_solution_length, use fewer boxes or a larger dim",
         )
 
     def _try_level(self, rng: random.Random) -> SokobanLevel | None:

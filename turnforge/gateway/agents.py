@@ -47,6 +47,7 @@ from turnforge.gateway.server import Gateway, RolloutRecord
 from turnforge.gateway.trace import SPLIT_REASONS, compile_trace
 from turnforge.rollout.actors import PolicyActor
 from turnforge.rollout.engine import EpisodeRequest, RolloutStats
+from turnforge.runs import RunDir
 from turnforge.types import Task, Trajectory, Turn
 
 AGENT_ENV_ID = "agent"
@@ -123,7 +124,7 @@ class AgentEngine:
     def __init__(self, cfg, policy, run_dir: Path, tasks: AgentTasks, agent: Callable[..., Any]) -> None:
         self.cfg, self.env, self.agent, self.agent_cfg = cfg.rollout, tasks, agent, cfg.agent
         self.entrypoint = cfg.agent.entrypoint
-        self.splits_file = Path(run_dir) / "gateway_splits.jsonl"
+        self.splits_file = RunDir(Path(run_dir)).gateway_splits
         self.gateway = Gateway(policy, max_new_tokens=cfg.rollout.max_new_tokens,
                                max_context_tokens=cfg.rollout.max_context_tokens, seed=cfg.seed,
                                temperature=cfg.rollout.temperature, sampling=SAMPLING_POLICIES[cfg.agent.sampling],

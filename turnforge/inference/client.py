@@ -58,6 +58,7 @@ from turnforge.dist import broadcast, gather, world
 from turnforge.errors import RunStopped, UserError
 from turnforge.inference.weights import WeightPush, WeightSync
 from turnforge.policy.generate import Generation
+from turnforge.runs import RunDir
 from turnforge.seeding import stable_hash
 
 
@@ -422,7 +423,7 @@ def check_urls(srv) -> None:
 Launcher = Callable[[ReplicaSpec, int, float], list[Replica]]
 
 
-def open_sampler(srv, policy, *, model_dir: Path, run_dir: Path, context: int, max_new_tokens: int, dtype: str,
+def open_sampler(srv, policy, *, model_dir: Path, run: RunDir, context: int, max_new_tokens: int, dtype: str,
                  device: str, prefix_cache: bool, seed: int, launch: Launcher = start_replicas,
                  log: Callable[[str], None] | None = None) -> ServerSampler:
     """The run's ``ServerSampler`` (``srv``: ``rollout.server``): its replicas started from
@@ -437,7 +438,7 @@ def open_sampler(srv, policy, *, model_dir: Path, run_dir: Path, context: int, m
     threads = srv.threads or max(1, (os.cpu_count() or 1) // max(srv.replicas, 1))
     started, failed = [], None
     if world().main and srv.replicas:  # on several trainer ranks rank 0 starts them, the others learn where
-        spec = ReplicaSpec(model_dir, context, max_new_tokens, dtype, device, threads, prefix_cache, seed, run_dir / "logs")
+        spec = ReplicaSpec(model_dir, context, max_new_tokens, dtype, device, threads, prefix_cache, seed, run.logs)
         try:
             started = launch(spec, srv.replicas, srv.timeout_s)
         except RunStopped as err:
@@ -448,7 +449,7 @@ def open_sampler(srv, policy, *, model_dir: Path, run_dir: Path, context: int, m
     started = started or [Replica(i, url) for i, url in enumerate(urls)]
     given = [Replica(len(started) + i, url.rstrip("/").removesuffix("/v1")) for i, url in enumerate(srv.urls)]
     if srv.transport == "file":
-        sync: WeightSync = FileWeightSync(Path(srv.weights_dir) if srv.weights_dir else run_dir / "weights")
+        sync: WeightSync = FileWeightSync(Path(srv.weights_dir) if srv.weights_dir else run.weights)
     else:
         from turnforge.inference.collective import CollectiveWeightSync
 

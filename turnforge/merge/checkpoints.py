@@ -23,7 +23,8 @@ import torch
 
 from turnforge.errors import UserError
 from turnforge.merge.methods import SPARSITY_EPS, MergeSpec, Sparsity, check_spec, merge_tensor
-from turnforge.policy.manifest import MANIFEST, seal, verify
+from turnforge.paths import MANIFEST, seal, verify
+from turnforge.runs import RunDir
 
 WEIGHTS = "model.safetensors"
 INDEX = "model.safetensors.index.json"
@@ -50,7 +51,7 @@ def soup_members(run: Path, last: int) -> list[Path]:
     one ``UserError`` line saying what is missing."""
     from turnforge.train.run_dir.checkpoint import kept_checkpoints
 
-    if not (run / "config.yaml").is_file():
+    if not RunDir(run).config.is_file():
         raise UserError(f"--soup {str(run)!r} is not a run directory (no config.yaml); give RUN, the --out of `turnforge train`")
     kept = kept_checkpoints(run)
     if len(kept) < max(2, last):

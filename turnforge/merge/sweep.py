@@ -22,8 +22,8 @@ from typing import Sequence
 from turnforge.errors import UserError
 from turnforge.merge.checkpoints import MergeResult, merge_checkpoints
 from turnforge.merge.methods import MergeSpec
-from turnforge.paths import run_config_of
 from turnforge.plots import save_figure, subplots
+from turnforge.runs import run_config_of
 from turnforge.types import EvalResult
 
 

@@ -11,7 +11,6 @@ reloads with identical logits, which ``import_gguf`` checks before it seals the 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import importlib.util
 import os
 import shutil
@@ -20,6 +19,7 @@ from pathlib import Path
 from typing import Callable
 
 from turnforge.errors import UserError
+from turnforge.paths import MANIFEST, file_sha256, seal, verify
 
 EXTRA = "pip install gguf accelerate"  # what transformers needs to read GGUF (the `gguf` extra)
 CHECK_TEXT = "The agent pushes the box onto the goal."  # logits of this text must survive the round trip
@@ -63,11 +63,7 @@ def _one_gguf(files: list[Path], where: str) -> Path:
 
 def file_digest(path: Path) -> str:
     """First 16 hex digits of the file's sha256: the cache key of its conversion."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()[:16]
+    return file_sha256(path)[:16]
 
 
 def _require_readers() -> None:
@@ -85,8 +81,6 @@ def import_gguf(source: str | Path, out: Path, log: Callable[[str], None] | None
     transformers de-quantised from the GGUF file, bit for bit."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from turnforge.policy.manifest import seal
 
     gguf_file = find_gguf(source)
     _require_readers()
@@ -161,8 +155,6 @@ def cached_import(source: str | Path, log: Callable[[str], None] | None = None) 
     GGUF file's name and content digest, so a changed file converts again; a damaged cache
     entry (its manifest no longer verifies) is converted again too. ``log`` gets a line per
     step that takes a while (hashing the file, checking the cache entry, the import's steps)."""
-    from turnforge.policy.manifest import MANIFEST, verify
-
     gguf_file = find_gguf(source)
     say = log or (lambda line: None)
     say(f"model {source}: hashing {gguf_file.name} to find its cached import")

@@ -234,7 +234,7 @@ def check_model_dir(path: str | Path) -> Path:
     """One ``UserError`` line for a directory that cannot be a usable model: missing,
     no ``config.json``, a sealed checkpoint whose files are truncated or corrupt, or no
     tokenizer files."""
-    from turnforge.policy.manifest import MANIFEST, verify
+    from turnforge.paths import MANIFEST, verify
 
     p = Path(path)
     if not p.exists():

@@ -110,7 +110,7 @@ def cached_thinking(model_dir: str | Path, log: Callable[[str], None] | None = N
     """``make_thinking`` of ``model_dir``, made once under ``$TURNFORGE_CACHE/models`` (keyed by
     the model's files and the template) and sealed with a manifest; a damaged copy is made again."""
     from turnforge.policy.gguf import cache_dir
-    from turnforge.policy.manifest import seal, verify
+    from turnforge.paths import seal, verify
 
     source = Path(model_dir)
     digest = hashlib.sha256(THINKING_CHAT_TEMPLATE.encode())

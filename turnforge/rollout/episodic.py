@@ -42,9 +42,9 @@ from rank_bm25 import BM25Plus
 from turnforge.config import MemoryConfig
 from turnforge.errors import UserError
 from turnforge.paths import write_atomic
+from turnforge.runs import RunDir
 from turnforge.types import Trajectory
 
-FILE = "memory.parquet"
 _TERM = re.compile(r"\w+|[^\w\s]")
 HEADER = "Past successes on similar tasks:"
 
@@ -156,21 +156,21 @@ class EpisodicMemory:
         """The memory ``state()`` gave (None or []: an empty one)."""
         return cls(cfg, env_id, (MemoryEntry(**{**d, "actions": tuple(d["actions"])}) for d in state or ()))
 
-    def write(self, run_dir: Path) -> None:
-        """``run_dir/memory.parquet``, atomically."""
+    def write(self, path: Path) -> None:
+        """The entries as Parquet at ``path`` (a run's ``memory.parquet``), atomically."""
         rows = [{"env_id": self.env_id, **asdict(e), "actions": list(e.actions)} for e in self.entries]
         table = pa.Table.from_pylist(rows, schema=SCHEMA)
         sink = pa.BufferOutputStream()
         pq.write_table(table, sink)
-        write_atomic(run_dir / FILE, sink.getvalue().to_pybytes())
+        write_atomic(path, sink.getvalue().to_pybytes())
 
 
 def read_store(cfg: MemoryConfig, env_id: str) -> EpisodicMemory:
     """The read-only memory of ``memory.store`` (a run directory); ``UserError`` when it has no
     memory, an empty one, or one of another env."""
-    path = Path(str(cfg.store)) / FILE
+    path = RunDir(str(cfg.store)).memory
     if not path.is_file():
-        raise UserError(f"memory.store={cfg.store}: no {FILE} there (a run with memory.enabled=true writes it); "
+        raise UserError(f"memory.store={cfg.store}: no {path.name} there (a run with memory.enabled=true writes it); "
                         "give a run directory of this env, or leave memory.store unset to build this run's own memory")
     try:
         table = pq.read_table(path)

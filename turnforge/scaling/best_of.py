@@ -42,6 +42,7 @@ import numpy as np
 from turnforge.envs.base import capabilities
 from turnforge.errors import UserError
 from turnforge.plots import save_figure, subplots
+from turnforge.runs import RunDir
 from turnforge.scaling.select import best_of_n, gap_closed, roc_auc, vote_of_n
 from turnforge.types import Trajectory
 
@@ -285,7 +286,7 @@ def run_critic_problem(checkpoint: Path, run_config: Path | None, cfg) -> str:
         return f"checkpoint {str(checkpoint)!r} is not inside a run directory"
     if not cfg.critic.enabled:
         return "the run trained no critic (critic.enabled=false)"
-    last = run_config.parent / "checkpoints" / "last"
+    last = RunDir(run_config.parent).checkpoint("last")
     state_file = last / "trainer_state.pt"
     if not state_file.is_file():
         return f"{state_file} does not exist"
@@ -301,7 +302,7 @@ def load_run_critic(checkpoint: Path, run_config: Path, cfg, policy):
 
     from turnforge.critic.value import build_value_model
 
-    state_file = run_config.parent / "checkpoints" / "last" / "trainer_state.pt"
+    state_file = RunDir(run_config.parent).checkpoint("last") / "trainer_state.pt"
     state = torch.load(state_file, weights_only=False)
     if not state.get("critic"):
         raise UserError(f"--select critic needs the run's learned value model: {state_file} holds no critic")

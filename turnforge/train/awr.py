@@ -72,7 +72,7 @@ class AWRRound:
         who = s.cfg.flywheel.mc_tails
         tails = {"policy": s.policy, "random": None}.get(who)
         if who == "bc" and s.cfg.flywheel.weighting == "mc_awr":
-            tails = load_policy(s.run_dir / "checkpoints" / "bc", s.cfg.model.dtype, resolve_device(s.cfg.model.device))
+            tails = load_policy(s.run.checkpoint("bc"), s.cfg.model.dtype, resolve_device(s.cfg.model.device))
             tails.model.eval()
         return cls(s, r, tails)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from functools import partial
 
 import numpy as np
 import torch
@@ -17,7 +18,7 @@ import torch
 from turnforge.algos import sft_loss
 from turnforge.config import TrainConfig
 from turnforge.data.store import write_trajectories
-from turnforge.dist import all_sum, attach_trainer, minibatch_share, share_weighted, sync_weights, world
+from turnforge.dist import all_sum, attach_trainer, minibatch_share, share_weighted, sync_weights
 from turnforge.errors import RunStopped
 from turnforge.optim import GuardedStep, lr_factor
 from turnforge.policy.generate import token_logprobs
@@ -55,8 +56,8 @@ def run_bc(s: Session) -> BCStats:
             got, _ = s.engine.play(requests[lo:hi], expert, on_progress=lambda n, lo=lo: advance(int(lo) + n))
             s.remember(((t, "demo") for t in got), "bc", 0)
             trajs += got
-    if world().main:  # (each rank played its share of the demonstrations and holds them all; rank 0 writes them)
-        write_trajectories(s.run_dir / "trajectories" / "bc_demos.parquet", trajs, stage="bc", iteration=0)
+    # (each rank played its share of the demonstrations and holds them all; rank 0 writes them)
+    s.run.write(s.run.trajectory_file("bc_demos"), partial(write_trajectories, trajectories=trajs, stage="bc", iteration=0))
     failed = check_trajectories("bc", env.env_id, trajs, cfg.max_failure_share, kind="demonstration episodes")
     demos = [t for t in trajs if t.infra_failure is None]
     samples = [x for t in demos for x in t.samples]

@@ -45,6 +45,7 @@ from __future__ import annotations
 import time
 from contextlib import ExitStack
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Callable
 
 import torch
@@ -55,7 +56,7 @@ from turnforge.algos.estimators import ESTIMATORS
 from turnforge.config import TrainConfig
 from turnforge.data.filters import Candidate, FilterCount, FilterParams, apply_filters, kept_samples
 from turnforge.data.store import write_trajectories
-from turnforge.dist import masked_mean_over_ranks, minibatch_share, sync_sampler, world
+from turnforge.dist import masked_mean_over_ranks, minibatch_share, sync_sampler
 from turnforge.errors import RunStopped
 from turnforge.optim import GuardedStep, set_lr
 from turnforge.policy.generate import token_logprobs
@@ -153,11 +154,11 @@ def run_flywheel(s: Session, optimizer: torch.optim.Optimizer, resumed: Flywheel
         s.progress.stage("flywheel", fw.rounds)
         for r in range(s.state.flywheel_rounds_done, fw.rounds):
             records.append(_round(s, state, mechs, optimizer, step, r))
-            keep_weights(s.run_dir, s.policy, f"round-{r + 1}", cfg.keep_checkpoints)
+            keep_weights(s.run, s.policy, f"round-{r + 1}", cfg.keep_checkpoints)
             s.state.flywheel_rounds_done = r + 1
             if r + 1 < fw.rounds:  # the last round's checkpoint is the stage's own (train())
                 s.state.wall_seconds = s.wall_seconds()
-                save_resumable(s.run_dir, s.policy, s.state, training_state(s.policy, optimizer, memory=s.memory, flywheel=state))
+                save_resumable(s.run, s.policy, s.state, training_state(s.policy, optimizer, memory=s.memory, flywheel=state))
             s.progress.update(r + 1, success=records[-1].eval.success_rate)
     return records
 
@@ -212,10 +213,10 @@ def _round(s: Session, st: FlywheelState, mechs: list[Mechanism], optimizer: tor
         s.policy.version += 1
         sync_sampler(s.policy)  # on several ranks: the sharded trainer's new weights into the sampling model
 
-    # 5. record, evaluate
-    if world().main:  # (on several ranks every rank played the round alike; rank 0 writes it)
-        write_trajectories(s.run_dir / "trajectories" / f"flywheel_{r:05d}.parquet", [t for t, _ in col.played],
-                           stage="flywheel", iteration=r, sources={t.trajectory_id: src for t, src in col.played})
+    # 5. record (on several ranks every rank played the round alike; rank 0 writes it), evaluate
+    s.run.write(s.run.trajectory_file(f"flywheel_{r:05d}"), partial(
+        write_trajectories, trajectories=[t for t, _ in col.played], stage="flywheel", iteration=r,
+        sources={t.trajectory_id: src for t, src in col.played}))
     s.state.env_steps += col.steps
     prefills = s.prefills()
     result = s.evaluate(f"flywheel-{r + 1}", episodes=fw.eval_episodes, prefills=prefills)

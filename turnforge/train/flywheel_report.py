@@ -4,26 +4,27 @@ of the table of rounds and its own paragraph (``turnforge.train.mechanisms``).""
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 
 from turnforge.config import TrainConfig
-from turnforge.paths import write_atomic
 from turnforge.plots import save_figure, subplots
+from turnforge.runs import RunDir
 from turnforge.train.mechanisms import MECHANISMS
 from turnforge.train.metrics import BoundaryReport, FlywheelRound, RunSummary, read_metrics
 
 
-def write_flywheel_report(run_dir: Path, summary: RunSummary, cfg: TrainConfig) -> None:
-    """``RUN/flywheel_report.md`` and ``RUN/flywheel.png``: held-out success per round, where
-    the successes came from (plain and each mechanism's episodes), what each filter kept, and
+def write_flywheel_report(run: RunDir, summary: RunSummary, cfg: TrainConfig) -> None:
+    """``RUN/flywheel_report.md`` and ``RUN/flywheel.png`` (on rank 0): held-out success per round,
+    where the successes came from (plain and each mechanism's episodes), what each filter kept, and
     pass@k of the start and the end (nothing without flywheel rounds)."""
-    rounds = read_metrics(run_dir).flywheel
+    rounds = read_metrics(run).flywheel
     if not rounds:
         return
-    plot_flywheel(run_dir / "flywheel.png", rounds, summary, cfg.eval.temperature)
-    write_atomic(run_dir / "flywheel_report.md", "\n".join(report_lines(rounds, summary)))
+    run.write(run.flywheel_plot, partial(plot_flywheel, rounds=rounds, summary=summary, temperature=cfg.eval.temperature))
+    run.write_text(run.flywheel_report, "\n".join(report_lines(rounds, summary)))
 
 
 def plot_flywheel(path: Path, rounds: list[FlywheelRound], summary: RunSummary, temperature: float) -> Path:

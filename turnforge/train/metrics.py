@@ -28,6 +28,7 @@ from turnforge.envpool.pool import PoolStats
 from turnforge.inference.client import ServerStats
 from turnforge.memory import PeakMemory
 from turnforge.rollout.engine import RolloutStats
+from turnforge.runs import RunDir
 from turnforge.train.mechanisms import MechanismRecord
 from turnforge.types import EvalResult, Trajectory
 
@@ -454,9 +455,9 @@ class RunSummary:
     sampling_overrides: SamplingOverrides | None = None  # agent runs: calls the trainer's sampling settings won
 
 
-def read_summary(run_dir: str | Path) -> RunSummary:
+def read_summary(run_dir: str | Path | RunDir) -> RunSummary:
     """``RUN/summary.json`` as a ``RunSummary``."""
-    return from_json(RunSummary, json.loads((Path(run_dir) / "summary.json").read_text()))
+    return from_json(RunSummary, json.loads(RunDir(run_dir).summary.read_text()))
 
 
 EVENTS: dict[str, type] = {
@@ -545,18 +546,19 @@ def _upgrade_flywheel_round(data: dict, mechanisms: list[str] | None) -> dict:
     return out
 
 
-def _run_mechanisms(run_dir: Path) -> list[str] | None:
+def _run_mechanisms(run: RunDir) -> list[str] | None:
     try:
-        cfg = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
+        cfg = yaml.safe_load(run.config.read_text()) or {}
         return list(cfg["flywheel"]["mechanisms"])
     except (OSError, KeyError, TypeError, yaml.YAMLError):
         return None
 
 
-def read_metrics(run_dir: str | Path) -> RunMetrics:
+def read_metrics(run_dir: str | Path | RunDir) -> RunMetrics:
     """The typed records of ``RUN/metrics.jsonl`` (an empty ``RunMetrics`` when there is none);
     older runs' flat flywheel records are read in today's shape."""
-    path = Path(run_dir) / "metrics.jsonl"
+    run = RunDir(run_dir)
+    path = run.metrics
     out = RunMetrics()
     if not path.exists():
         return out
@@ -566,7 +568,7 @@ def read_metrics(run_dir: str | Path) -> RunMetrics:
         data = json.loads(line)
         kind = data.pop("event")
         if kind == "flywheel_round" and "mechanisms" not in data and "retry" in data:
-            data = _upgrade_flywheel_round(data, _run_mechanisms(Path(run_dir)))
+            data = _upgrade_flywheel_round(data, _run_mechanisms(run))
         if kind not in EVENTS:
             raise ValueError(f"{path}, line {n}: unknown event {kind!r} (events: {', '.join(EVENTS)})")
         try:

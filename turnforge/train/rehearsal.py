@@ -21,6 +21,7 @@ samples in the same order as an uninterrupted one.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -29,7 +30,7 @@ import pyarrow.parquet as pq
 import torch
 
 from turnforge.algos import sft_loss
-from turnforge.dist import broadcast, world
+from turnforge.dist import broadcast
 from turnforge.errors import RunStopped
 from turnforge.policy.generate import token_logprobs
 from turnforge.rollout.actors import PolicyActor
@@ -39,8 +40,6 @@ from turnforge.train.common import collate
 from turnforge.train.run_dir.failures import check_trajectories
 from turnforge.train.session import Session
 from turnforge.types import Sample, Trajectory
-
-FILE = "rehearsal.parquet"
 
 
 @dataclass
@@ -72,7 +71,7 @@ def load_or_play(s: Session) -> Rehearsal:
     policy as it is (call before the first update) and written there."""
     cfg, rl = s.cfg, s.cfg.rl
     temperature = rl.rehearsal_temperature or cfg.rollout.temperature
-    path = s.run_dir / FILE
+    path = s.run.rehearsal
     if broadcast(path.exists()):  # rank 0's answer: on several ranks it alone writes the cache
         samples, meta = read_cache(path)
         return Rehearsal(samples, rl.rehearsal_coef, temperature, **meta)
@@ -91,8 +90,7 @@ def load_or_play(s: Session) -> Rehearsal:
         raise RunStopped(f"rehearsal cache: no action of the starting policy's {len(ok)} episodes at temperature "
                          f"{temperature:g} was well formed (valid); lower rl.rehearsal_temperature or set rl.rehearsal_coef=0")
     out = Rehearsal(samples, rl.rehearsal_coef, temperature, len(kept), len(ok), stats.turns)
-    if world().main:
-        write_cache(path, out)
+    s.run.write(path, partial(write_cache, r=out))
     s.progress.message(f"rehearsal cache: {len(samples)} well-formed samples from {len(kept)} of the starting policy's "
                        f"{len(ok)} episodes at T={temperature:g}")
     return out

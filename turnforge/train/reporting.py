@@ -28,6 +28,7 @@ from turnforge.dist import gather, world
 from turnforge.memory import peak_memory
 from turnforge.plots import save_figure, subplots
 from turnforge.policy.lora import trainable_parameters
+from turnforge.runs import RunDir
 from turnforge.train.metrics import (KINDS, BoundaryReport, ExpertQueries, RunMetrics, RunSummary, SamplingOverrides,
                                      Software, read_metrics, to_json)
 from turnforge.types import EvalResult
@@ -44,15 +45,16 @@ class MetricsLog:
     """``RUN/metrics.jsonl`` (one typed record per line, ``turnforge.train.metrics``) mirrored to
     TensorBoard: every numeric field, nested ones as ``kind/field/subfield``, against env steps."""
 
-    def __init__(self, run_dir: Path, keep_until_env_steps: int | None = None) -> None:
-        self.path = run_dir / "metrics.jsonl"
+    def __init__(self, run_dir: Path | RunDir, keep_until_env_steps: int | None = None) -> None:
+        run = RunDir(run_dir)
+        self.path = run.metrics
         if keep_until_env_steps is not None and self.path.exists():
             # Resuming: drop events logged after the checkpoint we resume from.
             kept = [line for line in self.path.read_text().splitlines() if line and json.loads(line)["env_steps"] <= keep_until_env_steps]
             self.path.write_text("".join(line + "\n" for line in kept))
         from tensorboardX import SummaryWriter
 
-        self.tb = SummaryWriter(str(run_dir / "tb"))
+        self.tb = SummaryWriter(str(run.tb))
         self._file = self.path.open("a")
 
     def log(self, record: T, env_steps: int) -> T:
@@ -211,10 +213,9 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
-def plot_learning_curve(run_dir: Path, title: str) -> Path:
-    """Held-out success and mean return against env steps, BC and RL stages marked."""
-    metrics = read_metrics(run_dir)
-    out = run_dir / "learning_curve.png"
+def plot_learning_curve(out: Path, metrics: RunMetrics, title: str) -> Path:
+    """``RUN/learning_curve.png`` (``out``): held-out success and mean return of the run's
+    evaluations (``metrics``) against env steps, BC and RL stages marked."""
     fig, (ax1, ax2) = subplots(1, 2, figsize=(11, 4))
     bc_end = metrics.bc.env_steps if metrics.bc is not None else 0
     for ax, key, label in ((ax1, "success_rate", "held-out success rate"), (ax2, "mean_return", "held-out mean return")):
@@ -233,11 +234,10 @@ def plot_learning_curve(run_dir: Path, title: str) -> Path:
     return save_figure(fig, out)
 
 
-def plot_pass_at_k(run_dir: Path, summary: RunSummary, title: str) -> Path:
-    """``RUN/pass_at_k.png``: pass@k against k (log scale) for the start and after training, and
-    the never-solved share beside it: a curve raised at k=1 only is sharpening, one raised at
-    large k too is expansion."""
-    out = run_dir / "pass_at_k.png"
+def plot_pass_at_k(out: Path, summary: RunSummary, title: str) -> Path:
+    """``RUN/pass_at_k.png`` (``out``): pass@k against k (log scale) for the start and after
+    training, and the never-solved share beside it: a curve raised at k=1 only is sharpening, one
+    raised at large k too is expansion."""
     fig, (ax1, ax2) = subplots(1, 2, figsize=(11, 4))
     reports = [(label, r) for label, r in (("start", summary.boundary_start), ("after training", summary.boundary_after))
                if r is not None]

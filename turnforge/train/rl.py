@@ -29,6 +29,7 @@ from __future__ import annotations
 import copy
 import time
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import torch
@@ -38,15 +39,16 @@ from turnforge.algos.estimators import ESTIMATORS
 from turnforge.config import TrainConfig
 from turnforge.critic.value import ValueModel, pretrain_critic, sample_targets, update_critic
 from turnforge.data.store import write_trajectories
-from turnforge.dist import optimizer_state, sync_sampler, sync_weights, world
+from turnforge.dist import optimizer_state, sync_sampler, sync_weights
 from turnforge.errors import RunStopped
 from turnforge.inference.client import ServerSampler, ServerStats
 from turnforge.optim import GuardedStep, lr_factor, set_lr
 from turnforge.policy.model import Policy
 from turnforge.rollout.actors import PolicyActor
 from turnforge.rollout.context import CONTEXTS
-from turnforge.rollout.engine import EpisodeRequest
+from turnforge.rollout.engine import EpisodeRequest, RolloutStats
 from turnforge.rollout.episodic import EpisodicMemory
+from turnforge.runs import RunDir
 from turnforge.seeding import generator, rng, stable_hash
 from turnforge.train.common import event_counts
 from turnforge.train.credit import Credit, assign_credit, monte_carlo_returns
@@ -104,8 +106,7 @@ def run_rl(
     step.skipped = s.state.skipped_steps
     s.progress.stage("rl", rl.iterations)
     s.rl_started = time.time()
-    estimator = ESTIMATORS[rl.advantage]
-    uses_mc = estimator.monte_carlo(cfg)
+    uses_mc = ESTIMATORS[rl.advantage].monte_carlo(cfg)
     mc = MonteCarlo(s.rollout_engine, cfg, policy, bc_policy) if uses_mc else None
 
     # rehearsal toward the starting policy: its well-formed episodes, played once before the first update
@@ -125,23 +126,14 @@ def run_rl(
             #    oldest groups the asynchronous engine finished, each at most engine.eta versions old)
             #    (more than max_failure_share infrastructure failures stop the run, the batch written first)
             got = rollouts.next(it)
-            trajs, rstats = got.trajectories, got.stats
-            try:
-                check_trajectories(f"rl iteration {it + 1}", s.env.env_id, trajs, cfg.max_failure_share, kind="rollout episodes")
-            except RunStopped:
-                if world().main:
-                    write_trajectories(s.run_dir / "trajectories" / f"rl_{it:05d}.parquet", trajs, stage="rl", iteration=it)
-                raise
-            ok = [t for t in trajs if t.infra_failure is None]
+            ok = scored_rollouts(s, it, got.trajectories)
             t_rollout = time.time() - t0
 
             # 2. credit: per-turn advantages (plus critic targets for gae), or MC-GRPO's state groups
             t1 = time.time()
             credit = assign_credit(ok, cfg, it, pad_id=policy.pad_id, critic=critic.model if critic else None,
                                    reference=reference, mc=mc)
-            if world().main:  # (on several ranks every rank holds the iteration's episodes; rank 0 writes them)
-                write_trajectories(s.run_dir / "trajectories" / f"rl_{it:05d}.parquet", trajs, stage="rl", iteration=it,
-                                   advantages=credit.per_turn or None)
+            write_rollouts(s.run, it, got.trajectories, credit.per_turn or None)  # (every rank holds them; rank 0 writes)
             s.remember(((t, "plain") for t in ok), "rl", it)  # episodic memory: the next iteration's episodes recall them
             t_credit = time.time() - t1
 
@@ -152,7 +144,7 @@ def run_rl(
             rollouts.after_update()  # weight sync to the rollout worker (nothing to do when it shares the model)
             if reference is not None and reference_reset_due(it, rl.reference_reset_every):
                 reference = reset_reference(policy.model, optimizer)
-                save_model(policy, s.run_dir / "checkpoints" / "reference")  # (every rank; rank 0 writes) a resume's reference
+                save_model(s.run, policy, s.run.checkpoint("reference"))  # a resume's reference
                 s.progress.message(f"rl iteration {it + 1}: the KL reference reset to the current policy, "
                                    "the optimizer's state cleared")
 
@@ -166,28 +158,63 @@ def run_rl(
                                       lr=optimizer.param_groups[0]["lr"], skipped_steps=step.skipped,
                                       policy_version=policy.version, summarize=CONTEXTS[cfg.rollout.context].writes_summaries,
                                       inference=copy.deepcopy(policy.sampler.stats) if isinstance(policy.sampler, ServerSampler) else None)
-            s.metrics.log(record, s.state.env_steps)
-            if rstats.turns and rstats.generation_truncations > rstats.turns / 2 and not warned:
-                warned = True
-                warning = RunWarning(
-                    f"iteration {it + 1}: {rstats.generation_truncations} of {rstats.turns} actions hit "
-                    f"rollout.max_new_tokens={cfg.rollout.max_new_tokens} before a stop token; raise it if actions are longer"
-                )
-                s.progress.message(f"warning: {warning.message}")
-                s.metrics.log(warning, s.state.env_steps)
-            s.progress.update(
-                it + 1, reward=record.reward, success=record.success, loss=record.update.loss,
-                tokens_per_s=(record.update.tokens + rstats.generated_tokens) / max(time.time() - t0, 1e-9),
-                **({"summaries": summary_text(record.summaries)} if record.summaries is not None else {}),
-            )
+            warned = log_iteration(s, record, got.stats, started=t0, warned=warned)
             last = it + 1 == end or budget_spent(s) or s.stop_requested
             if cfg.eval.every and (it + 1) % cfg.eval.every == 0 and not last and it + 1 < rl.iterations:
                 s.evaluate(f"rl-{it + 1}")
             if (it + 1) % cfg.checkpoint_every == 0 or last:
-                s.state.stage = "rl"
-                s.state.wall_seconds = s.wall_seconds()
-                save_resumable(s.run_dir, policy, s.state, training_state(policy, optimizer, critic, s.memory))
-                keep_weights(s.run_dir, policy, f"rl-{it + 1}", cfg.keep_checkpoints)
+                save_checkpoint(s, optimizer, critic)
+
+
+def scored_rollouts(s: Session, it: int, trajectories: list[Trajectory]) -> list[Trajectory]:
+    """Step 1's check of RL iteration ``it``'s episodes: those scored (infrastructure failures
+    left out); more than ``max_failure_share`` failures stop the run (``RunStopped``), the batch
+    written first."""
+    try:
+        check_trajectories(f"rl iteration {it + 1}", s.env.env_id, trajectories, s.cfg.max_failure_share,
+                           kind="rollout episodes")
+    except RunStopped:
+        write_rollouts(s.run, it, trajectories)
+        raise
+    return [t for t in trajectories if t.infra_failure is None]
+
+
+def write_rollouts(run: RunDir, it: int, trajectories: list[Trajectory],
+                   advantages: dict[str, list[float]] | None = None) -> None:
+    """RL iteration ``it``'s episodes (with their per-turn ``advantages``, once assigned) as
+    ``trajectories/rl_<it>.parquet``; on several ranks every rank holds them all and rank 0 writes."""
+    run.write(run.trajectory_file(f"rl_{it:05d}"), partial(write_trajectories, trajectories=trajectories, stage="rl",
+                                                           iteration=it, advantages=advantages))
+
+
+def log_iteration(s: Session, record: IterationMetrics, rstats: RolloutStats, *, started: float, warned: bool) -> bool:
+    """Step 5's log of an iteration: its ``record`` into the metrics, a warning (once: ``warned``
+    says whether it was given; returned updated) when more than half the actions were cut at
+    ``rollout.max_new_tokens``, and the progress line (tokens/s since ``started``)."""
+    s.metrics.log(record, s.state.env_steps)
+    if rstats.turns and rstats.generation_truncations > rstats.turns / 2 and not warned:
+        warned = True
+        warning = RunWarning(
+            f"iteration {record.iteration}: {rstats.generation_truncations} of {rstats.turns} actions hit "
+            f"rollout.max_new_tokens={s.cfg.rollout.max_new_tokens} before a stop token; raise it if actions are longer"
+        )
+        s.progress.message(f"warning: {warning.message}")
+        s.metrics.log(warning, s.state.env_steps)
+    s.progress.update(
+        record.iteration, reward=record.reward, success=record.success, loss=record.update.loss,
+        tokens_per_s=(record.update.tokens + rstats.generated_tokens) / max(time.time() - started, 1e-9),
+        **({"summaries": summary_text(record.summaries)} if record.summaries is not None else {}),
+    )
+    return warned
+
+
+def save_checkpoint(s: Session, optimizer: torch.optim.Optimizer, critic: Critic | None) -> None:
+    """Step 5's resumable checkpoint after the RL iterations done (``s.state.iteration``), and the
+    weights ``keep_checkpoints`` keeps."""
+    s.state.stage = "rl"
+    s.state.wall_seconds = s.wall_seconds()
+    save_resumable(s.run, s.policy, s.state, training_state(s.policy, optimizer, critic, s.memory))
+    keep_weights(s.run, s.policy, f"rl-{s.state.iteration}", s.cfg.keep_checkpoints)
 
 
 @dataclass(frozen=True)

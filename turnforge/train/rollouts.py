@@ -339,5 +339,5 @@ def make_rollouts(s: Session, keep_snapshots: bool) -> _Source:
     if cfg.reward.judge.enabled or (cfg.agent.entrypoint is not None and cfg.agent.reward == "judge"):
         from turnforge.rewards.judge import Judge
 
-        source = JudgedRollouts(source, Judge.load(cfg.reward.judge, s.run_dir / "checkpoints" / "bc"))
+        source = JudgedRollouts(source, Judge.load(cfg.reward.judge, s.run.checkpoint("bc")))
     return source

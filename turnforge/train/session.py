@@ -1,5 +1,8 @@
 """What the stages of one run share: config, run directory, policy, the rollout engine, logs, counters.
 
+The run directory is a ``turnforge.runs.RunDir``: stages take its paths and write through it, so
+on several trainer ranks rank 0 alone writes (a stage never tests the rank itself).
+
 The orchestrating ``turnforge.app.run.train`` builds one ``Session`` and hands it to the stages;
 the pieces a stage computes with (``rl.learn``, ``rl.iteration_record``, ``credit.assign_credit``,
 the flywheel's ``collect`` and ``route``, the mechanisms' hooks) take what they read instead, so a
@@ -9,15 +12,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Iterable
 
 from turnforge.config import TrainConfig
-from turnforge.dist import world
 from turnforge.policy.generate import PrefillCache
 from turnforge.policy.model import Policy
 from turnforge.rollout.engine import Engine, EngineEnv, RolloutEngine
 from turnforge.rollout.episodic import EpisodicMemory
+from turnforge.runs import RunDir
 from turnforge.train.boundary import format_boundary, format_levels, measure_boundary, plan
 from turnforge.train.common import event_counts
 from turnforge.train.evaluate import evaluate, prefill_cache
@@ -31,7 +33,7 @@ from turnforge.types import EvalResult, Trajectory
 @dataclass
 class Session:
     cfg: TrainConfig
-    run_dir: Path
+    run: RunDir
     policy: Policy
     engine: Engine  # plays evaluation, demonstrations, value pretraining, Monte-Carlo and synchronous RL episodes
     metrics: MetricsLog
@@ -50,8 +52,7 @@ class Session:
         if self.memory is None or self.memory.frozen:
             return 0
         changed = self.memory.add(trajectories, stage, iteration)  # (on several ranks: alike on each, from the same episodes)
-        if world().main:
-            self.memory.write(self.run_dir)
+        self.run.write(self.run.memory, self.memory.write)
         return changed
 
     @property

@@ -36,6 +36,7 @@ import pyarrow.parquet as pq
 from turnforge.data.query import TrajectoryStore
 from turnforge.data.store import SAMPLE_SPANS
 from turnforge.errors import UserError
+from turnforge.runs import RunDir
 from turnforge.view.records import (BrowseQuery, Detail, GroupPage, Overview, SampleTokens, StageStats, Table,
                                     TokenArrays, Totals, TrajectoryDetail, json_value)
 from turnforge.view.rundir import locate_run, page_series, read_config, read_json, read_series, stage_iterations
@@ -109,6 +110,7 @@ class RunView:
 
     def __init__(self, path: str | Path, index: int = 0) -> None:
         self.path = Path(path)
+        self.run = RunDir(self.path)  # the layout its files are read from
         self.index = index
         self.files = locate_run(self.path)
         self.config_text, self.config = read_config(self.path)
@@ -164,9 +166,9 @@ class RunView:
             return self._overview
 
     def _make_overview(self) -> Overview:
-        summary = read_json(self.path / "summary.json")
+        summary = read_json(self.run.summary)
         status = "finished" if summary is not None else "running" if self.files.live else "stopped"
-        series, notes = read_series(self.path / "metrics.jsonl", self.files.live)
+        series, notes = read_series(self.run.metrics, self.files.live)
         series = page_series(series, self.config)
         t = self.sql("""
             SELECT count(*) AS episodes, count(*) FILTER (WHERE infra_failure IS NULL) AS scored,
@@ -353,7 +355,7 @@ class RunView:
     def splits(self) -> dict[str, list[dict[str, Any]]]:
         """``RUN/gateway_splits.jsonl`` by rollout (trajectory id); a line that does not parse
         (being written) is left out."""
-        path = self.path / "gateway_splits.jsonl"
+        path = self.run.gateway_splits
         out: dict[str, list[dict[str, Any]]] = {}
         if not path.is_file():
             return out

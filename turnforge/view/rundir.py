@@ -18,6 +18,7 @@ import pyarrow.parquet as pq
 import yaml
 
 from turnforge.errors import UserError
+from turnforge.runs import RunDir
 from turnforge.view.records import RunFiles, SkippedFile, Table, json_value
 
 #: Columns a file must have to be read as a trajectory file.
@@ -29,7 +30,7 @@ def run_is_live(run_dir: Path) -> bool:
     held for the whole life of a run). Asks the kernel with ``F_GETLK``, which takes no lock,
     so a run starting meanwhile is never refused because of the viewer."""
     try:
-        fd = os.open(run_dir / ".lock", os.O_RDONLY)
+        fd = os.open(RunDir(run_dir).lock, os.O_RDONLY)
     except OSError:
         return False
     try:
@@ -74,17 +75,18 @@ def locate_run(path: str | Path) -> RunFiles:
     ``UserError`` (one line) for a missing path, a file, a directory that is no run, a run
     with no trajectory file yet, and a corrupt file in a run that is not running."""
     path = Path(path)
+    run = RunDir(path)
     hint = "give the directory `turnforge train --out` wrote"
     if not path.exists():
         raise UserError(f"run directory {str(path)!r} does not exist; {hint}")
     if not path.is_dir():
         raise UserError(f"{str(path)!r} is a file, not a run directory; {hint}")
-    if not (path / "config.yaml").is_file() and not (path / "trajectories").is_dir():
+    if not run.config.is_file() and not run.trajectories.is_dir():
         raise UserError(f"{str(path)!r} is not a run directory (no config.yaml, no trajectories/); {hint}")
     live = run_is_live(path)
     good: list[Path] = []
     skipped: list[SkippedFile] = []
-    folder = path / "trajectories"
+    folder = run.trajectories
     for f in sorted(folder.glob("*.parquet")) if folder.is_dir() else []:
         why = _unreadable(f)
         if why is None:
@@ -100,7 +102,9 @@ def locate_run(path: str | Path) -> RunFiles:
 
 
 def read_config(run_dir: Path) -> tuple[str, dict[str, Any]]:
-    path = run_dir / "config.yaml"
+    """The run's ``config.yaml``: its text and its data (``""`` and ``{}`` when there is none or it
+    does not parse as a mapping)."""
+    path = RunDir(run_dir).config
     if not path.is_file():
         return "", {}
     text = path.read_text(errors="replace")

@@ -30,14 +30,20 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Iterable
 
-#: Where a run directory keeps a tokenizer, in the order they are tried.
-TOKENIZER_DIRS: tuple[str, ...] = ("checkpoints/final", "checkpoints/last", "checkpoints/bc", "base_model")
+from turnforge.runs import RunDir
+
+
+def tokenizer_dirs(run_dir: Path) -> list[Path]:
+    """Where a run directory keeps a tokenizer, in the order they are tried: the final, last and
+    BC checkpoints, then the base model."""
+    run = RunDir(run_dir)
+    return [run.checkpoint("final"), run.checkpoint("last"), run.checkpoint("bc"), run.base_model]
 
 
 def find_tokenizer_dir(run_dir: Path, model_path: str | None) -> Path | None:
-    """The first directory of ``TOKENIZER_DIRS`` under ``run_dir`` (then ``model_path``, the
-    config's ``model.path``) with a tokenizer in it; None when there is none."""
-    candidates = [run_dir / d for d in TOKENIZER_DIRS]
+    """The first of ``tokenizer_dirs(run_dir)`` (then ``model_path``, the config's ``model.path``)
+    with a tokenizer in it; None when there is none."""
+    candidates = tokenizer_dirs(run_dir)
     if model_path and model_path != "tiny":
         candidates.append(Path(model_path))
     for d in candidates:

@@ -33,11 +33,9 @@ script's text is its one command when it uses no file of ``/solution``.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import random
 import re
-import time
+import subprocess
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
@@ -69,7 +67,7 @@ SUBMIT_TOOL = {"type": "function", "function": {
 @dataclass
 class _Episode:
     task: TerminalTask
-    turns: int = 0
+    turns: int = 0  # commands run (and submit); invalid actions do not count
     seconds: float = 0.0  # the commands' wall time (against the task's agent_timeout_s)
 
 
@@ -79,8 +77,11 @@ class TerminalEnv(Env):
     instructions = ("You work in a Linux bash shell to do a task. Answer with one shell command per turn; its output "
                     "comes back. When the task is done, answer submit.")
 
+    #: The episode ends (and is verified) at this many turns: the run's rollout.max_turns must not cut it first.
+    turn_limit: int
+
     def __init__(self, *, source: str = "generated", action_format: str = "text", tool_call_format: str = "hermes",
-                 max_turns: int = 8, command_timeout_s: float = 10.0, max_output_bytes: int = 2000,
+                 max_turns: int = 16, command_timeout_s: float = 10.0, max_output_bytes: int = 2000,
                  backend: str = "bwrap", max_starting: int | None = None, **source_options: Any) -> None:
         if source not in TERMINAL_SOURCES:
             raise UserError(f"env terminal: unknown source {source!r}; valid sources: {choices(TERMINAL_SOURCES)} "
@@ -96,6 +97,7 @@ class TerminalEnv(Env):
         self.tasks = TERMINAL_SOURCES[source](**source_options)
         self.action_format, self.tool_call_format = action_format, tool_call_format
         self.max_turns, self.command_timeout_s, self.max_output_bytes = max_turns, command_timeout_s, max_output_bytes
+        self.turn_limit = max_turns
         self.backend, self.max_starting = backend, max_starting
         if action_format == "tool":
             self.tools = (BASH_TOOL, SUBMIT_TOOL)
@@ -152,11 +154,10 @@ class TerminalEnv(Env):
         ep = self.episode
         if ep is None or self.box is None:
             raise RuntimeError("step() before reset()")
-        ep.turns += 1
         parsed = self._parse(action)
-        if isinstance(parsed, _Invalid):
-            return self._after(StepResult(parsed.reason, 0.0, False, False, invalid_action=True,
-                                          info={"n_invalid_commands": 1}))
+        if isinstance(parsed, _Invalid):  # nothing ran: the episode's state, its command count included, is as it was
+            return StepResult(parsed.reason, 0.0, False, False, invalid_action=True, info={"n_invalid_commands": 1})
+        ep.turns += 1
         if parsed is None:  # submit
             return self._finish(truncated=False, observation="Submitted.", info={"n_submits": 1})
         result = self.box.exec(parsed, timeout_s=min(ep.task.command_timeout_s, self.command_timeout_s))
@@ -169,24 +170,24 @@ class TerminalEnv(Env):
         return self._after(StepResult(observation, 0.0, False, False, info=info))
 
     def _after(self, result: StepResult) -> StepResult:
-        """``result``, or, on the episode's last turn, the verifier's verdict with it."""
+        """``result``, or, after the episode's last command (``max_turns``), the verifier's verdict with it."""
         if self.episode is not None and self.episode.turns >= self.max_turns:
-            return self._finish(truncated=True, observation=result.observation, info=dict(result.info),
-                                invalid=result.invalid_action)
+            return self._finish(truncated=True, observation=result.observation, info=dict(result.info))
         return result
 
-    def _finish(self, *, truncated: bool, observation: str, info: dict, invalid: bool = False) -> StepResult:
+    def _finish(self, *, truncated: bool, observation: str, info: dict) -> StepResult:
         ep = self.episode
         assert ep is not None and self.box is not None
         verdict = verify(ep.task, self.box.snapshot(), self.backend, self.max_starting)
         self.last_verdict = verdict
-        info = {**info, "verifier_seconds": round(verdict.seconds, 3)}
+        info = dict(info)  # (the verifier's wall time is on last_verdict, not in info: steps must replay alike)
         if verdict.success and self._data.get("source") == "inject":  # a valid bug: the selfplay mechanism's next repair task
             path = f"/app/pkg/{self._data['seed']}.py"
             info["injected_module"] = self.box.get([path]).get(path, b"").decode(errors="replace")
         self.close()
-        return StepResult(observation, verdict.reward, not truncated, truncated, invalid_action=invalid,
-                          success=verdict.success, info=info)
+        # the env's own end (submit, its turn limit, the task's time): terminated, verified either way
+        info["n_unsubmitted"] = int(truncated)
+        return StepResult(observation, verdict.reward, True, False, success=verdict.success, info=info)
 
     def _parse(self, action: str) -> str | None | "_Invalid":
         """The command of ``action``; None for submit."""
@@ -211,6 +212,9 @@ class TerminalEnv(Env):
                 return None
         if not command.strip():
             return _Invalid("Error: the command is empty.")
+        problem = syntax_error(command)
+        if problem:
+            return _Invalid(f"Error: not a shell command: {problem}")
         return command
 
     # ------------------------------------------------------------------ capabilities
@@ -286,6 +290,18 @@ def expert_commands(task: TerminalTask) -> tuple[str, ...] | None:
         return None
     text = script.data.decode(errors="replace")
     return None if SOLUTION_DIR in text else (text.strip(),)
+
+
+def syntax_error(command: str) -> str | None:
+    """bash's complaint about ``command`` when it does not parse (``bash -n``: read, not run), else None."""
+    try:
+        found = subprocess.run(["bash", "-n", "-c", command], capture_output=True, text=True, timeout=5, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        return "bash could not read it within 5 s"
+    if found.returncode == 0:
+        return None
+    lines = [line.removeprefix("bash: -c: ") for line in found.stderr.splitlines() if "syntax error" in line]
+    return (lines[0] if lines else found.stderr.strip().splitlines()[-1] if found.stderr.strip() else "bash cannot read it")
 
 
 def _sh_quote(value: str) -> str:

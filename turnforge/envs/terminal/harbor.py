@@ -29,7 +29,6 @@ may hold 3.13); commands run as the sandbox's unprivileged user, not root; ``[en
 from __future__ import annotations
 
 import functools
-import io
 import re
 import shlex
 import subprocess
@@ -336,7 +335,7 @@ def read_task(root: Path, max_disk_mb: int = 512) -> TerminalTask:
             workdir=workdir, writable=_writable(name, workdir, files), files=files, setup=setup, env=env,
             solution=_dir_files(solution, SOLUTION_DIR) if solve.is_file() else (),
             solve_command=f"bash {SOLUTION_DIR}/solve.sh" if solve.is_file() else None,
-            family=str(meta.get("category", "")), difficulty={"easy": 1, "medium": 2, "hard": 3}.get(meta.get("difficulty"), 2),
+            reward="fraction", family=str(meta.get("category", "")), difficulty={"easy": 1, "medium": 2, "hard": 3}.get(meta.get("difficulty"), 2),
             agent_timeout_s=float(sections["agent"].get("timeout_sec", 600.0)),
             verifier_timeout_s=float(sections["verifier"].get("timeout_sec", 600.0)),
             memory_mb=_memory_mb(sections["environment"]), disk_mb=max_disk_mb,

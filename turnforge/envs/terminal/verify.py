@@ -59,7 +59,7 @@ def prepare(box, task: TerminalTask) -> None:
     """The offline stand-ins and ``$HOME/.local/bin/env`` in a new box (first on its PATH)."""
     shims = shim_files()
     home = f"{task.writable[0]}/.local/bin/env"  # HOME is the workspace
-    box.put({**shims, f"/tmp/.offline/home-env": UV_ENV.encode()}, {p: 0o755 for p in shims})
+    box.put({**shims, "/tmp/.offline/home-env": UV_ENV.encode()}, {p: 0o755 for p in shims})
     box.exec(f"mkdir -p $(dirname {home}) && cp /tmp/.offline/home-env {home} 2>/dev/null; true", timeout_s=10)
 
 

@@ -38,6 +38,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, TypeVar
 
 from turnforge.errors import UserError
+from turnforge.paths import alive
 
 #: Chromium flags: no sandbox (the worker may run as root in a container), no GPU, no extensions
 #: or first-run work, fixed device scale (screenshots and boxes in CSS pixels).
@@ -136,20 +137,10 @@ def remove_stale_tmp() -> list[str]:
         if not name.startswith(TMP_PREFIX):
             continue
         pid = name[len(TMP_PREFIX):].split("-")[0]
-        if pid.isdigit() and not _alive(int(pid)):
+        if pid.isdigit() and not alive(int(pid)):
             shutil.rmtree(os.path.join(base, name), ignore_errors=True)
             removed.append(name)
     return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
 
 
 def _stop(pid: int) -> None:

@@ -9,7 +9,7 @@ directory each (``optimizer/``, ``critic_optimizer/``: a file per rank and the m
 ``torch.distributed.checkpoint``, readable at any world size), which every rank writes into the
 checkpoint before rank 0 seals it (several machines: the run directory on a shared filesystem).
 
-Every checkpoint is written whole beside the old one and then swapped in:
+Every checkpoint is written whole beside the old one and then swapped in (``turnforge.runs.RunDir.write_sealed``):
 ``<name>.tmp/`` is written, each file fsynced, ``manifest.json`` (size and sha256 of
 every file) written last, then renamed into place. For the resumable checkpoint the
 previous one stays as ``prev/`` until the next save, so a crash at any point (or a
@@ -20,18 +20,18 @@ the newest complete one and says why it skipped any other.
 from __future__ import annotations
 
 import json
-import shutil
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from turnforge.dist import SHARDED, ShardedOptimizer
 from turnforge.errors import UserError
-from turnforge.dist import SHARDED, ShardedOptimizer, barrier, world
+from turnforge.paths import verify
 from turnforge.policy.lora import ADAPTER_DIR, is_lora, merged_copy
-from turnforge.policy.manifest import fsync, seal, verify
 from turnforge.policy.model import Policy
+from turnforge.runs import RunDir, staging
 from turnforge.train.metrics import BCStats, BestTemperature, BoundaryReport, ValuePretrainStats, from_json
 from turnforge.types import EvalResult
 
@@ -86,96 +86,59 @@ class Resumable:
 
 
 # ------------------------------------------------------------------ writing
-def _swap_in(tmp: Path, final: Path, keep_previous: Path | None) -> None:
-    """Rename the complete ``tmp`` to ``final``; the old ``final`` becomes ``keep_previous``
-    (or is deleted once the new one is in place)."""
-    parent = final.parent
-    if final.exists():
-        if keep_previous is not None:
-            shutil.rmtree(keep_previous, ignore_errors=True)
-            final.rename(keep_previous)
-        else:
-            old = final.with_name(final.name + ".old")
-            shutil.rmtree(old, ignore_errors=True)
-            final.rename(old)
-            tmp.rename(final)
-            fsync(parent)
-            shutil.rmtree(old)
-            return
-    tmp.rename(final)
-    fsync(parent)
-
-
-def save_model(policy: Policy, path: Path, extra: dict[str, Any] | None = None, previous: Path | None = None,
+def save_model(run: RunDir, policy: Policy, path: Path, extra: dict[str, Any] | None = None, previous: Path | None = None,
                sharded: dict[str, ShardedOptimizer] | None = None) -> Path:
-    """Write the HF model directory ``path`` atomically (beside it, sealed, then renamed).
-    ``extra`` maps file names to objects saved with ``torch.save`` (``*.pt``) or as JSON;
-    ``previous``: where the replaced checkpoint is kept (None: deleted once replaced).
-    On several trainer ranks (``turnforge.dist``) every rank calls it and rank 0 writes (the
-    policy's plain model holds the synced weights); the others wait until it is written, after
-    every rank wrote its shards of ``sharded`` (directory name -> optimizer state) into it."""
-    tmp = path.with_name(path.name + ".tmp")
-    if world().main:
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-    if sharded:
-        barrier()  # the directory exists
-        for name, state in sharded.items():
-            state.write(tmp / name)  # a collective: when it returns on rank 0 every rank's file is written
-    if not world().main:
-        barrier()
-        return path
-    if is_lora(policy.model):  # the merged model (loads with from_pretrained) and the adapter alone
-        merged_copy(policy.model).save_pretrained(tmp, safe_serialization=True)
-        policy.model.save_pretrained(tmp / ADAPTER_DIR, safe_serialization=True)
-    else:
-        policy.model.save_pretrained(tmp, safe_serialization=True)
-    (policy.tokenizer if policy.vision is None else policy.vision.processor).save_pretrained(tmp)  # a processor saves its tokenizer
-    for name, obj in (extra or {}).items():
-        if name.endswith(".pt"):
-            torch.save(obj, tmp / name)
+    """Write the HF model directory ``path`` of ``run`` whole (``RunDir.write_sealed``: beside it,
+    sealed, then renamed). ``extra`` maps file names to objects saved with ``torch.save``
+    (``*.pt``) or as JSON; ``previous``: where the replaced checkpoint is kept (None: deleted once
+    replaced). On several trainer ranks (``turnforge.dist``) every rank calls it; rank 0 writes the
+    model (the policy's plain model holds the synced weights) after every rank wrote its shards of
+    ``sharded`` (directory name -> optimizer state) into it."""
+
+    def fill(tmp: Path) -> None:
+        if is_lora(policy.model):  # the merged model (loads with from_pretrained) and the adapter alone
+            merged_copy(policy.model).save_pretrained(tmp, safe_serialization=True)
+            policy.model.save_pretrained(tmp / ADAPTER_DIR, safe_serialization=True)
         else:
-            (tmp / name).write_text(json.dumps(obj, indent=2) + "\n")
-    seal(tmp)
-    _swap_in(tmp, path, previous)
-    barrier()
-    return path
+            policy.model.save_pretrained(tmp, safe_serialization=True)
+        (policy.tokenizer if policy.vision is None else policy.vision.processor).save_pretrained(tmp)  # a processor saves its tokenizer
+        for name, obj in (extra or {}).items():
+            if name.endswith(".pt"):
+                torch.save(obj, tmp / name)
+            else:
+                (tmp / name).write_text(json.dumps(obj, indent=2) + "\n")
+
+    shards = {name: state.write for name, state in (sharded or {}).items()}
+    return run.write_sealed(path, fill, previous=previous, shards=shards)
 
 
-def save_resumable(run_dir: Path, policy: Policy, state: TrainerState, training: TrainingState) -> Path:
+def save_resumable(run: RunDir, policy: Policy, state: TrainerState, training: TrainingState) -> Path:
     """Write ``checkpoints/last`` (model, ``trainer_state.pt``, ``trainer_state.json``)
     atomically; the checkpoint it replaces stays as ``checkpoints/prev``."""
-    root = run_dir / "checkpoints"
     torch_state = {f.name: getattr(training, f.name) for f in fields(training)}  # shallow: FlywheelState stays one
     sharded = {name: v for name, v in torch_state.items() if isinstance(v, ShardedOptimizer)}
     torch_state.update({name: {SHARDED: name} for name in sharded})  # (find_resumable makes the name a path)
     extra = {"trainer_state.pt": torch_state, "trainer_state.json": asdict(state)}
-    return save_model(policy, root / "last", extra, previous=root / "prev", sharded=sharded)
+    return save_model(run, policy, run.checkpoint("last"), extra, previous=run.checkpoint("prev"), sharded=sharded)
 
 
-#: Name prefix of the weights ``keep_checkpoints`` keeps: ``kept-<NNN>-<stage label>``.
-KEPT_PREFIX = "kept-"
-
-
-def keep_weights(run_dir: Path, policy: Policy, label: str, keep: int) -> Path | None:
+def keep_weights(run: RunDir, policy: Policy, label: str, keep: int) -> Path | None:
     """With ``keep`` > 0 (``keep_checkpoints``): the policy's weights as a sealed model directory
     ``checkpoints/kept-<NNN>-<label>`` (NNN counts up over the run, a resumed one included), the
     oldest beyond ``keep`` removed; the members of a checkpoint soup (``turnforge merge --soup``)."""
     if keep <= 0:
         return None
-    kept = kept_checkpoints(run_dir)
+    kept = run.kept_checkpoints()
     index = int(kept[-1].name.split("-")[1]) + 1 if kept else 1
-    path = save_model(policy, run_dir / "checkpoints" / f"{KEPT_PREFIX}{index:03d}-{label}")
-    for old in (kept + [path])[:-keep] if world().main else []:
-        shutil.rmtree(old)
+    path = save_model(run, policy, run.kept(index, label))
+    for old in (kept + [path])[:-keep]:
+        run.remove(old)
     return path
 
 
-def kept_checkpoints(run_dir: Path) -> list[Path]:
+def kept_checkpoints(run_dir: str | Path | RunDir) -> list[Path]:
     """The weights ``keep_weights`` kept in ``run_dir``, oldest first."""
-    root = run_dir / "checkpoints"
-    found = [p for p in root.glob(f"{KEPT_PREFIX}*") if p.is_dir() and not p.name.endswith(".tmp")] if root.is_dir() else []
-    return sorted(found, key=lambda p: int(p.name.split("-")[1]))
+    return RunDir(run_dir).kept_checkpoints()
 
 
 # ------------------------------------------------------------------ reading
@@ -183,16 +146,16 @@ def _progress(state: TrainerState) -> tuple[int, int]:
     return STAGES.index(state.stage) if state.stage in STAGES else -1, state.iteration
 
 
-def find_resumable(run_dir: Path) -> Resumable | None:
+def find_resumable(run_dir: str | Path | RunDir) -> Resumable | None:
     """The newest complete resumable checkpoint of ``run_dir`` among ``last``, ``prev``
     and a ``last.tmp`` that was sealed but not yet renamed (a crash between the two renames);
     None when the run has none (it stopped before its first checkpoint). Raises
     ``UserError`` when checkpoints exist but none is complete."""
-    root = run_dir / "checkpoints"
+    run = RunDir(run_dir)
+    last, prev = run.checkpoint("last"), run.checkpoint("prev")
     found: list[Resumable] = []
-    problems: dict[str, str] = {}  # checkpoint name -> what is wrong with it
-    for name in ("last.tmp", "last", "prev"):  # newest first
-        path = root / name
+    problems: dict[Path, str] = {}  # checkpoint -> what is wrong with it
+    for path in (staging(last), last, prev):  # newest first
         if not path.exists():
             continue
         problem = verify(path)
@@ -206,13 +169,13 @@ def find_resumable(run_dir: Path) -> Resumable | None:
                 problem = f"{path} cannot be read ({type(err).__name__}: {err})"
             else:
                 found.append(Resumable(path, state, training))
-        if problem is not None and name != "last.tmp":  # an unsealed last.tmp is an interrupted save, not news
-            problems[name] = problem
+        if problem is not None and path != staging(last):  # an unsealed last.tmp is an interrupted save, not news
+            problems[path] = problem
     if not found:
         if problems:
             raise UserError(f"no complete checkpoint to resume from: {'; '.join(problems.values())}; "
                             "start a new run with another --out")
         return None
     best = max(found, key=lambda r: _progress(r.state))
-    skipped = (problems["last"],) if best.path.name == "prev" and "last" in problems else ()
+    skipped = (problems[last],) if best.path == prev and last in problems else ()
     return Resumable(best.path, best.state, best.training, skipped)

@@ -15,6 +15,7 @@ import sys
 import threading
 from typing import Callable
 
+from turnforge.dist import stopped_by_launcher
 from turnforge.errors import Interrupted
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -34,6 +35,9 @@ class Interrupts:
         return Interrupted(f"interrupted {self.where()}", signum)
 
     def _handle(self, signum: int, frame) -> None:
+        if signum == signal.SIGTERM and stopped_by_launcher():  # the launcher stopping this rank because another one failed:
+            self.requested = None                                # at once and silently; the launcher tells why
+            raise self.stop_now(signum)
         if self.graceful and self.requested is None:
             self.requested = signum
             print(f"{signal.Signals(signum).name}: stopping after this RL iteration's checkpoint "

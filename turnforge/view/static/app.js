@@ -473,8 +473,23 @@ function seriesRows(o, kind) {
   return s ? rowsOf(s) : [];
 }
 
+// record fields that a run holds a real value in only with an option on: where the option is off,
+// the records say 0 (flywheel.pass_k == 1 drops nothing), and that 0 is no measurement to draw
+const OPTION_FIELDS = {
+  "flywheel_round.pass_k_dropped": (cfg) => ((cfg.flywheel || {}).pass_k ?? 1) >= 2,
+};
+
+function recorded(o, kind, col) {
+  // whether run o recorded column col of its kind's records: a number in some record, and for a
+  // field of an option (OPTION_FIELDS) the option on, or a value other than 0 in some record
+  const s = o.series[kind], j = s ? s.columns.indexOf(col) : -1;
+  const values = j < 0 ? [] : s.rows.map((r) => r[j]).filter((v) => typeof v === "number");
+  const option = OPTION_FIELDS[`${kind}.${col}`];
+  return values.length > 0 && (!option || option(o.config || {}) || values.some((v) => v !== 0));
+}
+
 function chartSpecs(os) {
-  const has = (kind, col) => os.some((o) => o.series[kind] && o.series[kind].columns.includes(col));
+  const has = (kind, col) => os.some((o) => recorded(o, kind, col));
   const specs = [
     { kind: "eval", x: "env_steps", y: "result.success_rate", title: "Held-out evaluations (success vs env steps)", label: "point",
       group: "series", main: "main", skip: ["temperature", "size"] },
@@ -485,11 +500,14 @@ function chartSpecs(os) {
     { kind: "bc_epoch", x: "epoch", y: "loss", title: "Behaviour cloning: loss per epoch" },
     { kind: "flywheel_round", x: "round", y: "eval.success_rate", title: "Flywheel: held-out success per round" },
     { kind: "flywheel_round", x: "round", y: "entropy", title: "Flywheel: entropy per round" },
+    { kind: "flywheel_round", x: "round", y: "pass_k_dropped", title: "Flywheel: kept episodes left out by flywheel.pass_k (weight 0)" },
   ];
+  // a chart per pass@k measurement the records hold (result.pass_at_8, ...); not flywheel.pass_k's
+  // pass_k_dropped, a count of episodes (its own chart above)
   for (const kind of ["rl_iter", "eval", "flywheel_round"]) {
     const cols = new Set(os.flatMap((o) => (o.series[kind] ? o.series[kind].columns : [])));
     const base = specs.find((s) => s.kind === kind);
-    for (const c of cols) if (/pass/i.test(c)) specs.push({ ...base, y: c, title: `pass@k: ${c}` });
+    for (const c of cols) if (/pass_at_|pass@/i.test(c)) specs.push({ ...base, y: c, title: `pass@k: ${c}` });
   }
   return specs.filter((s) => has(s.kind, s.y));
 }
@@ -569,9 +587,11 @@ function seriesLegend(series) {
 function chartSeries(os, spec, y) {
   // each run's series of the chart: one, or with spec.group one per value of that column (held-out
   // evaluations: per sampling temperature and size, turnforge.view.rundir.eval_series), the run's
-  // own (spec.main true) first; a label keeps its colour and mark in both runs
+  // own (spec.main true) first; a label keeps its colour and mark in both runs; none for a run that
+  // did not record y (recorded)
   const groups = os.map((o) => {
     const by = new Map();
+    if (!recorded(o, spec.kind, y)) return [];
     for (const r of seriesRows(o, spec.kind)) {
       if (typeof r[y] !== "number" || typeof r[spec.x] !== "number") continue;
       const label = spec.group ? String(r[spec.group] ?? "") : "";
@@ -598,7 +618,7 @@ function chart(os, spec) {
   const numericCols = [...new Set(os.flatMap((o) => {
     const s = o.series[spec.kind];
     if (!s) return [];
-    return s.columns.filter((c, j) => !skip.has(c) && s.rows.some((r) => typeof r[j] === "number"));
+    return s.columns.filter((c) => !skip.has(c) && recorded(o, spec.kind, c));
   }))];
   const box = el("div", { class: "chart", "data-kind": spec.kind });
   const select = el("select", { "aria-label": "metric" }, numericCols.map((c) => el("option", { value: c, selected: c === spec.y }, c)));
