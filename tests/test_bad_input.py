@@ -68,8 +68,18 @@ def checkpoints(tiny_model_dir, tmp_path_factory):
     save_file(weights, str(other_arch / "model.safetensors"), metadata={"format": "pt"})
     other_template = shutil.copytree(tiny_model_dir, root / "other_template")
     (other_template / "chat_template.jinja").write_text("{# another template #}" + (other_template / "chat_template.jinja").read_text())
+    # Harbor task directories: one whose machine needs another system, one without its tests
+    harbor_bad, harbor_missing = root / "harbor_bad", root / "harbor_missing"
+    for task, dockerfile in ((harbor_bad / "t", "FROM node:20\nWORKDIR /app\n"), (harbor_missing / "t", "FROM debian:12\nWORKDIR /app\n")):
+        (task / "environment").mkdir(parents=True)
+        (task / "instruction.md").write_text("Do it.\n")
+        (task / "task.toml").write_text('version = "1.0"\n')
+        (task / "environment" / "Dockerfile").write_text(dockerfile)
+    (harbor_bad / "t" / "tests").mkdir()
+    (harbor_bad / "t" / "tests" / "test.sh").write_text("echo 1 > /logs/verifier/reward.txt\n")
     return {"ckpt": good, "truncated": truncated, "empty": empty, "memory_empty": memory_empty,
-            "memory_frozenlake": memory_frozenlake, "other_arch": other_arch, "other_template": other_template}
+            "memory_frozenlake": memory_frozenlake, "other_arch": other_arch, "other_template": other_template,
+            "harbor_bad": harbor_bad, "harbor_missing": harbor_missing}
 
 
 # (case id, argv, substring of the one error line). Placeholders: {ckpt}, {truncated}, {empty}
@@ -142,9 +152,18 @@ CASES = [
      "bad value for 'eval.pass_at_k_temperature' (0.0): pass@k needs sampling"),
     ("flywheel-pass-at-k-without-samples", ["flywheel", "flywheel.pass_at_k=true", "eval.pass_at_k_samples=0", "--out", "run"],
      "flywheel.pass_at_k=true measures pass@k after each round with eval.pass_at_k_samples samples per task; set it above 0"),
+    # terminal tasks: a Harbor task that cannot run here, a bad source, a turn budget that would cut episodes unscored
+    ("terminal-harbor-refused", ["train", "sokoban-tiny", "env.id=terminal", "env.tasks={harbor_bad}", "env.heldout_fraction=0.5",
+                                 "--out", "run"],
+     "task t: environment/Dockerfile line 1: FROM node:20 needs another system than this host's"),
+    ("terminal-harbor-missing-file", ["check-env", "{harbor_missing}"], "task t: tests/test.sh is missing"),
+    ("terminal-unknown-source", ["check-env", "terminal", "source=everything"],
+     "env terminal: unknown source 'everything'; valid sources: 'generated', 'inject', 'repair', 'selfplay'"),
+    ("terminal-turn-budget", ["train", "terminal-tiny", "rollout.max_turns=3", "--out", "run"],
+     "env 'terminal' ends and scores an episode at its max_turns=6, but rollout.max_turns=3 would cut it first"),
     # flywheel: names checked before any work (the data command's cases are in tests/data/test_query_store.py)
     ("flywheel-unknown-mechanism", ["flywheel", "flywheel.mechanisms=[guidance,magic]", "--out", "run"],
-     "bad value for 'flywheel.mechanisms' (['guidance', 'magic']): unknown name 'magic'; valid: retry, guidance, curriculum, anchor, evolve, replay, keep, negatives"),
+     "bad value for 'flywheel.mechanisms' (['guidance', 'magic']): unknown name 'magic'; valid: retry, guidance, curriculum, anchor, evolve, selfplay, replay, keep, negatives"),
     ("flywheel-negative-weight", ["flywheel", "flywheel.mechanisms=[negatives]", "flywheel.negative_weight=-1", "--out", "run"],
      "bad value for 'flywheel.negative_weight' (-1): Input should be greater than 0"),
     ("flywheel-boundary-budget", ["flywheel", "flywheel.allocation=boundary", "--out", "run"],

@@ -248,9 +248,14 @@ def check_env_cmd(
     """Run check_env on a registered env with options: exit 0 when it passes; exit 1 with one line
     when it fails a check (the line names the fix) or when the env's own code raises (the line
     names the method and the exception; TURNFORGE_TRACEBACK=1 adds the traceback); exit 2 for
-    bad input (env id, option, task file)."""
+    bad input (env id, option, task file). ENV_ID a directory of Harbor tasks (or `terminal --tasks
+    DIR`): each task's reference solution must score 1 and a workspace nobody touched 0; one line per task."""
     from turnforge.app.config import parse_overrides
     from turnforge.envs import EnvCheckError, check_env
+
+    if Path(env_id).is_dir() or (env_id == "terminal" and tasks is not None and tasks.is_dir()):
+        _check_terminal_tasks(Path(env_id) if Path(env_id).is_dir() else tasks)
+        return
 
     kwargs = parse_overrides(list(options or []))
     chat = None
@@ -272,6 +277,28 @@ def check_env_cmd(
     if chat is None:
         console.print("note: action lengths not checked; give --model DIR (and --max-new-tokens N) to check them", soft_wrap=True)
     console.print(f"{env_id}: ok ({', '.join(report.checks)})", highlight=False, soft_wrap=True)
+
+
+def _check_terminal_tasks(directory: Path) -> None:
+    """``check-env DIR``: every Harbor task under DIR read (a task that cannot run here: one line,
+    exit 2), then played by its reference and by nobody (a task whose reference does not score 1,
+    or whose untouched workspace does not score 0: one line each, exit 1)."""
+    from turnforge.envs.terminal.check import check_task
+    from turnforge.envs.terminal.harbor import read_task, task_dirs
+
+    found = [read_task(d) for d in task_dirs(directory)]  # TaskRefused (a UserError): one line, exit 2
+    failed = 0
+    for task in found:
+        got = check_task(task)
+        if got.problem is not None:
+            failed += 1
+            print(f"FAIL {got.problem}", file=sys.stderr, flush=True)
+        else:
+            shown = "none" if got.reference is None else f"{got.reference:g}"
+            console.print(f"ok {task.name}: reference {shown}, nothing {got.nothing:g} ({got.seconds:.1f} s)", highlight=False)
+    if failed:
+        sys.exit(1)
+    console.print(f"{directory}: {len(found)} task(s) ok", highlight=False)
 
 
 EVAL_HELP = (

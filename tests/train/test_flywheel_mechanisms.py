@@ -98,11 +98,11 @@ def task_ids(tasks) -> list[int]:
 
 
 def test_the_registry_is_the_one_list_of_mechanisms_and_sources():
-    assert list(MECHANISMS) == ["retry", "guidance", "curriculum", "anchor", "evolve", "replay", "keep", "negatives"]
-    assert SOURCES == ("demo", "plain", "retry", "guided", "curriculum", "anchor", "evolved", "kept")
-    assert MEMORY_SOURCES == ("demo", "plain", "retry", "curriculum", "anchor", "evolved", "kept")  # hinted episodes are not recalled
+    assert list(MECHANISMS) == ["retry", "guidance", "curriculum", "anchor", "evolve", "selfplay", "replay", "keep", "negatives"]
+    assert SOURCES == ("demo", "plain", "retry", "guided", "curriculum", "anchor", "evolved", "injected", "kept")
+    assert MEMORY_SOURCES == ("demo", "plain", "retry", "curriculum", "anchor", "evolved", "injected", "kept")  # hinted episodes are not recalled
     assert [cls.name for cls in enabled(["replay", "retry", "anchor"])] == ["retry", "anchor", "replay"]  # registry order
-    with pytest.raises(UserError, match=r"unknown name 'bogus'; valid: retry, guidance, curriculum, anchor, evolve, replay, keep, negatives"):
+    with pytest.raises(UserError, match=r"unknown name 'bogus'; valid: retry, guidance, curriculum, anchor, evolve, selfplay, replay, keep, negatives"):
         load_config("sokoban-tiny", ["flywheel.mechanisms=[bogus]"])
 
 
@@ -226,3 +226,37 @@ def test_a_record_of_an_unknown_mechanism_is_an_error():
     data = {"episodes": None}
     with pytest.raises(ValueError, match=r"no flywheel mechanism 'gone' \(mechanisms: retry, guidance, "):
         from_json(dict[str, MechanismRecord], {"gone": data})
+
+
+def _inject_episode(tid: str, seed: str, module: str | None, success: bool) -> Trajectory:
+    info = {"injected_module": module} if module else {}
+    task = Task("terminal", "train", 7, {"source": "inject", "seed": seed, "variant": 0})
+    return Trajectory(tid, task, "g", 0, (Turn("obs", "submit", float(success), False, "", info=info),), (),
+                      float(success), success, True, False, None, 0)
+
+
+def test_selfplay_turns_valid_injected_bugs_into_repair_tasks_and_retires_solved_ones():
+    from turnforge.config import TrainConfig
+    from turnforge.train.mechanisms.selfplay import SelfPlay
+
+    cfg = TrainConfig.model_validate({"flywheel": {"tasks_per_wave": 8, "evolve_pool": 3}})
+    mech = SelfPlay(cfg)
+    plain = {"a": [_inject_episode("1", "clamp", "def clamp(x, lo, hi):\n    return lo\n", True),
+                   _inject_episode("2", "clamp", None, False),  # no valid bug: nothing to harvest
+                   _inject_episode("3", "clamp", "def clamp(x, lo, hi):\n    return lo\n", True)]}  # the same bug once
+    mech.after_collection(None, plain, [])
+    (task,) = [t for t, _ in mech.state.tasks.values()]
+    assert task.data == {"source": "injected", "seed": "clamp", "module": "def clamp(x, lo, hi):\n    return lo\n"}
+    assert mech.first_wave(SimpleNamespace(r=1)) == [task] and mech.record((0, 0)).harvested == 1
+    won = Trajectory("r", task, "g", 0, (), (), 1.0, True, True, False, None, 0)
+    mech.after_collection(None, {task.task_id: [won, won]}, [])  # solved by every rollout: retired
+    assert not mech.state.tasks and mech.record((2, 2)).retired == 1
+
+
+def test_selfplay_needs_the_terminal_envs_selfplay_source():
+    with pytest.raises(UserError, match="selfplay, which repairs the bugs the policy injects; it needs env terminal"):
+        from turnforge.app.rules import check_run
+        from turnforge.envs import make
+
+        cfg = load_config("sokoban-tiny", ["flywheel.mechanisms=[selfplay]"])
+        check_run(cfg, make("sokoban"))

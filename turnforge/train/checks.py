@@ -22,6 +22,11 @@ from turnforge.train.mechanisms import enabled
 def check_options(cfg: TrainConfig, env: Env) -> None:
     """Raise ``UserError`` when ``cfg`` asks ``env`` for something it cannot do."""
     caps, env_id, rl = capabilities(env), cfg.env.id, cfg.rl
+    limit = getattr(env, "turn_limit", None)  # an env that ends (and scores) its episodes itself at a turn count
+    if limit is not None and cfg.rollout.max_turns < limit:
+        raise UserError(f"env {env_id!r} ends and scores an episode at its max_turns={limit}, but rollout.max_turns="
+                        f"{cfg.rollout.max_turns} would cut it first, unscored; set rollout.max_turns >= {limit} or "
+                        f"env.kwargs.max_turns <= {cfg.rollout.max_turns}")
     context = CONTEXTS[cfg.rollout.context]
     problem = context.env_conflict(cfg, env)
     if problem:

@@ -36,10 +36,11 @@ from turnforge.train.mechanisms.keep import Keep
 from turnforge.train.mechanisms.negatives import Negatives
 from turnforge.train.mechanisms.replay import Replay
 from turnforge.train.mechanisms.retry import Retry
+from turnforge.train.mechanisms.selfplay import SelfPlay
 
 #: Every mechanism by its ``flywheel.mechanisms`` name, in the order they act in a round.
-MECHANISMS: dict[str, type[Mechanism]] = {cls.name: cls for cls in (Retry, Guidance, Curriculum, Anchoring, Evolve, Replay, Keep,
-                                                                  Negatives)}
+MECHANISMS: dict[str, type[Mechanism]] = {cls.name: cls for cls in (Retry, Guidance, Curriculum, Anchoring, Evolve, SelfPlay,
+                                                                  Replay, Keep, Negatives)}
 
 #: Where an episode came from (the trajectory store's ``source`` column): ``demo`` (the expert's:
 #: BC's demonstrations, the anchor mechanism's solutions), ``plain`` (the policy from a task's
