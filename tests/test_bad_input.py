@@ -252,7 +252,7 @@ CASES = [
     ("memory-async", ["train", "memory.enabled=true", "engine.mode=async", "--out", "run"],
      "memory.enabled=true with engine.mode=async"),
     ("memory-source-unknown", ["train", "memory.sources=[guided]", "--out", "run"],
-     "bad value for 'memory.sources' (['guided']): unknown name 'guided'; valid: demo, plain, retry, curriculum, anchor, evolved, kept"),
+     "bad value for 'memory.sources' (['guided']): unknown name 'guided'; valid: demo, plain, retry, curriculum, anchor, evolved, injected, kept"),
     # turnforge merge
     ("merge-method-unknown", ["merge", "{ckpt}", "{ckpt}", "--method", "soup", "--out", "m"],
      "unknown merge method 'soup'; valid methods: linear, slerp, task_arithmetic, ties, dare, ram"),

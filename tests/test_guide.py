@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from turnforge.app.reference import config_keys, reference
 from turnforge.config import TrainConfig
 
@@ -34,3 +36,40 @@ def test_the_guide_lists_the_miniwob_tasks_with_an_expert():
 
     text = GUIDE.read_text()
     assert all(f"`{name}`" in text for name in DEFAULT_TASKS) and f"The {len(DEFAULT_TASKS)} tasks with a scripted expert" in text
+
+
+def _example(name: str) -> str:
+    text = GUIDE.read_text().split(f"<!-- guide example: {name} -->\n```python\n", 1)[1]
+    return text.split("```", 1)[0]
+
+
+def test_the_guides_worked_examples_plug_into_their_registries():
+    """Each worked example of 'where a new variant goes' runs, and the config, the rules and the
+    stage then take the new name without another edit."""
+    import numpy as np
+
+    from turnforge.algos.estimators import ESTIMATORS
+    from turnforge.app.config import load_config
+    from turnforge.app.rules import check_run
+    from turnforge.envs import make
+    from turnforge.errors import UserError
+    from turnforge.rollout.context import CONTEXTS
+    from turnforge.train.mechanisms import MECHANISMS
+    from turnforge.types import Task, Trajectory, Turn
+
+    try:
+        for name in ("estimator", "mechanism", "context"):
+            exec(_example(name), {})
+        trajs = [Trajectory(t, Task("x", "train", 0), g, 0, (Turn("o", "a", r, False, "s"),), (), r, False, True, False, None, 0)
+                 for t, g, r in [("a", "g0", 1.0), ("b", "g0", 3.0), ("c", "g1", 2.0)]]
+        cfg = load_config("sokoban-tiny", ["rl.advantage=best_baseline", "flywheel.mechanisms=[revisit]",
+                                           "rollout.context=user_turns"])
+        adv = ESTIMATORS["best_baseline"].turn_advantages(trajs, cfg.rl)
+        assert [float(adv[t][0]) for t in "abc"] == [-2.0, 0.0, 0.0]
+        check_run(cfg, make("sokoban"))
+        with pytest.raises(UserError, match="rollout.context=user_turns needs an env that answers with user messages"):
+            check_run(load_config("calculator-tiny", ["rollout.context=user_turns"]), make("calculator"))
+        assert np.isfinite(adv["a"]).all()
+    finally:
+        for registry, name in ((ESTIMATORS, "best_baseline"), (MECHANISMS, "revisit"), (CONTEXTS, "user_turns")):
+            registry.pop(name, None)

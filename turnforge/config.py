@@ -18,7 +18,6 @@ from pydantic import Field, ValidationInfo, create_model, field_validator, model
 from pydantic_core import PydanticCustomError
 
 from turnforge.algos.estimators import ESTIMATORS
-from turnforge.algos.estimators import description as estimators_description
 from turnforge.seeding import stable_hash
 from turnforge.settings import LearningRate, Section
 
@@ -355,7 +354,8 @@ class RLKeys(Section):
         None, gt=0, description="rehearsal: sampling temperature of those episodes and of the term's logprobs "
         "(None = rollout.temperature); the starting policy's competent one, e.g. its best of eval.bc_temperatures"
     )
-    advantage: Literal[tuple(ESTIMATORS)] = Field("grpo", description=estimators_description())  # type: ignore[valid-type]
+    advantage: str = Field("grpo", description="Credit assignment: the advantage estimator, by name "
+                           "(turnforge.algos.estimators, one class each; its own settings are the section rl.<name>)")
     malformed: Literal["penalty", "void"] = Field(
         "penalty", description="Episodes with a malformed turn (an invalid action): 'penalty' trains on them with the "
         "env's invalid_action_penalty in their return; 'void' leaves them out of the advantages and the update, "

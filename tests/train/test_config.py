@@ -36,7 +36,7 @@ def test_default_recipe_loads_and_overrides_apply():
         (["rl.advantage=mc_grpo", "rollout.context=full_history"], r"rl.advantage=mc_grpo .* rollout.context=window"),
         (["rl.advantage=mc_grpo", "rl.kl_mode=reward"], r"rl.kl_mode=reward penalises episode turns"),
         (["rl.advantage=mc_grpo", "rl.shaping=potential"], r"rl.shaping=potential does not apply to rl.advantage=mc_grpo"),
-        (["rl.advantage=ppo"], r"bad value for 'rl.advantage': .*'mc_grpo', 'pass_at_k', 'w_reinforce' or 'psr'"),
+        (["rl.advantage=ppo"], r"bad value for 'rl.advantage' \('ppo'\): unknown name 'ppo'; valid: grpo, rloo, reinforce_pp, gigpo, gae, mc_grpo, pass_at_k, w_reinforce, psr"),
         # flywheel.weighting=mc_awr: the round's own per-turn samples, in the rft stage
         (["flywheel.rounds=1", "flywheel.weighting=mc_awr", "flywheel.mechanisms=[curriculum]"],
          r"flywheel.weighting=mc_awr trains on the round's own episodes; flywheel.mechanisms=\['curriculum'\] .* set flywheel.mechanisms=\[\]"),

@@ -444,10 +444,5 @@ def names_where(attribute: str) -> list[str]:
     return [n for n, e in ESTIMATORS.items() if getattr(e, attribute)]
 
 
-def description() -> str:
-    """``rl.advantage``'s description: every estimator with its few words."""
-    return "Credit assignment: " + ", ".join(f"{n} ({e.help})" for n, e in ESTIMATORS.items())
-
-
 __all__ = ["CreditInputs", "ESTIMATORS", "Estimator", "EstimatorCredit", "MonteCarloSource", "Penalties", "Requirement",
-           "description", "gae_turn_advantages", "names_where", "state_values", "turn_rewards"]
+           "gae_turn_advantages", "names_where", "state_values", "turn_rewards"]

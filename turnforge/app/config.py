@@ -17,6 +17,7 @@ from typing import Any, Callable
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from turnforge.algos.estimators import ESTIMATORS
 from turnforge.app.rules import config_conflict
 from turnforge.config import TrainConfig
 from turnforge.data.filters import FILTERS
@@ -36,6 +37,7 @@ class VariantKey:
 
 
 VARIANT_KEYS: tuple[VariantKey, ...] = (
+    VariantKey("rl.advantage", "turnforge.algos.estimators", lambda: {n: e.help for n, e in ESTIMATORS.items()}),
     VariantKey("rollout.context", "turnforge.rollout.context", lambda: {n: c.help for n, c in CONTEXTS.items()}),
     VariantKey("rollout.history", "turnforge.rollout.history", lambda: {n: h.help for n, h in HISTORIES.items()}),
     VariantKey("flywheel.mechanisms", "turnforge.train.mechanisms", lambda: {n: m.help for n, m in MECHANISMS.items()}),
