@@ -21,6 +21,9 @@ $(STAMP): pyproject.toml constraints.txt Makefile
 	# (never `playwright install`, which downloads a browser build).
 	command -v chromium >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq chromium; } \
 		|| echo "warning: could not install chromium; the viewer's browser tests skip (and fail under CI)"
+	# python3-pytest: the offline verifier of Harbor terminal tasks (their test.sh runs pytest with the sandbox's python3)
+	/usr/bin/python3 -c "import pytest" 2>/dev/null || { apt-get update -qq && apt-get install -y -qq python3-pytest; } \
+		|| echo "warning: could not install python3-pytest; Harbor tasks whose tests use pytest will be refused"
 	$(PY) -m venv $(VENV)
 	# The CPU wheel first: a bare `torch` requirement would pull several GB of CUDA packages.
 	$(BIN)/pip install -q -c constraints.txt "torch==2.13.0"

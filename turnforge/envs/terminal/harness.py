@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 import shlex
 import tempfile
 import time
@@ -84,6 +85,7 @@ from turnforge.types import SPLITS, Task  # noqa: E402
 #: What mini-swe-agent's environments take as "the agent is done" (the first line of an output).
 SUBMIT_MARK = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
 #: mini-swe-agent's own observation template (its models' default), for a prompt set without one.
+_KILLED = re.compile(r"^\S+: line \d+: +\d+ Killed .*\n?\Z", re.MULTILINE)
 DEFAULT_OBSERVATION = ("{% if output.exception_info %}<exception>{{output.exception_info}}</exception>\n{% endif %}"
                        "<returncode>{{output.returncode}}</returncode>\n<output>\n{{output.output}}</output>")
 
@@ -160,15 +162,15 @@ class BoxEnvironment:
     def execute(self, action: dict, cwd: str = "", *, timeout: float | None = None) -> dict[str, Any]:
         command = action.get("command", "")
         limit = timeout or self.config.timeout
-        variables = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.config.env.items())
-        # a subshell: the box's own shell keeps its cwd and exports, as a fresh process would find them
-        result = self.box.exec(f"(cd {shlex.quote(cwd or self.config.cwd)} && {variables} bash -c {shlex.quote(command)})",
+        variables = "".join(f"{k}={shlex.quote(v)} " for k, v in self.config.env.items())
+        # a child bash: its cd and exports end with it (the box's shell is sent back to cwd every time)
+        result = self.box.exec(f"cd {shlex.quote(cwd or self.config.cwd)} && {variables}bash -c {shlex.quote(command)}",
                                timeout_s=limit)
         self.n_commands += 1
         self.seconds += result.seconds
-        if result.timed_out:
+        if result.timed_out:  # the output so far, without the box shell's "Killed" line (it shows this wrapper)
             self.n_timeouts += 1
-            output = {"output": result.output, "returncode": -1,
+            output = {"output": _KILLED.sub("", result.output), "returncode": -1,
                       "exception_info": f"An error occurred while executing the command: Command {command!r} timed out "
                                         f"after {limit:g} seconds",
                       "extra": {"exception_type": "TimeoutExpired", "exception": f"timed out after {limit:g} seconds"}}
