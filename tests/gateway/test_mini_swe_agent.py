@@ -20,14 +20,17 @@ from turnforge.sandbox.box import BOXES, regular_files
 pytest.importorskip("minisweagent", reason="needs: pip install --no-deps mini-swe-agent platformdirs (make setup)")
 pytestmark = pytest.mark.skipif(BOXES["bwrap"].unavailable() is not None, reason="needs bubblewrap (apt-get install -y bubblewrap)")
 
-from minisweagent.environments.local import LocalEnvironment  # noqa: E402
-from minisweagent.exceptions import Submitted  # noqa: E402
-from minisweagent.models.test_models import DeterministicToolcallModel, make_toolcall_output  # noqa: E402
+from minisweagent.environments.local import LocalEnvironment
+from minisweagent.exceptions import Submitted
+from minisweagent.models.test_models import (
+    DeterministicToolcallModel,
+    make_toolcall_output,
+)
 
-from turnforge.envs.terminal import harness, sources  # noqa: E402
-from turnforge.envs.terminal.env import expert_commands  # noqa: E402
-from turnforge.envs.terminal.generated import build_task  # noqa: E402
-from turnforge.envs.terminal.verify import VerifierError  # noqa: E402
+from turnforge.envs.terminal import harness, sources
+from turnforge.envs.terminal.env import expert_commands
+from turnforge.envs.terminal.generated import build_task
+from turnforge.envs.terminal.verify import VerifierError
 
 REPO = Path(__file__).resolve().parents[2]
 TASKS = REPO / "examples" / "agents" / "terminal_tasks.jsonl"
@@ -127,8 +130,10 @@ def test_commands_run_in_the_box_each_in_a_fresh_shell_and_the_verifier_scores_t
 
 def test_a_run_that_stops_without_submitting_is_verified_all_the_same(verified):
     data = _tasks()[1]
-    result = harness.run_task(data, _scripted("ls", "true", "echo never run"), harness.MiniSweConfig(step_limit=2))
+    result = harness.run_task(data, _scripted("ls", "echo a\0b", "echo never run"), harness.MiniSweConfig(step_limit=2))
     assert result.exit_status == "LimitsExceeded" and result.n_commands == 2
+    nul = json.loads([m for m in result.messages if m["role"] == "tool"][1]["content"])
+    assert nul["returncode"] == 2 and "NUL byte; nothing was run" in nul["output"]  # the box refuses it: the agent's doing
     ((_, _, verdict),) = verified
     assert result.reward == verdict.reward == 0.0 and not result.success
 
@@ -143,11 +148,16 @@ def test_a_verifier_that_gives_no_reward_raises(monkeypatch):
         harness.run_task(_tasks()[2], _scripted("echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"))
 
 
-def test_a_prompt_set_that_is_not_for_tool_calls_is_refused():
+def test_prompt_sets_for_tool_calls_load_and_others_are_refused():
     from turnforge.errors import UserError
 
+    for name in ("mini", "benchmarks/swebench"):
+        assert "{{task}}" in harness.load_prompts(name).agent["instance_template"].replace(" ", "")
     with pytest.raises(UserError, match="not found; give a YAML path or one of .*mini"):
         harness.load_prompts("no_such_set")
+    for name in ("mini_textbased", "default", "benchmarks/swebench_backticks", "benchmarks/swebench_xml"):
+        with pytest.raises(UserError, match="asks for actions in text blocks"):
+            harness.load_prompts(name)
 
 
 # ------------------------------------------------------------------ through a real gateway, the tiny model
@@ -203,7 +213,7 @@ def test_mini_swe_agent_runs_through_the_gateway_in_the_box_and_trains_token_exa
     from turnforge.rollout.engine import EpisodeRequest
 
     monkeypatch.chdir(REPO)
-    cfg = load_config("mini-swe-agent-tiny", [f"agent.tasks={TASKS}"])
+    cfg = load_config("mini-swe-agent-tiny", [f"agent.tasks={TASKS}", "rollout.max_new_tokens=256"])  # room for the written calls
     tasks = AgentTasks(str(TASKS))
     requests = [EpisodeRequest(tasks.task("train", i), i, f"g{i}", f"r{i}") for i in range(2)]
     solve = " && ".join(expert_commands(build_task(requests[0].task.data)))
@@ -211,7 +221,7 @@ def test_mini_swe_agent_runs_through_the_gateway_in_the_box_and_trains_token_exa
     def call(command: str) -> str:
         return '<tool_call>' + json.dumps({"name": "bash", "arguments": {"command": command}}) + '</tool_call>'
 
-    actor = ScriptedFirst(PolicyActor(tiny_policy, 64, 1.0, torch.Generator().manual_seed(0)), tiny_policy,
+    actor = ScriptedFirst(PolicyActor(tiny_policy, 256, 1.0, torch.Generator().manual_seed(0)), tiny_policy,
                           {"r0": [call(f"{solve} && {MARK}"), None, call("echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT")]})
     engine = AgentEngine(cfg, tiny_policy, tmp_path, tasks, load_agent(ENTRYPOINT))
     try:
@@ -225,7 +235,6 @@ def test_mini_swe_agent_runs_through_the_gateway_in_the_box_and_trains_token_exa
     assert len(verdicts) == 2
     for t in trajs:
         assert t.episode_return == verdicts[build_task(t.task.data).name][1].reward
-    from turnforge.gateway.render import decode as _d; [print("CALL", _d(tiny_policy.tokenizer, c.prompt_ids)[-900:], "\nCOMPLETION", _d(tiny_policy.tokenizer, c.completion_ids)) for c in recorded["r0"].calls]; print(verified[0][2], verified[1][2])
     assert solved.episode_return == 1.0 and solved.success and alone.episode_return == 0.0
     final, _ = verdicts[build_task(solved.task.data).name]
     assert regular_files(final.files)["tmp/agent_mark"] == b"BOX_MARK_42\n"  # the agent's command ran in the box
@@ -242,6 +251,17 @@ def test_mini_swe_agent_runs_through_the_gateway_in_the_box_and_trains_token_exa
     assert_rescores(tiny_policy, [s for t in trajs for s in t.samples])
 
 
+def test_a_prompt_over_the_gateways_context_budget_ends_the_run_and_the_workspace_is_still_verified(tiny_policy, verified):
+    from turnforge.gateway.server import Gateway
+
+    with Gateway(tiny_policy, max_new_tokens=8, max_context_tokens=1024, temperature=1.0, seed=0) as gw:
+        config = harness.MiniSweConfig()
+        result = harness.run_task(_tasks()[0], harness.gateway_model(gw.open_rollout("r"), config), config)
+        record = gw.close_rollout("r")
+    assert result.exit_status == "ContextWindowExceeded" and record.calls == [] and record.refused_calls == 1
+    assert len(verified) == 1 and result.reward == 0.0
+
+
 @pytest.mark.slow
 def test_the_recipe_trains_an_iteration_and_the_parquet_holds_what_was_sampled(tmp_path, recorded, monkeypatch):
     from turnforge.app.config import load_config
@@ -249,7 +269,8 @@ def test_the_recipe_trains_an_iteration_and_the_parquet_holds_what_was_sampled(t
 
     monkeypatch.chdir(REPO)
     overrides = [f"model.tiny.{k}={v}" for k, v in TINY_TEST_SHAPE.items()] + [
-        "rl.iterations=1", "rl.tasks_per_iteration=2", "rl.group_size=2", "eval.episodes=2", "eval.bc_temperatures=[]"]
+        "rl.iterations=1", "rl.tasks_per_iteration=2", "rl.group_size=2", "eval.episodes=2", "eval.bc_temperatures=[]",
+        "rollout.max_new_tokens=64"]
     summary = train(load_config("mini-swe-agent-tiny", overrides), tmp_path / "run", live=False)
     assert summary.rl_iterations == 1 and summary.env_id == "agent"
     rows = pq.read_table(tmp_path / "run" / "trajectories" / "rl_00000.parquet").to_pylist()
@@ -269,3 +290,4 @@ class _Row:
 
     def __init__(self, row: dict) -> None:
         self.token_ids, self.loss_mask, self.logprobs = row["token_ids"], row["loss_mask"], row["logprobs"]
+

@@ -17,6 +17,7 @@ from turnforge.envs.terminal.task import TaskFile, TerminalTask
 from turnforge.envs.terminal.verify import VerifierError, verify
 from turnforge.errors import UserError
 from turnforge.sandbox.box import BOXES
+from turnforge.types import Task
 
 pytestmark = pytest.mark.skipif(BOXES["bwrap"].unavailable() is not None, reason="needs bubblewrap (apt-get install -y bubblewrap)")
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples" / "harbor"
@@ -29,6 +30,13 @@ def _play(env, actions):
         if results[-1].terminated or results[-1].truncated:
             break
     return results
+
+
+def _expert(env):
+    steps = [env.step(env.expert_action())]
+    while not steps[-1].terminated:
+        steps.append(env.step(env.expert_action()))
+    return steps
 
 
 @pytest.fixture
@@ -102,6 +110,7 @@ def test_invalid_shell_text_changes_nothing(env):
     r = env.step("echo (")
     assert r.invalid_action and "syntax error" in r.observation and env.episode.turns == 0
     assert env.step("").invalid_action
+    assert env.step("echo a\0b").invalid_action and env.episode.turns == 0  # (a model can sample a NUL byte)
 
 
 def test_the_turn_limit_ends_and_verifies(env):
@@ -168,8 +177,7 @@ def test_env_tasks_reads_a_harbor_directory_and_plays_it():
         task = env.task("heldout", 0)
         assert task.data["source"] == "harbor" and env.task_source().size("heldout") == 2
         env.reset(task, 0)
-        steps = _play(env, [env.expert_action() for _ in range(1)] + ["submit"])
-        assert steps[-1].reward == 1.0
+        assert _expert(env)[-1].reward == 1.0
     finally:
         env.close()
 
@@ -223,3 +231,24 @@ def test_the_offline_stand_ins_answer_what_the_host_has():
     with open_box(box_spec(task)) as box:
         final = box.snapshot()
     assert verify(task, final).reward == 1.0
+
+
+def test_a_valid_injected_bug_becomes_a_repair_task_the_expert_solves():
+    from turnforge.envs.terminal.sources import build_task
+
+    env = make("terminal", source="selfplay", max_turns=6)
+    try:
+        task = env.task("train", 3)
+        assert task.data["source"] == "inject"
+        env.reset(task, 0)
+        steps = _expert(env)
+        assert steps[-1].success and "def " in steps[-1].info["injected_module"]
+        repair = {"source": "injected", "seed": task.data["seed"], "module": steps[-1].info["injected_module"]}
+        assert build_task(repair).expert_commands[-1].startswith("python3 - <<'EOF'")
+        env.reset(Task("terminal", "train", 2**41, repair), 0)
+        steps = _expert(env)
+        assert steps[-1].success and steps[-1].reward == 1.0
+        env.reset(task, 0)  # an injected change the tests do not catch is no bug
+        assert _play(env, ["sed -i '1s/^/# a comment\\n/' pkg/*.py", "submit"])[-1].reward == 0.0
+    finally:
+        env.close()

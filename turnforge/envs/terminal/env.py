@@ -212,6 +212,8 @@ class TerminalEnv(Env):
                 return None
         if not command.strip():
             return _Invalid("Error: the command is empty.")
+        if "\0" in command:
+            return _Invalid("Error: the command contains a NUL byte, which no shell command can hold.")
         problem = syntax_error(command)
         if problem:
             return _Invalid(f"Error: not a shell command: {problem}")

@@ -57,35 +57,37 @@ import re
 import shlex
 import tempfile
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 os.environ.setdefault("MSWEA_SILENT_STARTUP", "1")
 os.environ.setdefault("MSWEA_GLOBAL_CONFIG_DIR", str(Path(tempfile.gettempdir()) / "turnforge-mini-swe-agent"))
 
-import yaml  # noqa: E402
-from minisweagent import package_dir  # noqa: E402
-from minisweagent.agents.default import DefaultAgent  # noqa: E402
-from minisweagent.exceptions import FormatError, LimitsExceeded, Submitted, TimeExceeded  # noqa: E402
-from minisweagent.models.utils.actions_toolcall import (  # noqa: E402
+import yaml
+from minisweagent import package_dir
+from minisweagent.agents.default import DefaultAgent
+from minisweagent.exceptions import FormatError, LimitsExceeded, Submitted, TimeExceeded
+from minisweagent.models.utils.actions_toolcall import (
     BASH_TOOL,
     format_toolcall_observation_messages,
     parse_toolcall_actions,
 )
-from minisweagent.utils.serialize import recursive_merge  # noqa: E402
-from pydantic import BaseModel  # noqa: E402
+from minisweagent.utils.serialize import recursive_merge
+from pydantic import BaseModel
 
-from turnforge.envs.registry import make  # noqa: E402
-from turnforge.envs.terminal.verify import Verdict, verify  # noqa: E402
-from turnforge.errors import UserError  # noqa: E402
-from turnforge.sandbox.box import Box  # noqa: E402
-from turnforge.types import SPLITS, Task  # noqa: E402
+from turnforge.envs.registry import make
+from turnforge.envs.terminal.verify import Verdict, verify
+from turnforge.errors import UserError
+from turnforge.sandbox.box import Box
+from turnforge.types import SPLITS, Task
 
 #: What mini-swe-agent's environments take as "the agent is done" (the first line of an output).
 SUBMIT_MARK = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
-#: mini-swe-agent's own observation template (its models' default), for a prompt set without one.
+#: The line the box's shell prints about a command it killed at its timeout (it would show the wrapper).
 _KILLED = re.compile(r"^\S+: line \d+: +\d+ Killed .*\n?\Z", re.MULTILINE)
+#: mini-swe-agent's own observation template (its models' default), for a prompt set without one.
 DEFAULT_OBSERVATION = ("{% if output.exception_info %}<exception>{{output.exception_info}}</exception>\n{% endif %}"
                        "<returncode>{{output.returncode}}</returncode>\n<output>\n{{output.output}}</output>")
 
@@ -132,9 +134,10 @@ def load_prompts(name: str) -> Prompts:
     agent, model = data.get("agent") or {}, data.get("model") or {}
     if "system_template" not in agent or "instance_template" not in agent:
         raise UserError(f"mini-swe-agent prompt set {str(path)!r} has no agent.system_template and agent.instance_template")
-    if model.get("model_class", "litellm") not in ("litellm", "openrouter", "portkey", "requesty"):
-        raise UserError(f"mini-swe-agent prompt set {str(path)!r} is for model_class {model['model_class']!r}; "
-                        "GatewayModel speaks native tool calls: use a tool-call set such as 'mini'")
+    texts = [str(agent.get("system_template")), str(agent.get("instance_template")), str(model.get("format_error_template"))]
+    if "textbased" in str(model.get("model_class", "")) or "action_regex" in model or any("mswea_bash_command" in t for t in texts):
+        raise UserError(f"mini-swe-agent prompt set {str(path)!r} asks for actions in text blocks (mswea_bash_command); "
+                        "GatewayModel speaks native tool calls: use a tool-call set such as 'mini' or 'benchmarks/swebench'")
     variables = {str(k): str(v) for k, v in ((data.get("environment") or {}).get("env") or {}).items()}
     return Prompts(agent, variables,
                    model.get("observation_template", DEFAULT_OBSERVATION), model.get("format_error_template", "{{ error }}"))
