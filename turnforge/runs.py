@@ -338,3 +338,16 @@ def _read_holder(fd: int) -> dict:
     except ValueError:
         return {}
     return data if isinstance(data, dict) else {}
+
+
+def resume_lines(run_dir: Path | None, where: str | None = None) -> list[str]:
+    """Where to resume a stopped run: ``where``, the point a stopped rank named (its own resume
+    line, ``turnforge.train.run_dir.interrupts``: "during flywheel round 1; resume with: ..."),
+    else the last checkpoint, else a start over ([] without a run directory)."""
+    if where is not None:
+        return ["the run stopped " + where]
+    if run_dir is None or not Path(run_dir).is_dir():
+        return []
+    if RunDir(Path(run_dir)).checkpoints.is_dir():
+        return [f"the run's last checkpoint is intact; resume with: turnforge train --resume {run_dir}"]
+    return [f"the run stopped before its first checkpoint; resume with: turnforge train --resume {run_dir} (starts it over)"]

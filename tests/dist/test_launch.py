@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from turnforge.app.launch import RankEnd, _ended, _oom_kills, interrupted_story, resume_lines, story
+from turnforge.app.launch import RankEnd, _ended, _oom_kills, interrupted_story, story
 from turnforge.dist import RankReport
+from turnforge.runs import resume_lines
 
 LOST = RankReport(0, 1, "error: another trainer rank went away (RuntimeError: Connection closed by peer)")
 

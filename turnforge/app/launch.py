@@ -42,7 +42,7 @@ from typing import Callable, Iterator, Sequence
 
 from turnforge.dist import ERRORS_ENV, LOST_PEER, STOPPING, RankReport, read_reports
 from turnforge.errors import RunStopped, UserError
-from turnforge.runs import RunDir
+from turnforge.runs import resume_lines
 
 
 def start_ranks(cfg, run_dir: Path, argv: list[str], *, resume: bool) -> int:
@@ -157,19 +157,6 @@ def story(ends: Sequence[RankEnd], run_dir: Path | None, *, oom: bool | None = N
                  if e.report is not None and e.report.interrupted and e.report.line.startswith("interrupted ")]
         lines += resume_lines(run_dir, named[0].removeprefix("interrupted ") if named else None)
     return lines, code
-
-
-def resume_lines(run_dir: Path | None, where: str | None = None) -> list[str]:
-    """Where to resume a stopped run: ``where``, the point a stopped rank named (its own resume
-    line, ``turnforge.train.run_dir.interrupts``: "during flywheel round 1; resume with: ..."),
-    else the last checkpoint, else a start over ([] without a run directory)."""
-    if where is not None:
-        return ["the run stopped " + where]
-    if run_dir is None or not Path(run_dir).is_dir():
-        return []
-    if RunDir(Path(run_dir)).checkpoints.is_dir():
-        return [f"the run's last checkpoint is intact; resume with: turnforge train --resume {run_dir}"]
-    return [f"the run stopped before its first checkpoint; resume with: turnforge train --resume {run_dir} (starts it over)"]
 
 
 def interrupted_story(reports: dict[int, RankReport], run_dir: Path | None, signum: int) -> tuple[list[str], int]:

@@ -77,9 +77,9 @@ def launch_on_ray(cfg, run_dir: Path, *, resume: bool, place_timeout_s: float = 
     from ray.util.placement_group import placement_group, remove_placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-    from turnforge.app.launch import resume_lines
     from turnforge.envpool.ray_pool import connect_ray
     from turnforge.errors import UserError
+    from turnforge.runs import resume_lines
 
     connect_ray(cfg.engine.ray_address)
     n, threads = cfg.dist.nproc, max(1, cfg.threads // cfg.dist.nproc)

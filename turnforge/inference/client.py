@@ -56,7 +56,7 @@ import torch
 
 from turnforge.dist import broadcast, gather, world
 from turnforge.errors import RunStopped, UserError
-from turnforge.inference.weights import WeightPush, WeightSync
+from turnforge.inference.weights import ReplicaFailed, WeightPush, WeightSync
 from turnforge.policy.generate import Generation
 from turnforge.runs import RunDir
 from turnforge.seeding import stable_hash
@@ -106,15 +106,6 @@ class ServerStats:
     replicas_alive: int = 0
     regroups: int = 0  # broadcast transports: groups formed again after a failed forming or broadcast
     last_push: WeightPush | None = None
-
-
-class ReplicaFailed(Exception):
-    """A request to one replica failed (the message says how); ``status``: the HTTP status of
-    its answer (None when it did not answer)."""
-
-    def __init__(self, message: str, status: int | None = None) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 class ServerSampler:

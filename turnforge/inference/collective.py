@@ -35,8 +35,18 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from turnforge.inference.weights import (LoadedWeights, PushError, PushSequence, PushTensors, WeightPush, check_names,
-                                         check_push, loaded, push_tensors)
+from turnforge.inference.weights import (
+    LoadedWeights,
+    PushError,
+    PushSequence,
+    PushTensors,
+    ReplicaFailed,
+    WeightPush,
+    check_names,
+    check_push,
+    loaded,
+    push_tensors,
+)
 
 #: The error code of a replica's answer when a broadcast it was receiving failed (it is alive).
 TORN = "collective_failed"
@@ -162,8 +172,6 @@ class CollectiveWeightSync:
                 load: Callable[[Any, dict], concurrent.futures.Future]) -> dict[Any, str | None]:
         """Broadcast the staged ``push`` to ``replicas``; per replica None (it holds the push) or
         why not. A failed broadcast is tried once more with the replicas that still answer."""
-        from turnforge.inference.client import ReplicaFailed
-
         staged = self._staged
         assert staged is not None and staged[0] is push, "deliver() the push publish() staged"
         carried = staged[1]
@@ -209,8 +217,6 @@ class CollectiveWeightSync:
         returns the replicas in it. One that does not answer its call to join fails the push
         (``outcome``); the others form a group without it, once."""
         import torch.distributed as dist
-
-        from turnforge.inference.client import ReplicaFailed
 
         if self._group is not None and self._members == replicas:
             return replicas

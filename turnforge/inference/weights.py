@@ -279,6 +279,15 @@ class FileWeightSync:
         self.pushes = [p for p in self.pushes if p.push in kept]
 
 
+class ReplicaFailed(Exception):
+    """A request to one replica failed (the message says how); ``status``: the HTTP status of
+    its answer (None when it did not answer)."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
 class PushError(Exception):
     """A push a replica cannot load (the message says why)."""
 
