@@ -3,7 +3,8 @@ a default that works.
 
 A section rejects an unknown key, a wrong type, inf or nan and a boolean for a number
 (``turnforge.settings.Section``). The advantage estimators' own settings are sections of
-``rl`` (``rl.gigpo.omega``), declared beside their math (``turnforge.algos.estimators``). Names
+``rl`` (``rl.gigpo.omega``), declared beside their math (``turnforge.algos.estimators``), and so are
+the off-policy corrections' of ``engine`` (``engine.tis.cap``, ``turnforge.algos.corrections``). Names
 of variants that live in higher layers (context policies, flywheel mechanisms and filters,
 memory sources) are plain strings here; loading a recipe with ``key=value`` overrides, checking
 those names against their registries and every cross-key rule is ``turnforge.app.config``'s.
@@ -17,6 +18,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, ValidationInfo, create_model, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
+from turnforge.algos.corrections import CORRECTIONS
 from turnforge.algos.estimators import ESTIMATORS
 from turnforge.seeding import stable_hash
 from turnforge.settings import LearningRate, Section
@@ -135,6 +137,11 @@ class ModelConfig(Section):
         "chat template that drops earlier thinking, as Qwen3's (turnforge.policy.tiny.add_thinking). "
         "For the tiny model and models without thinking markers (SmolLM2); a model copy is kept under "
         "$TURNFORGE_CACHE/models"
+    )
+    tool_format: str = Field(
+        "auto", description="How the model writes tool calls (turnforge.envs.tool.formats): 'auto' takes the format its "
+        "chat template shows (Hermes <tool_call> JSON, Qwen3-Coder XML, Llama 3 JSON, Mistral [TOOL_CALLS]), hermes for "
+        "a template that shows none; or a format's name. The agent gateway parses replies and writes calls back in it"
     )
     lora: LoraConfig = Field(default_factory=LoraConfig, description="LoRA adapters (peft); r=0 is full fine-tuning")
 
@@ -420,9 +427,10 @@ class CriticConfig(Section):
     )
 
 
-class EngineConfig(Section):
+class EngineKeys(Section):
     """How rollouts run: the synchronous lock-step loop, or the asynchronous engine
-    (``turnforge.rollout.engine``) in a background rollout worker with bounded staleness."""
+    (``turnforge.rollout.engine``) in a background rollout worker with bounded staleness
+    (``EngineConfig`` adds each off-policy correction's settings)."""
 
     mode: Literal["sync", "async"] = Field(
         "sync",
@@ -433,8 +441,10 @@ class EngineConfig(Section):
     partial_rollouts: bool = Field(
         False, description="Train on the first groups to finish; running ones carry over with newer weights (APRIL; needs eta >= 1)"
     )
-    is_cap: float | None = Field(
-        2.0, gt=0, description="Truncated importance sampling cap C on pi_prox / pi_behav (async, or rollout.backend=vllm; None = untruncated)"
+    correction: str = Field(
+        "tis", description="Off-policy correction of the decoupled objective (async, rollout.backend=vllm or server, the "
+        "flywheel's replayed samples): how the ratio pi_prox / pi_behav becomes each token's weight, by name "
+        "(turnforge.algos.corrections, one class each; its own settings are the section engine.<name>)"
     )
     env_workers: int = Field(
         0, ge=0, description="Env worker processes (EnvPool; Ray actors with cluster=ray) for every episode of the run; "
@@ -460,6 +470,16 @@ class EngineConfig(Section):
         default_factory=dict, description="cluster=ray: custom Ray resources each env worker actor asks for "
         "(e.g. {envs: 1}: env workers only on nodes started with --resources '{\"envs\": N}')"
     )
+
+
+#: The engine section: the keys above, and each off-policy correction's own settings as the section
+#: ``engine.<name>`` (``turnforge.algos.corrections``: its ``Settings`` class is beside its math).
+EngineConfig = create_model(
+    "EngineConfig", __base__=EngineKeys, __module__=__name__,
+    __doc__="How rollouts run, and every off-policy correction's settings.",
+    **{name: (c.Settings, Field(default_factory=c.Settings, description=f"Settings of engine.correction={name}"))
+       for name, c in CORRECTIONS.items() if c.Settings is not None},
+)
 
 
 class DistConfig(Section):

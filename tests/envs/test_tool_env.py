@@ -11,6 +11,7 @@ import pytest
 from turnforge.envs import make
 from turnforge.envs.base import InvalidAction
 from turnforge.envs.tool import ToolCall, clean_output, parse_tool_calls
+from turnforge.envs.tool.formats import TOOL_FORMATS
 from turnforge.envs.tool.calculator import evaluate, left_to_right
 from turnforge.errors import UserError
 
@@ -91,6 +92,29 @@ def test_bad_calls_are_counted_invalid_actions_with_the_reason(action, reason):
     assert r.observation.startswith(f"Error: {reason}")
     assert "<tool_call>" in r.observation  # says what a valid action looks like
     assert env.render() == first and env.state["calls"] == ()  # nothing happened
+
+
+MALFORMED = {  # a call each format reads as one, and cannot parse
+    "hermes": "<tool_call>{oops}</tool_call>",
+    "json": '{"name": 3}',
+    "llama3_json": '{"name": "calculator", "parameters": {"expression": "1+2"}} and then',
+    "qwen3_coder_xml": "<tool_call>\n<function=calculator>\n<parameter=expression>\n1+2\n</function>\n</tool_call>",
+    "mistral": '[TOOL_CALLS][{"name": "calculator", "arguments": {"expression": "1+2"}}',
+    "mistral_v11": '[TOOL_CALLS]calculator{"expression": "1+2"}',
+}
+
+
+@pytest.mark.parametrize("fmt", TOOL_FORMATS)
+def test_every_format_calls_tools_and_a_malformed_call_is_a_counted_invalid_action(fmt):
+    env = make("calculator", tool_call_format=fmt, invalid_action_penalty=-0.3, max_tool_calls=2)
+    first = env.reset(seed=0)
+    r = env.step(MALFORMED[fmt])
+    assert r.invalid_action and r.reward == -0.3 and not r.terminated  # counted, never dropped
+    assert r.observation.startswith("Error: ") and TOOL_FORMATS[fmt].example in r.observation
+    assert env.render() == first and env.state["calls"] == ()
+    r = env.step(env.call_text("calculator", {"expression": "2*3"}))
+    assert not r.invalid_action and r.observation == "6" and r.info["n_tool_calls"] == 1
+    assert env.state["calls"] == (("calculator", '{"expression": "2*3"}', "6"),)
 
 
 def test_tool_call_budget_is_enforced():
@@ -188,7 +212,8 @@ def test_arithmetic_needs_the_calculator_and_a_plain_number():
 def test_bad_options_are_user_errors():
     with pytest.raises(UserError, match="unknown expert 'psychic'; valid experts: guess, oracle"):
         make("calculator", expert="psychic")
-    with pytest.raises(UserError, match="unknown tool_call_format 'xml'; valid formats: 'hermes', 'json'"):
+    with pytest.raises(UserError, match="unknown tool_call_format 'xml'; valid formats: 'hermes', 'json', 'llama3_json', "
+                                        "'mistral', 'mistral_v11', 'qwen3_coder_xml'"):
         make("calculator", tool_call_format="xml")
     with pytest.raises(UserError, match="ops must be"):
         make("calculator", ops="+^")

@@ -89,6 +89,47 @@ def test_tool_calls_go_out_as_tool_calls_and_come_back_token_exact(gateway, tiny
     assert "# Tools" in tok.decode(list(record.calls[0].prompt_ids))  # the tiny template renders the schemas
 
 
+def _script(gateway, policy, monkeypatch, text):
+    """The model's first answer is ``text`` (then it samples)."""
+    ids = tuple(policy.tokenizer.encode(text, add_special_tokens=False)) + (policy.stop_ids[0],)
+    real = gateway.actor.generate
+    scripted = iter([[Generation(ids, tuple([-0.5] * len(ids)), True)]])
+    monkeypatch.setattr(gateway.actor, "generate", lambda *a, **k: next(scripted, None) or real(*a, **k))
+
+
+def test_a_reply_whose_tool_call_does_not_parse_keeps_its_text_and_is_counted(gateway, tiny_policy, monkeypatch):
+    text = 'Checking. <tool_call>{"name": "calculator", "arguments": {"expression": </tool_call>'
+    _script(gateway, tiny_policy, monkeypatch, text)
+    c = client(gateway.open_rollout("bad-call"))
+    choice = c.chat.completions.create(model="m", messages=[{"role": "user", "content": "1+2?"}], max_tokens=64).choices[0]
+    assert choice.message.content == text and not choice.message.tool_calls and choice.finish_reason == "stop"
+    record = gateway.close_rollout("bad-call")
+    assert record.malformed_tool_calls == 1 and len(record.calls) == 1 and record.refused_calls == 0
+
+
+def test_a_named_tool_format_parses_replies_and_writes_history_token_exact(tiny_policy, monkeypatch):
+    """Qwen3-Coder's XML on the tiny model (whose template renders no tool calls): the reply's call comes
+    out typed by the request's tool schema, and its history is the format's rendering, spliced."""
+    text = "<tool_call>\n<function=calculator>\n<parameter=expression>\n1+2\n</parameter>\n<parameter=exact>\ntrue\n" \
+           "</parameter>\n</function>\n</tool_call>"
+    tools = [{"type": "function", "function": {"name": "calculator", "description": "Evaluate.", "parameters": {
+        "type": "object", "properties": {"expression": {"type": "string"}, "exact": {"type": "boolean"}}}}}]
+    with Gateway(tiny_policy, max_new_tokens=8, max_context_tokens=1024, temperature=1.0, seed=0,
+                 tool_format="qwen3_coder_xml") as gw:
+        _script(gw, tiny_policy, monkeypatch, text.replace("true", "True"))  # as the template writes a boolean
+        c = client(gw.open_rollout("xml"))
+        messages = [{"role": "user", "content": "1+2?"}]
+        first = c.chat.completions.create(model="m", messages=messages, tools=tools, max_tokens=256).choices[0]
+        (tc,) = first.message.tool_calls
+        assert first.finish_reason == "tool_calls" and json.loads(tc.function.arguments) == {"expression": "1+2", "exact": True}
+        messages += [first.message.model_dump(exclude_none=True), {"role": "tool", "tool_call_id": tc.id, "content": "3"}]
+        c.chat.completions.create(model="m", messages=messages, tools=tools)
+        record = gw.close_rollout("xml")
+    assert record.spliced_calls == 1 and compile_trace(record.calls, "xml").splits == ()
+    with pytest.raises(UserError, match="unknown model.tool_format 'xml'"):
+        Gateway(tiny_policy, max_new_tokens=8, max_context_tokens=512, tool_format="xml")
+
+
 def test_httpx_and_concurrent_requests_are_batched(gateway):
     urls = [gateway.open_rollout(f"h{i}") for i in range(6)]
     results = [None] * 6

@@ -1,4 +1,4 @@
-"""Pure functions for the math: advantage estimators and losses."""
+"""Pure functions for the math: advantage estimators, losses and off-policy corrections."""
 
 from turnforge.algos.advantages import (
     decoupled_gae,
@@ -12,14 +12,19 @@ from turnforge.algos.advantages import (
     rloo,
     w_reinforce,
 )
+from turnforge.algos.corrections import (
+    CORRECTIONS,
+    Corrected,
+    Correction,
+    RatioStats,
+    token_ratios,
+)
 from turnforge.algos.losses import (
-    ImportanceStats,
     PolicyLossOutput,
     aggregation_weights,
     decoupled_ppo_loss,
     entropy_floor_penalty,
     explained_variance,
-    importance_weights,
     kl_estimate,
     kl_k3,
     masked_mean,
@@ -39,7 +44,6 @@ __all__ = [
     "explained_variance",
     "gae",
     "gigpo",
-    "importance_weights",
     "grpo",
     "kl_estimate",
     "kl_k3",
@@ -54,6 +58,10 @@ __all__ = [
     "signed_nll",
     "value_loss",
     "weighted_nll",
-    "ImportanceStats",
+    "CORRECTIONS",
+    "Corrected",
+    "Correction",
+    "RatioStats",
+    "token_ratios",
     "PolicyLossOutput",
 ]

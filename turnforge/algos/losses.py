@@ -8,8 +8,11 @@ token of the batch counts once). ``aggregation_weights`` builds the other choice
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
+
+from turnforge.algos.corrections import CORRECTIONS, Corrected, Correction, token_ratios
 
 
 @dataclass(frozen=True)
@@ -199,55 +202,26 @@ def explained_variance(predicted: torch.Tensor, target: torch.Tensor, mask: torc
     return float(1 - (target - predicted).var(unbiased=False) / var)
 
 
-@dataclass(frozen=True)
-class ImportanceStats:
-    mean: float  # mean truncated weight over action tokens
-    max: float  # largest weight before truncation
-    truncated_fraction: float  # share of action tokens whose weight hit the cap
-
-
-def importance_weights(
-    prox_logprobs: torch.Tensor, behav_logprobs: torch.Tensor, mask: torch.Tensor, cap: float | None = 2.0
-) -> tuple[torch.Tensor, ImportanceStats]:
-    """Truncated importance weights ``min(pi_prox / pi_behav, cap)`` per token ``[B, T]``
-    (1 off the mask; no gradient): they correct for tokens sampled by an older policy, or
-    by an inference engine whose numerics differ from the trainer's."""
-    if prox_logprobs.shape != behav_logprobs.shape or prox_logprobs.shape != mask.shape:
-        raise ValueError(
-            f"importance_weights: prox_logprobs {tuple(prox_logprobs.shape)}, behav_logprobs "
-            f"{tuple(behav_logprobs.shape)} and mask {tuple(mask.shape)} must have one shape"
-        )
-    if cap is not None and cap <= 0:
-        raise ValueError(f"importance_weights: cap must be > 0; got {cap}")
-    on = mask.bool()
-    with torch.no_grad():
-        raw = torch.where(on, torch.exp(prox_logprobs - behav_logprobs), torch.ones_like(prox_logprobs))
-        w = raw if cap is None else torch.clamp(raw, max=cap)
-        n = on.sum().clamp(min=1)
-        stats = ImportanceStats(
-            mean=float(w[on].sum() / n),
-            max=float(raw[on].max()) if on.any() else 1.0,
-            truncated_fraction=float(((raw > cap) & on).sum() / n) if cap is not None else 0.0,
-        )
-    return w, stats
-
-
 def decoupled_ppo_loss(
     logprobs: torch.Tensor,  # [B, T] current policy (pi_theta)
     prox_logprobs: torch.Tensor,  # [B, T] proximal policy, recomputed by the trainer before the update
     behav_logprobs: torch.Tensor,  # [B, T] behaviour policy: the sampling logprobs
     advantages: torch.Tensor,
     mask: torch.Tensor,
-    is_cap: float | None = 2.0,
+    correction: Correction | None = None,
+    correction_settings: Any = None,
     **ppo_kwargs,
-) -> tuple[PolicyLossOutput, ImportanceStats]:
+) -> tuple[PolicyLossOutput, Corrected]:
     """Decoupled PPO (Hilton et al. 2022; AReaL): the trust region is around the proximal
-    policy and the off-policy gap is an importance weight,
+    policy and the off-policy gap is a weight,
     ``-w * min(r A, clip(r, 1 - clip_low, 1 + clip_high) A)`` with ``r = pi_theta / pi_prox``
-    and ``w = min(pi_prox / pi_behav, is_cap)`` (truncated IS). As ``w >= 0`` scales both
-    branches of the min, this is ``ppo_clip_loss`` with ``old = prox`` and advantages ``w * A``
-    (dual clip and the KL/entropy terms as there). With ``prox == behav`` every weight is 1
-    and it is plain PPO."""
-    w, stats = importance_weights(prox_logprobs, behav_logprobs, mask, is_cap)
-    out = ppo_clip_loss(logprobs, prox_logprobs, w * advantages, mask, **ppo_kwargs)
-    return out, stats
+    and ``w`` the ``correction``'s weight of ``pi_prox / pi_behav`` under ``correction_settings``
+    (``turnforge.algos.corrections``; None: truncated IS ``min(pi_prox / pi_behav, 2)``). As
+    ``w >= 0`` scales both branches of the min, this is ``ppo_clip_loss`` with ``old = prox`` and
+    advantages ``w * A`` (dual clip and the KL/entropy terms as there). With ``prox == behav``
+    every ratio is 1 and, with truncated IS (or a band holding 1), it is plain PPO. Returns the
+    loss and the correction's weights."""
+    correction = CORRECTIONS["tis"] if correction is None else correction
+    corrected = correction.correct(token_ratios(prox_logprobs, behav_logprobs, mask), mask, correction_settings)
+    out = ppo_clip_loss(logprobs, prox_logprobs, corrected.weights * advantages, mask, **ppo_kwargs)
+    return out, corrected

@@ -17,10 +17,12 @@ from typing import Any, Callable
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from turnforge.algos.corrections import CORRECTIONS
 from turnforge.algos.estimators import ESTIMATORS
 from turnforge.app.rules import config_conflict
 from turnforge.config import TrainConfig
 from turnforge.data.filters import FILTERS
+from turnforge.envs.tool.formats import AUTO, TOOL_FORMATS
 from turnforge.errors import UserError, choices
 from turnforge.rollout.context import CONTEXTS
 from turnforge.rollout.history import HISTORIES
@@ -38,11 +40,14 @@ class VariantKey:
 
 VARIANT_KEYS: tuple[VariantKey, ...] = (
     VariantKey("rl.advantage", "turnforge.algos.estimators", lambda: {n: e.help for n, e in ESTIMATORS.items()}),
+    VariantKey("engine.correction", "turnforge.algos.corrections", lambda: {n: c.help for n, c in CORRECTIONS.items()}),
     VariantKey("rollout.context", "turnforge.rollout.context", lambda: {n: c.help for n, c in CONTEXTS.items()}),
     VariantKey("rollout.history", "turnforge.rollout.history", lambda: {n: h.help for n, h in HISTORIES.items()}),
     VariantKey("flywheel.mechanisms", "turnforge.train.mechanisms", lambda: {n: m.help for n, m in MECHANISMS.items()}),
     VariantKey("flywheel.filters", "turnforge.data.filters", lambda: dict.fromkeys(FILTERS, "")),
     VariantKey("memory.sources", "turnforge.train.mechanisms", lambda: dict.fromkeys(MEMORY_SOURCES, "")),
+    VariantKey("model.tool_format", "turnforge.envs.tool.formats",
+               lambda: {AUTO: "the format the chat template shows, else hermes", **{n: f.help for n, f in TOOL_FORMATS.items()}}),
 )
 
 

@@ -4,10 +4,18 @@ Rendering is the model's own chat template (``apply_chat_template``) over the re
 messages, as any OpenAI-compatible server does, with two adaptations for templates that
 lack a feature (both measured once per tokenizer, by rendering with and without it):
 
-- tools the template cannot render go into the system prompt as text
-  (``turnforge.rollout.context.schemas_text``, as ``rollout.tools_in_system_prompt`` does);
+- tools the template cannot render go into the system prompt as text, with the call syntax of
+  the tool-call format (``ToolCallFormat.schema_text``, as ``rollout.tools_in_system_prompt`` does);
 - assistant ``tool_calls`` the template cannot render are written into the message content
-  as ``<tool_call>{json}</tool_call>`` (the Hermes form the model is asked to emit).
+  as the format renders them (``<tool_call>{json}</tool_call>`` for Hermes, the form the model
+  is asked to emit).
+
+Tool-call formats (``turnforge.envs.tool.formats``): the one the chat template shows (``auto``:
+Hermes JSON, Qwen3-Coder XML, Llama 3 JSON, Mistral ``[TOOL_CALLS]``; Hermes for a template that
+shows none) or the one named (``tool_format``). Assistant ``tool_calls`` go to a template that
+renders them with their arguments as objects (templates iterate or ``tojson`` them), and a
+sampled reply is parsed by the same format: its calls become ``tool_calls``; a reply whose call
+does not parse keeps its whole text as the content, as sampled, and is counted by the gateway.
 
 Images (a vision-language policy, ``turnforge.policy.vision``): ``image_url`` content parts with a
 ``data:image/...;base64,...`` URL (no fetching: the gateway reaches nothing) are written into the
@@ -37,18 +45,16 @@ sampled answer ids not re-tokenized; the trace compiler starts a new sample, cou
 from __future__ import annotations
 
 import json
-import re
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from turnforge.envs.tool.base import InvalidAction, parse_tool_calls
+from turnforge.envs.base import InvalidAction
+from turnforge.envs.tool.formats import AUTO, TOOL_FORMATS, ToolCall, ToolCallFormat, resolve
 from turnforge.policy.thinking import Thinking
-from turnforge.rollout.context import schemas_text
 from turnforge.rollout.history import AsRendered, AsSampled
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
-_HERMES_BLOCK = re.compile(r"<tool_call>.*?</tool_call>", re.DOTALL)
 
 
 class RequestError(ValueError):
@@ -100,8 +106,8 @@ def _text(content: Any, where: str, image_text=None, images: list[bytes] | None 
     raise RequestError(f"{where}.content must be a string or a list of content parts", f"{where}.content")
 
 
-def hermes_calls(tool_calls: list[dict], where: str) -> str:
-    """OpenAI ``tool_calls`` as Hermes ``<tool_call>`` blocks (arguments as the JSON given)."""
+def request_calls(tool_calls: list[dict], where: str) -> list[ToolCall]:
+    """A request's OpenAI ``tool_calls`` as calls (arguments given as a JSON string or an object)."""
     out = []
     for i, call in enumerate(tool_calls):
         fn = call.get("function") if isinstance(call, dict) else None
@@ -112,8 +118,16 @@ def hermes_calls(tool_calls: list[dict], where: str) -> str:
             args_obj = json.loads(args) if isinstance(args, str) else args
         except json.JSONDecodeError:
             raise RequestError(f"{where}.tool_calls[{i}].function.arguments is not JSON", f"{where}.tool_calls") from None
-        out.append("<tool_call>" + json.dumps({"name": fn["name"], "arguments": args_obj}) + "</tool_call>")
-    return "".join(out)
+        if not isinstance(args_obj, dict):
+            raise RequestError(f"{where}.tool_calls[{i}].function.arguments must be a JSON object", f"{where}.tool_calls")
+        out.append(ToolCall(fn["name"], args_obj))
+    return out
+
+
+def _template_calls(tool_calls: list[dict], calls: list[ToolCall]) -> list[dict]:
+    """The request's ``tool_calls`` for the chat template: each as sent, its arguments an object."""
+    return [{**call, "type": "function", "function": {**call["function"], "arguments": c.arguments}}
+            for call, c in zip(tool_calls, calls)]
 
 
 @dataclass
@@ -131,16 +145,19 @@ def decode(tokenizer, ids) -> str:
 
 class Renderer:
     """Renders requests for one tokenizer (see the module docstring). ``chat``: the policy's
-    ``ChatFormat`` (for its thinking markers); ``history``: the history policy of splices."""
+    ``ChatFormat`` (for its thinking markers); ``history``: the history policy of splices;
+    ``tool_format``: a ``TOOL_FORMATS`` name, or ``auto`` for the one the chat template shows."""
 
-    def __init__(self, tokenizer, vision=None, chat=None, history: AsSampled | AsRendered = AsSampled()) -> None:
+    def __init__(self, tokenizer, vision=None, chat=None, history: AsSampled | AsRendered = AsSampled(),
+                 tool_format: str = AUTO) -> None:
         self.tok, self.vision, self.history = tokenizer, vision, history
         self.chat = chat if chat is not None and chat.thinking is not None else None
+        self.format: ToolCallFormat = resolve(tool_format, getattr(tokenizer, "chat_template", None))
         probe_tool = [{"type": "function", "function": {"name": "probe_fn", "description": "d",
                                                          "parameters": {"type": "object", "properties": {}}}}]
         user = [{"role": "user", "content": "hi"}]
         self.renders_tools = self._apply(user, probe_tool) != self._apply(user, None)
-        call = {"id": "c", "type": "function", "function": {"name": "probe_fn", "arguments": "{}"}}
+        call = {"id": "c", "type": "function", "function": {"name": "probe_fn", "arguments": {}}}
         with_call = user + [{"role": "assistant", "content": "", "tool_calls": [call]}]
         try:
             self.renders_tool_calls = "probe_fn" in self._apply(with_call, None, gen=False)
@@ -177,13 +194,17 @@ class Renderer:
             content = _text(m.get("content"), where, self._image_text if self.vision is not None else None, images)
             msg = {"role": role, "content": content}
             if role == "assistant" and m.get("tool_calls"):
+                calls = request_calls(m["tool_calls"], where)
                 if self.renders_tool_calls:
-                    msg["tool_calls"] = m["tool_calls"]
+                    msg["tool_calls"] = _template_calls(m["tool_calls"], calls)
                 else:
-                    msg["content"] = content + hermes_calls(m["tool_calls"], where)
+                    try:
+                        msg["content"] = content + self.format.render(calls)
+                    except ValueError as err:  # more calls than the format writes in one reply
+                        raise RequestError(f"{where}.tool_calls: {err}", f"{where}.tool_calls") from None
             out.append(msg)
         if tools and not self.renders_tools:
-            text = schemas_text(tools)
+            text = self.format.schema_text(tools)
             if out[0]["role"] == "system":
                 out[0] = {**out[0], "content": f"{out[0]['content']}\n\n{text}" if out[0]["content"] else text}
             else:
@@ -238,20 +259,22 @@ def split_reasoning(text: str, thinking: Thinking | None) -> tuple[str | None, s
     return None, text
 
 
-def assistant_message(text: str, finish_reason: str, thinking: Thinking | None = None) -> tuple[dict, str]:
-    """The OpenAI assistant message of sampled ``text`` (stop token removed) and the finish
-    reason: a reasoning template's thinking goes in ``reasoning_content`` (``split_reasoning``);
-    well-formed Hermes ``<tool_call>`` blocks of the answer become ``tool_calls``; anything else
-    stays in the content, as sampled."""
+def assistant_message(text: str, finish_reason: str, thinking: Thinking | None = None,
+                      fmt: ToolCallFormat = TOOL_FORMATS["hermes"], tools: list | None = None
+                      ) -> tuple[dict, str, str | None]:
+    """The OpenAI assistant message of sampled ``text`` (stop token removed), the finish reason,
+    and why its tool call did not parse (None when it parsed or has none): a reasoning template's
+    thinking goes in ``reasoning_content`` (``split_reasoning``); the calls that ``fmt`` reads in
+    the answer (typed by the request's ``tools``, for formats without types) become ``tool_calls``
+    and the rest is the content; a reply whose call does not parse keeps its text, as sampled."""
     reasoning, text = split_reasoning(text, thinking)
     extra = {} if reasoning is None else {"reasoning_content": reasoning}
     try:
-        calls = parse_tool_calls(text, "hermes")
-    except InvalidAction:
-        calls = []
+        content, calls = fmt.split(text, tools or ())
+    except InvalidAction as err:
+        return {"role": "assistant", "content": text, **extra}, finish_reason, str(err)
     if not calls:
-        return {"role": "assistant", "content": text, **extra}, finish_reason
-    content = _HERMES_BLOCK.sub("", text).strip() or None
+        return {"role": "assistant", "content": text, **extra}, finish_reason, None
     tool_calls = [{"id": f"call_{uuid.uuid4().hex[:16]}", "type": "function",
                    "function": {"name": c.name, "arguments": json.dumps(c.arguments)}} for c in calls]
-    return {"role": "assistant", "content": content, **extra, "tool_calls": tool_calls}, "tool_calls"
+    return {"role": "assistant", "content": content or None, **extra, "tool_calls": tool_calls}, "tool_calls", None

@@ -67,6 +67,7 @@ class RolloutRecord:
     priors: list[Prior] = field(default_factory=list)
     spliced_calls: int = 0  # calls whose prompt began with an earlier call's exact ids (see render.py)
     refused_calls: int = 0  # requests answered with an error
+    malformed_tool_calls: int = 0  # replies whose tool call did not parse (their text is the content, as sampled)
     sampling_refusal: str | None = None  # the first request refused for its sampling settings (agent.sampling=strict)
 
 
@@ -108,18 +109,19 @@ class Gateway:
     happens to a request's other temperature or top_p while training (``agent.sampling``);
     ``settings``: what its errors tell the user to change (a port in use, a prompt over the budget);
     ``history``: what a reasoning template's re-sent history is spliced onto (``rollout.history``,
-    ``turnforge.gateway.render``)."""
+    ``turnforge.gateway.render``); ``tool_format``: how the model writes tool calls (a name of
+    ``turnforge.envs.tool.formats.TOOL_FORMATS``, or ``auto``: the one its chat template shows)."""
 
     def __init__(self, policy: Policy, *, max_new_tokens: int, max_context_tokens: int, seed: int = 0,
                  temperature: float | None = None, sampling: SamplingPolicy = TrainerWins(), host: str = "127.0.0.1",
                  port: int = 0, batch_window_s: float = 0.005, max_wait_s: float = 0.05, max_batch: int = 64,
                  model_name: str | None = None, settings: Settings = TRAINING, history: str = "as_sampled",
-                 thinking_budget: int | None = None) -> None:
+                 thinking_budget: int | None = None, tool_format: str = "auto") -> None:
         if thinking_budget is not None and policy.chat.thinking is None:
             raise UserError(f"a thinking budget of {thinking_budget} tokens, but the chat template of {policy.path!r} has no "
                             "thinking markers (<think>...</think>); drop the budget or serve a reasoning model")
         self.policy, self.thinking_budget = policy, thinking_budget
-        self.renderer = Renderer(policy.tokenizer, policy.vision, policy.chat, HISTORIES[history])
+        self.renderer = Renderer(policy.tokenizer, policy.vision, policy.chat, HISTORIES[history], tool_format)
         self.max_new_tokens, self.max_context_tokens, self.temperature = max_new_tokens, max_context_tokens, temperature
         self.sampling, self.settings = sampling, settings
         self.batch_window_s, self.max_wait_s, self.max_batch = batch_window_s, max_wait_s, max_batch
@@ -465,8 +467,9 @@ class Gateway:
                     ids, logprobs, body_ids = ids[:k], logprobs[:k], body_ids[:k]
                     text, finish = partial[:min(hits)], "stop"
                     break
-        message, finish = assistant_message(text, finish, self.policy.chat.thinking)
+        message, finish, malformed = assistant_message(text, finish, self.policy.chat.thinking, self.renderer.format, tools)
         if rollout is not None:
+            rollout.malformed_tool_calls += malformed is not None
             rollout.calls.append(CallRecord(len(rollout.calls), prompt, tuple(ids), tuple(logprobs), version,
                                             temperature, finish, images, overrides, forced))
             rollout.priors.append(self.renderer.prior(rendered, prompt, tuple(ids)))

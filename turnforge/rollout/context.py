@@ -68,6 +68,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from turnforge.config import RolloutConfig
+from turnforge.envs.tool.formats import tool_format
 from turnforge.errors import UserError
 from turnforge.policy.model import ChatFormat
 from turnforge.rollout.history import HISTORIES
@@ -143,14 +144,9 @@ def tools_text(env) -> str:
 
 def schemas_text(tools, fmt: str = "hermes") -> str:
     """Tool schemas (OpenAI ``{"type": "function", "function": ...}`` dicts) as plain text with
-    the call syntax of ``fmt`` (Hermes-style, the format of most tool-trained templates, or
-    JSON), for templates that cannot render tools."""
-    if fmt == "json":
-        how = 'call one by answering only {"name": <tool name>, "parameters": {<arguments>}}'
-    else:
-        how = 'call one with <tool_call>{"name": <tool name>, "arguments": {<arguments>}}</tool_call>'
-    schemas = "\n".join(json.dumps(t, separators=(", ", ": ")) for t in tools)
-    return f"You may use these tools; {how}.\n{schemas}"
+    the call syntax of format ``fmt`` (``turnforge.envs.tool.formats.TOOL_FORMATS``: Hermes-style,
+    the format of most tool-trained templates, by default), for templates that cannot render tools."""
+    return tool_format(fmt).schema_text(tools)
 
 
 def expert_examples(env, turns: int) -> tuple[tuple[str, str], ...]:

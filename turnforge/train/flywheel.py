@@ -403,8 +403,8 @@ def _rft(s: Session, step: GuardedStep, samples: list[Sample], weights: list[flo
 def _grpo(s: Session, optimizer: torch.optim.Optimizer, step: GuardedStep, trajs: list[Trajectory],
           replayed: list[Candidate], r: int) -> None:
     """One GRPO update on the round's plain groups (rl section's advantage settings, rl.malformed); the
-    replayed successes join with advantage 1 and the decoupled objective's truncated
-    importance weights (they were sampled by older policies)."""
+    replayed successes join with advantage 1 and the decoupled objective's off-policy weights
+    (engine.correction: they were sampled by older policies)."""
     ok, _ = drop_void([t for t in trajs if t.infra_failure is None], s.cfg.rl)
     per_turn = ESTIMATORS[s.cfg.rl.advantage].turn_advantages(ok, s.cfg.rl)
     pairs = [(x, sample_advantage(x, per_turn[t.trajectory_id])) for t in ok for x in t.samples]
@@ -413,7 +413,7 @@ def _grpo(s: Session, optimizer: torch.optim.Optimizer, step: GuardedStep, trajs
         set_lr(optimizer, s.cfg.rl.lr)
         ppo_update(s.policy, pairs, step, s.cfg.rl, temperature=s.cfg.rollout.temperature,
                    shuffle=rng(s.cfg.seed, "rl-shuffle", stable_hash("flywheel", r)), decoupled=bool(replayed),
-                   is_cap=s.cfg.engine.is_cap)
+                   engine=s.cfg.engine)
 
 
 __all__ = ["Collection", "FlywheelState", "collect", "mechanism_records", "pass_k_shares", "rft_data", "route", "run_flywheel"]

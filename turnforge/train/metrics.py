@@ -223,17 +223,29 @@ class ExpertQueries:
 @dataclass(frozen=True)
 class OffPolicyStats:
     """The decoupled objective's view of an iteration's samples (asynchronous rollouts, or
-    another engine's numerics: vLLM, inference replicas). The last three are the mismatch watch."""
+    another engine's numerics: vLLM, inference replicas). ``logprob_mismatch_*``,
+    ``log_ratio_abs_*`` and ``ratio_out_of_band`` are the mismatch watch; the ``token_ratio_*`` and
+    ``sequence_ratio_*`` quantiles are the distribution of ``pi_prox / pi_behav`` that
+    ``engine.correction`` weighs (``turnforge.algos.corrections``), over the update's rows
+    (repeated samples once; a sequence is a row, its ratio the geometric mean of its tokens')."""
 
     offpolicy_token_fraction: float  # action tokens sampled by an older policy version
-    is_weight_mean: float  # truncated importance weight min(pi_prox / pi_behav, engine.is_cap)
-    is_weight_max: float  # largest untruncated weight
-    is_truncated_fraction: float  # tokens whose weight hit the cap
+    is_weight_mean: float  # mean off-policy weight of engine.correction (tis: min(pi_prox / pi_behav, engine.tis.cap))
+    is_weight_max: float  # largest token ratio pi_prox / pi_behav, before any cut (never below 1)
+    is_truncated_fraction: float  # tokens whose ratio leaves the correction's band (tis: weight hit the cap)
     logprob_mismatch_max: float  # |p_trainer - p_rollout| on tokens the current version sampled (numerics)
     logprob_mismatch_mean: float
     log_ratio_abs_max: float = 0.0  # |logp_trainer - logp_rollout| on the same tokens
     log_ratio_abs_mean: float = 0.0
     ratio_out_of_band: float = 0.0  # share of those tokens whose p_trainer / p_rollout leaves [0.9, 1.1]
+    token_ratio_p1: float = 1.0  # quantiles of pi_prox / pi_behav over the action tokens
+    token_ratio_p50: float = 1.0
+    token_ratio_p99: float = 1.0
+    sequence_ratio_p1: float = 1.0  # ... and over the sequences (geometric mean of a row's token ratios)
+    sequence_ratio_p50: float = 1.0
+    sequence_ratio_p99: float = 1.0
+    sequence_out_of_band: float = 0.0  # share of sequences whose ratio leaves the correction's band
+    masked_fraction: float = 0.0  # share of action tokens the correction gave weight 0 (no policy gradient)
 
 
 @dataclass(frozen=True)

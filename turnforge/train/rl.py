@@ -232,13 +232,13 @@ def learn(ok: list[Trajectory], credit: Credit, cfg: TrainConfig, it: int, polic
     """The policy update and the critic update of iteration ``it`` from its trajectories
     (infrastructure failures left out) and their ``credit``: PPO-clip with ``rl.loss_agg``
     aggregation, minibatches in a seeded order (asynchronous rollouts and vLLM's, with other
-    numerics, use the decoupled objective with truncated importance weights); then the critic
+    numerics, use the decoupled objective with the weights of engine.correction); then the critic
     (``gae``) on the GAE targets."""
     rl = cfg.rl
     t0 = time.time()
     update = ppo_update(policy, credit.samples, step, rl, temperature=cfg.rollout.temperature,
                         shuffle=rng(cfg.seed, "rl-shuffle", it), reference=reference if rl.kl_mode == "loss" else None,
-                        decoupled=cfg.engine.mode == "async" or cfg.rollout.backend in ("vllm", "server"), is_cap=cfg.engine.is_cap,
+                        decoupled=cfg.engine.mode == "async" or cfg.rollout.backend in ("vllm", "server"), engine=cfg.engine,
                         rehearsal=rehearsal)
     critic_stats = critic_update(ok, credit, cfg, it, critic, policy.pad_id) if ESTIMATORS[rl.advantage].reads_values else None
     return Learned(update, critic_stats, time.time() - t0)

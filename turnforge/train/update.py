@@ -3,7 +3,8 @@ over ``(sample, advantage)`` pairs.
 
 ``ppo_update`` takes the policy, the pairs, the guarded optimizer step and the ``rl`` section;
 the caller says what differs between stages (the temperature the samples were drawn at, the
-minibatch order's generator, the KL reference, whether samples came from older policies).
+minibatch order's generator, the KL reference, whether samples came from older policies and the
+``engine`` section whose off-policy correction weighs them).
 """
 
 from __future__ import annotations
@@ -15,11 +16,11 @@ from turnforge.algos import (
     PolicyLossOutput,
     aggregation_weights,
     decoupled_ppo_loss,
-    importance_weights,
     masked_mean,
     ppo_clip_loss,
 )
-from turnforge.config import RLConfig
+from turnforge.algos.corrections import CORRECTIONS, ratio_stats, token_ratios
+from turnforge.config import EngineConfig, RLConfig
 from turnforge.dist import minibatch_share, share_weighted
 from turnforge.optim import GuardedStep
 from turnforge.policy.generate import token_logprobs
@@ -41,7 +42,7 @@ def ppo_update(
     shuffle: np.random.Generator,
     reference: torch.nn.Module | None = None,
     decoupled: bool = False,
-    is_cap: float | None = None,
+    engine: EngineConfig | None = None,
     rehearsal: Rehearsal | None = None,
 ) -> UpdateStats:
     """``rl.epochs`` passes of PPO-clip minibatch steps on ``policy`` over ``(sample, advantage)``
@@ -52,7 +53,9 @@ def ppo_update(
     ``decoupled`` (asynchronous rollouts, vLLM's sampling, replayed samples): the trust region is
     around the proximal policy, the weights before this update, whose logprobs are recomputed
     here once; the gap to the behaviour policy (the sampling logprobs of whatever version
-    sampled each token) is a truncated importance weight, capped at ``is_cap`` (None: untruncated).
+    sampled each token) is an off-policy weight of ``engine.correction`` under its settings
+    ``engine.<name>`` (``turnforge.algos.corrections``; None: the schema's defaults, truncated IS
+    capped at 2).
 
     ``rehearsal`` (``rl.rehearsal_coef``): each minibatch step also adds its weight times the NLL
     of ``rl.minibatch_size`` of the starting policy's cached samples (in an order ``shuffle`` draws).
@@ -60,7 +63,8 @@ def ppo_update(
     With ``rl.merge_duplicates`` repeated samples are scored once (``turnforge.train.merge``);
     minibatches still hold ``rl.minibatch_size`` sampled copies each."""
     rows = weighted_rows(samples, rl)
-    prox, offpolicy = (proximal_logprobs(policy, [r.sample for r in rows], temperature, is_cap) if decoupled else (None, None))
+    engine = EngineConfig() if engine is None else engine
+    prox, offpolicy = (proximal_logprobs(policy, [r.sample for r in rows], temperature, engine) if decoupled else (None, None))
     model = policy.train_model
     model.train()
     order = shuffle.permutation(len(rows)).tolist()
@@ -78,7 +82,7 @@ def ppo_update(
             batch = collate([r.sample for r in chunk], policy.pad_id, [r.advantage for r in chunk], vision=policy.vision)
             counts = torch.tensor([r.count for r in chunk], dtype=torch.float32)
             out, entropy = minibatch_loss(policy, batch, chunk, counts, rl, temperature, reference=reference,
-                                          prox=None if prox is None else [prox[i] for i in idx], is_cap=is_cap)
+                                          prox=None if prox is None else [prox[i] for i in idx], engine=engine)
             loss = out.loss if share == 1.0 else out.loss * share
             if rehearsal is not None:  # the rehearsal rows split over the ranks the same way, by their action tokens
                 cached, rshare = minibatch_share(rehearsal.batch(len(figures), rl.minibatch_size, rehearsal_order),
@@ -130,9 +134,10 @@ def weighted_rows(samples: list[tuple[Sample, float | np.ndarray]], rl: RLConfig
 
 def minibatch_loss(policy: Policy, batch: Batch, chunk: list[MergedSample], counts: torch.Tensor, rl: RLConfig,
                    temperature: float, *, reference: torch.nn.Module | None, prox: list[torch.Tensor] | None,
-                   is_cap: float | None) -> tuple[PolicyLossOutput, torch.Tensor]:
+                   engine: EngineConfig) -> tuple[PolicyLossOutput, torch.Tensor]:
     """PPO-clip's loss on one minibatch (the decoupled objective around ``prox``, the proximal
-    logprobs of its rows, when given) and the policy's entropies ``[B, T]``."""
+    logprobs of its rows, when given, weighted by ``engine.correction``) and the policy's entropies
+    ``[B, T]``."""
     logprobs, entropy = token_logprobs(policy.train_model, batch.ids, batch.attention, temperature,
                                        with_entropy=True, positions=batch.mask, vision=batch.vision)
     ref = None
@@ -150,8 +155,9 @@ def minibatch_loss(policy: Policy, batch: Batch, chunk: list[MergedSample], coun
     prox_b = torch.zeros_like(batch.old_logprobs)
     for r, row in enumerate(prox):
         prox_b[r, : len(row)] = row
-    out, _ = decoupled_ppo_loss(logprobs, prox_b, batch.old_logprobs, batch.advantages, batch.mask, is_cap=is_cap,
-                                **ppo_kwargs)
+    correction = CORRECTIONS[engine.correction]
+    out, _ = decoupled_ppo_loss(logprobs, prox_b, batch.old_logprobs, batch.advantages, batch.mask, correction,
+                                correction.settings(engine), **ppo_kwargs)
     return out, entropy
 
 
@@ -165,24 +171,30 @@ def out_of_band(log_ratio: torch.Tensor, low: float = 0.9, high: float = 1.1) ->
 
 
 def proximal_logprobs(policy: Policy, samples: list[Sample], temperature: float,
-                      cap: float | None) -> tuple[list[torch.Tensor], OffPolicyStats]:
+                      engine: EngineConfig) -> tuple[list[torch.Tensor], OffPolicyStats]:
     """Logprobs of every sample under the current weights (the proximal policy of the
-    decoupled loss), one ``[T]`` row per sample, plus off-policy diagnostics over all action
-    tokens: the share sampled by an older version, the truncated importance weights
-    ``min(pi_prox / pi_behav, cap)`` (mean, largest raw, truncated share), and the
+    decoupled loss) at the sampling ``temperature``, one ``[T]`` row per sample, plus off-policy
+    diagnostics over all action tokens: the share sampled by an older version, the ratios
+    ``pi_prox / pi_behav`` per token and per sequence (quantiles) and what ``engine.correction``
+    makes of them (mean weight, largest raw ratio, shares out of its band and masked), and the
     rollout-vs-trainer mismatch ``|p_trainer - p_rollout|`` and ``|logp_trainer - logp_rollout|``
     on tokens the current version sampled (numerics only: the KV-cache sampler, or vLLM,
     against the trainer's forward pass)."""
     policy.model.eval()
+    correction = CORRECTIONS[engine.correction]
+    settings = correction.settings(engine)
     rows: list[torch.Tensor] = []
-    stale, weights, raw_max, truncated, diffs, log_diffs = 0, [], 1.0, 0, [], []
+    stale, diffs, log_diffs = 0, [], []
+    ratios, seq_ratios, weights, kept = [], [], [], []
     for scored in score_samples(policy.model, samples, policy.pad_id, temperature, vision=policy.vision):
         chunk, batch, lp = scored.samples, scored.batch, scored.logprobs
-        w, st = importance_weights(lp, batch.old_logprobs, batch.mask, cap)
+        ratio = token_ratios(lp, batch.old_logprobs, batch.mask)  # [B, T]
+        corrected = correction.correct(ratio, batch.mask, settings)
         on = batch.mask.bool()
-        weights.append(w[on])
-        raw_max = max(raw_max, st.max)
-        truncated += round(st.truncated_fraction * int(on.sum()))
+        ratios.append(ratio[on])
+        weights.append(corrected.weights[on])
+        kept.append(corrected.kept[on])
+        seq_ratios.append(corrected.sequence_ratio[on.any(dim=1)])
         for i, x in enumerate(chunk):
             rows.append(lp[i, : len(x)].clone())
             acted = x.loss_mask.astype(bool)
@@ -193,12 +205,17 @@ def proximal_logprobs(policy: Policy, samples: list[Sample], temperature: float,
                 diffs.append((trainer.exp() - rollout.exp()).abs())
                 log_diffs.append(trainer - rollout)
     w = torch.cat(weights) if weights else torch.ones(1)
+    r = ratio_stats(torch.cat(ratios) if ratios else torch.ones(0), torch.cat(seq_ratios) if seq_ratios else torch.ones(0),
+                    w, torch.cat(kept) if kept else torch.ones(1, dtype=torch.bool), correction.band(settings))
     d = torch.cat(diffs) if diffs else torch.zeros(1)
     signed = torch.cat(log_diffs) if log_diffs else torch.zeros(1)
     ld = signed.abs()
     n = max(int(w.numel()), 1)
     return rows, OffPolicyStats(
-        offpolicy_token_fraction=stale / n, is_weight_mean=float(w.mean()), is_weight_max=raw_max,
-        is_truncated_fraction=truncated / n, logprob_mismatch_max=float(d.max()), logprob_mismatch_mean=float(d.mean()),
+        offpolicy_token_fraction=stale / n, is_weight_mean=float(w.mean()), is_weight_max=max(1.0, r.ratio_max),
+        is_truncated_fraction=r.token_out_of_band, logprob_mismatch_max=float(d.max()), logprob_mismatch_mean=float(d.mean()),
         log_ratio_abs_max=float(ld.max()), log_ratio_abs_mean=float(ld.mean()), ratio_out_of_band=out_of_band(signed),
+        token_ratio_p1=r.token_p1, token_ratio_p50=r.token_p50, token_ratio_p99=r.token_p99,
+        sequence_ratio_p1=r.sequence_p1, sequence_ratio_p50=r.sequence_p50, sequence_ratio_p99=r.sequence_p99,
+        sequence_out_of_band=r.sequence_out_of_band, masked_fraction=r.masked_fraction,
     )

@@ -7,12 +7,13 @@ each call against its type hints. An episode: the user message states the task; 
 turn either calls tools or gives the final ``<answer>...</answer>``; each call's result comes
 back as a message of role ``tool`` (``Env.observation_role``), in the context with loss mask 0.
 
-Tool-call formats (``tool_call_format``):
-
-- ``hermes``: ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` in the assistant
-  text, one or more per turn: Qwen2/2.5/3, Hermes and the tiny model's template;
-- ``json``: the whole assistant text is one ``{"name": ..., "parameters": {...}}`` object
-  (Llama 3.1/3.2's JSON tool calling).
+Tool-call formats (``tool_call_format``): one of ``turnforge.envs.tool.formats.TOOL_FORMATS``,
+``hermes`` by default (``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``, one or more
+per turn: Qwen2/2.5/3, Hermes and the tiny model's template); ``json`` (the whole assistant text
+is one ``{"name": ..., "parameters": {...}}`` object), ``llama3_json``, ``qwen3_coder_xml``,
+``mistral`` and ``mistral_v11`` follow their model families' templates. The env asks its format
+to parse actions (with its tools' schemas, for formats whose text carries no types) and to say
+what a call looks like; ``call_text`` writes a call in it (experts).
 
 The generated text is parsed as is (never re-tokenized); a call that does not parse, names
 an unknown tool or does not match its schema is an invalid action: the penalty, an
@@ -42,12 +43,12 @@ from transformers.utils import get_json_schema
 
 from turnforge.envs.base import InvalidAction
 from turnforge.envs.levels import LevelEnv, Outcome
+from turnforge.envs.tool.formats import TOOL_FORMATS, ToolCall, ToolCallFormat, tool_format
 from turnforge.errors import UserError, choices
 
-TOOL_CALL_FORMATS = ("hermes", "json")
-_HERMES = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
 TRUNCATED = "\n[output truncated: {n} more characters]"
+TOOL_CALL_FORMATS = tuple(TOOL_FORMATS)  # the registered names (TOOL_FORMATS holds the objects)
 
 
 @dataclass(frozen=True)
@@ -66,43 +67,13 @@ class Tool:
         return cls(schema["function"]["name"], schema, validate_call(fn))
 
 
-@dataclass(frozen=True)
-class ToolCall:
-    """One parsed call."""
-
-    name: str
-    arguments: dict[str, Any]
-
-
-def _decode_call(body: str) -> ToolCall:
-    try:
-        obj = json.loads(body)
-    except json.JSONDecodeError as err:
-        raise InvalidAction(f"tool call is not valid JSON ({err.msg} at character {err.pos})") from None
-    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
-        raise InvalidAction('a tool call must be a JSON object with a string "name" and an "arguments" object')
-    args = obj.get("arguments", obj.get("parameters", {}))
-    if isinstance(args, str):  # some models emit the arguments as a JSON string
-        try:
-            args = json.loads(args)
-        except json.JSONDecodeError:
-            raise InvalidAction(f'the "arguments" of {obj["name"]!r} are a string that is not a JSON object') from None
-    if not isinstance(args, dict):
-        raise InvalidAction(f'the "arguments" of {obj["name"]!r} must be a JSON object')
-    return ToolCall(obj["name"], args)
-
-
-def parse_tool_calls(text: str, fmt: str = "hermes") -> list[ToolCall]:
-    """The tool calls in ``text`` ([] if it has none); ``InvalidAction`` if one is malformed."""
-    if fmt == "hermes":
-        bodies = _HERMES.findall(text)
-        if text.count("<tool_call>") != len(bodies) or text.count("</tool_call>") != len(bodies):
-            raise InvalidAction("unbalanced <tool_call> tags: write <tool_call>{json}</tool_call>")
-        return [_decode_call(b.strip()) for b in bodies]
-    if fmt == "json":
-        stripped = text.strip()
-        return [_decode_call(stripped)] if stripped.startswith("{") else []
-    raise ValueError(f"unknown tool_call_format {fmt!r}; valid formats: {choices(TOOL_CALL_FORMATS)}")
+def parse_tool_calls(text: str, fmt: str = "hermes", tools: Sequence[dict] = ()) -> list[ToolCall]:
+    """The tool calls in ``text`` written in format ``fmt`` ([] if it has none); ``InvalidAction`` if
+    one is malformed. ``tools``: the schemas that type the values of formats without types (XML)."""
+    found = TOOL_FORMATS.get(fmt)
+    if found is None:
+        raise ValueError(f"unknown tool_call_format {fmt!r}; valid formats: {choices(TOOL_FORMATS)}")
+    return found.parse(text, tools)
 
 
 def clean_output(text: str, limit: int) -> tuple[str, bool, bool]:
@@ -135,8 +106,7 @@ class ToolEnv(LevelEnv):
     def __init__(self, *, tool_call_format: str = "hermes", max_tool_calls: int = 4, max_output_chars: int = 2000,
                  invalid_action_penalty: float = -0.1, max_steps: int = 10) -> None:
         super().__init__(invalid_action_penalty=invalid_action_penalty, max_steps=max_steps)
-        if tool_call_format not in TOOL_CALL_FORMATS:
-            raise UserError(f"unknown tool_call_format {tool_call_format!r}; valid formats: {choices(TOOL_CALL_FORMATS)}")
+        self.format: ToolCallFormat = tool_format(tool_call_format)
         if max_tool_calls < 0 or max_output_chars < 1:
             raise UserError(f"max_tool_calls must be >= 0 and max_output_chars >= 1; got {max_tool_calls}, {max_output_chars}")
         self.tool_call_format, self.max_tool_calls, self.max_output_chars = tool_call_format, max_tool_calls, max_output_chars
@@ -162,11 +132,14 @@ class ToolEnv(LevelEnv):
 
     @property
     def valid_actions_text(self) -> str:
-        call = ('<tool_call>{"name": ..., "arguments": {...}}</tool_call>' if self.tool_call_format == "hermes"
-                else '{"name": ..., "parameters": {...}}')
+        call = self.format.example
         if self.final_tool is not None:
             return f"a tool call {call} (tools: {', '.join(self._tools)}); call {self.final_tool} when done"
         return f"a tool call {call} (tools: {', '.join(self._tools)}) or the answer <answer>...</answer>"
+
+    def call_text(self, name: str, arguments: dict[str, Any]) -> str:
+        """One call of tool ``name`` as this env's format writes it (what an expert answers)."""
+        return self.format.render([ToolCall(name, arguments)])
 
     def initial_state(self, level, rng):
         return {"level": level, "calls": (), "last": None}
@@ -192,7 +165,7 @@ class ToolEnv(LevelEnv):
         return answers[-1].strip() if answers else None
 
     def parse_action(self, text: str) -> tuple[str, Any]:
-        calls = parse_tool_calls(text, self.tool_call_format)
+        calls = self.format.parse(text, self.tools)
         if self.final_tool is not None and any(c.name == self.final_tool for c in calls):
             if len(calls) > 1:
                 raise InvalidAction(f"call {self.final_tool} alone, after the other tools' results are back")
