@@ -671,6 +671,8 @@ def serve_cmd(
     prefix_cache: bool = typer.Option(False, "--prefix-cache", help="Keep each episode's KV cache between its turns "
                                       "(POST /v1/generate with keys; rollout.prefix_cache)"),
     parent_pid: Optional[int] = typer.Option(None, "--parent-pid", help="Exit when this process ends (a run's replica)"),
+    tool_format: str = typer.Option("auto", "--tool-format", help="How the model writes tool calls: 'auto' (what its chat "
+                                     "template shows) or a format's name (model.tool_format)"),
     thinking_budget: Optional[int] = typer.Option(None, "--thinking-budget", min=1, help="A reasoning model's thinking "
                                                   "tokens per call at most; then </think> is written and it answers in "
                                                   "up to max_tokens more (chat completions)"),
@@ -689,11 +691,14 @@ def serve_cmd(
         check_device_name(device)
     except ValueError as err:
         raise UserError(f"--device: {err}") from None
+    from turnforge.envs.tool.formats import TOOL_FORMATS
     from turnforge.gateway.server import open_replica
 
+    if tool_format != "auto" and tool_format not in TOOL_FORMATS:
+        raise UserError(f"--tool-format {tool_format!r}; valid: 'auto', {choices(TOOL_FORMATS)}")
     gateway = open_replica(checkpoint, host=host, port=port, max_tokens=max_tokens, context=context, dtype=dtype,
                            device=device, seed=seed, threads=threads, prefix_cache=prefix_cache,
-                           thinking_budget=thinking_budget)
+                           thinking_budget=thinking_budget, tool_format=tool_format)
     with gateway:
         # one plain line (rich would wrap a long path in the middle of the URL a user or a script reads off it)
         print(f"serving {checkpoint} on {gateway.url}/v1 (model {gateway.model_name!r}); Ctrl-C stops", flush=True)

@@ -141,7 +141,8 @@ class ModelConfig(Section):
     tool_format: str = Field(
         "auto", description="How the model writes tool calls (turnforge.envs.tool.formats): 'auto' takes the format its "
         "chat template shows (Hermes <tool_call> JSON, Qwen3-Coder XML, Llama 3 JSON, Mistral [TOOL_CALLS]), hermes for "
-        "a template that shows none; or a format's name. The agent gateway parses replies and writes calls back in it"
+        "a template that shows none; or a format's name. The agent gateway parses replies and writes calls back in it "
+        "(`turnforge serve --tool-format`; a tool env's own format is env.kwargs.tool_call_format)"
     )
     lora: LoraConfig = Field(default_factory=LoraConfig, description="LoRA adapters (peft); r=0 is full fine-tuning")
 

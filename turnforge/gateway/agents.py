@@ -129,7 +129,7 @@ class AgentEngine:
                                max_context_tokens=cfg.rollout.max_context_tokens, seed=cfg.seed,
                                temperature=cfg.rollout.temperature, sampling=SAMPLING_POLICIES[cfg.agent.sampling],
                                port=cfg.agent.port, history=cfg.rollout.history,
-                               thinking_budget=cfg.rollout.thinking_budget).start()
+                               thinking_budget=cfg.rollout.thinking_budget, tool_format=cfg.model.tool_format).start()
         self.tokenizer = policy.tokenizer
         # told the first overridden sampling settings once; the trainer makes it a run warning (printed and logged)
         self.on_warning: Callable[[str], None] = lambda message: print(f"warning: {message}", file=sys.stderr)
@@ -221,6 +221,7 @@ class AgentEngine:
         overridden = [o.param for c in record.calls for o in c.overrides]
         info: dict[str, Any] = {
             "n_calls": len(record.calls), "n_spliced_calls": record.spliced_calls, "n_refused_calls": record.refused_calls,
+            "n_malformed_tool_calls": record.malformed_tool_calls,
             "n_length_stops": sum(c.finish_reason == "length" for c in record.calls),
             **{f"n_splits_{r}": compiled.count(r) for r in SPLIT_REASONS},
             "n_overridden_calls": sum(bool(c.overrides) for c in record.calls),

@@ -497,7 +497,8 @@ class Gateway:
 
 
 def open_replica(checkpoint: Path, *, host: str, port: int, max_tokens: int, context: int, dtype: str, device: str,
-                 seed: int, threads: int, prefix_cache: bool, thinking_budget: int | None = None) -> Gateway:
+                 seed: int, threads: int, prefix_cache: bool, thinking_budget: int | None = None,
+                 tool_format: str = "auto") -> Gateway:
     """``turnforge serve``'s gateway on ``checkpoint`` (bound, not started): in its process, or in
     a Ray actor as an inference replica (``turnforge.inference.ray_replicas``). ``threads`` 0: one
     per CPU core."""
@@ -510,7 +511,7 @@ def open_replica(checkpoint: Path, *, host: str, port: int, max_tokens: int, con
     policy.prefix_cache = prefix_cache
     return Gateway(policy, max_new_tokens=max_tokens, max_context_tokens=context, seed=seed, host=host, port=port,
                    model_name=Path(checkpoint).name, settings=SERVE,  # binds now: a port in use is one line
-                   thinking_budget=thinking_budget)
+                   thinking_budget=thinking_budget, tool_format=tool_format)
 
 
 class _Calls:

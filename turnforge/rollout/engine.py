@@ -60,6 +60,7 @@ from turnforge.envpool import EnvBackend, InlineEnvs, PoolStats, make_backend
 from turnforge.envpool.host import AfterState, EnvResult, Probe
 from turnforge.envs.base import Env, capabilities, close_env
 from turnforge.envs.registry import build_env
+from turnforge.envs.tool.formats import TOOL_FORMATS
 from turnforge.errors import UserError
 from turnforge.policy.generate import Generation
 from turnforge.policy.model import Policy
@@ -251,6 +252,13 @@ class RolloutEngine:
             raise UserError(f"env {env.env_id!r} shows images in its observations but the model is text-only; use a "
                             "vision-language model (model.tiny.vision.enabled=true, or a local VLM directory)")
         self.marker = policy.chat.encode(cfg.truncation_marker) if policy is not None else ()
+        #: Special tokens a decoded action keeps: the env's tool-call format's markers (Mistral's
+        #: [TOOL_CALLS], Llama's <|python_tag|>), which the env must see; the other special tokens go
+        fmt = TOOL_FORMATS.get(getattr(env, "tool_call_format", ""))
+        keep = set() if policy is None or fmt is None else {
+            i for i in (policy.tokenizer.convert_tokens_to_ids(m) for m in fmt.markers)
+            if isinstance(i, int) and i != policy.tokenizer.unk_token_id}
+        self._dropped = frozenset(set(policy.tokenizer.all_special_ids) - keep) if keep else None
         self._free_slots: list[int] = list(range(backend.num_envs))[::-1]
         self._by_slot: dict[int, Episode] = {}
         self.stats = EngineStats()
@@ -505,8 +513,7 @@ class RolloutEngine:
                 self.stats.generation_calls += 1
                 self.stats.batch_sizes = (self.stats.batch_sizes + [len(group)])[-200:]
             gens = [a for a, _ in acted if isinstance(a, Generation)]
-            decoded = iter(self._answer_text(self.policy.tokenizer.batch_decode(  # type: ignore[union-attr]
-                [self._answer(g.ids) for g in gens], skip_special_tokens=True))) if gens else iter(())
+            decoded = iter(self._answer_text(self._decode([self._answer(g.ids) for g in gens]))) if gens else iter(())
             for e, (action, forced) in zip(group, acted):
                 if isinstance(action, Generation):
                     self._record(e, action, texts, next(decoded), forced)
@@ -523,6 +530,13 @@ class RolloutEngine:
         """The answer part of an action's ids (after the last ``</think>`` of a reasoning template):
         what the env is sent. All of them without thinking markers."""
         return ids if self.thinking is None else ids[self.thinking.split(ids):]
+
+    def _decode(self, ids: list[Sequence[int]]) -> list[str]:
+        """Actions' ids as text: special tokens dropped, the tool-call format's markers kept."""
+        tok = self.policy.tokenizer  # type: ignore[union-attr]
+        if self._dropped is None:
+            return tok.batch_decode(ids, skip_special_tokens=True)
+        return tok.batch_decode([[i for i in row if i not in self._dropped] for row in ids], skip_special_tokens=False)
 
     def _answer_text(self, texts: list[str]) -> list[str]:
         """Decoded answers as the env gets them: a reasoning template's without the newlines after ``</think>``."""
@@ -548,7 +562,7 @@ class RolloutEngine:
             chat = self.policy.chat  # type: ignore[union-attr]
             ids = chat.encode(chat.continuing(action)) + (self.policy.stop_ids[0],)  # type: ignore[union-attr]
             e.ctx.act(ids, None, -1)
-            text = self._answer_text([self.policy.tokenizer.decode(self._answer(ids), skip_special_tokens=True)])[0]  # type: ignore[union-attr]
+            text = self._answer_text(self._decode([self._answer(ids)]))[0]
             stopped = True
         else:  # no token context: a text action's answer part (what follows a reasoning template's last </think>)
             answer = action if self.thinking is None else action.rpartition(self.thinking.close)[2]

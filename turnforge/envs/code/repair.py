@@ -182,10 +182,10 @@ class CodeRepairEnv(ToolEnv):
         names = [name for name, _, _ in self.state["calls"]]
         if self.state["files"][path] != level.fixed:
             search, replace = _fix(self.state["files"][path], level.fixed)
-            return _call("edit_file", path=path, search=search, replace=replace)
+            return self.call_text("edit_file", {"path": path, "search": search, "replace": replace})
         if "run_tests" not in names:
-            return _call("run_tests")
-        return _call("submit")
+            return self.call_text("run_tests", {})
+        return self.call_text("submit", {})
 
     def random_action(self, rng: random.Random) -> str:
         """A uniformly random tool call with arguments drawn from the task's files (the
@@ -194,7 +194,7 @@ class CodeRepairEnv(ToolEnv):
         files = self.state["files"]
         tool = rng.choice(["list_files", "view_file", "edit_file", "run_tests", "submit"])
         if tool == "view_file":
-            return _call(tool, path=rng.choice(sorted(files)))
+            return self.call_text(tool, {"path": rng.choice(sorted(files))})
         if tool == "edit_file":
             path = f"pkg/{self.state['level'].seed}.py"
             lines = [line for line in files[path].splitlines() if line.strip()]
@@ -204,12 +204,8 @@ class CodeRepairEnv(ToolEnv):
             else:
                 i = rng.randrange(len(line))
                 new = line[:i] + rng.choice("0123456789+-*<>=!") + line[i + 1:]
-            return _call(tool, path=path, search=line, replace=new)
-        return _call(tool)
-
-
-def _call(name: str, **arguments) -> str:
-    return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
+            return self.call_text(tool, {"path": path, "search": line, "replace": new})
+        return self.call_text(tool, {})
 
 
 def _failed(stdout: str) -> int:

@@ -11,8 +11,8 @@ An episode of a ``TerminalTask`` (``turnforge.envs.terminal.task``, from any tas
   first observation is the instruction and the working directory.
 - ``step(action)``: the action is a command (plain text; a fenced ```` ```bash ```` block is
   unwrapped), or, with ``action_format=tool``, a ``bash`` tool call (``{"command": ...}``) in
-  the tool-call format of the tool envs (``turnforge.envs.tool.base``): one renderer, the same
-  observation. ``submit`` (the word, or the ``submit`` tool) ends the episode, as does the
+  any tool-call format of ``turnforge.envs.tool.formats`` (``tool_call_format``): one renderer,
+  the same observation. ``submit`` (the word, or the ``submit`` tool) ends the episode, as does the
   episode's last turn (``max_turns``). The observation is the command's output (stdout and
   stderr as a terminal shows them, cut at ``max_output_bytes`` with a visible mark), then a line
   ``[exit N] CWD$``. A command that runs past ``command_timeout_s`` is killed with everything it

@@ -161,7 +161,7 @@ class CalculatorEnv(ToolEnv):
         level = self.state["level"]
         if self.expert == "oracle":
             if not self.state["calls"] and self.max_tool_calls > 0:
-                return _call(level.solution)
+                return self.call_text("calculator", {"expression": level.solution})
             return f"<answer>{level.solution}</answer>"
         candidates = list(dict.fromkeys(_uncommuted(e) for e, _ in left_to_right(level.numbers, self.ops)))
         random.Random(stable_hash("expert-order", self.level_key(level))).shuffle(candidates)
@@ -171,15 +171,11 @@ class CalculatorEnv(ToolEnv):
                 return f"<answer>{_expression_of(args)}</answer>"
         unchecked = [e for e in candidates if _args_of(e) not in checked]
         if len(self.state["calls"]) < self.max_tool_calls and unchecked:
-            return _call(unchecked[0])
+            return self.call_text("calculator", {"expression": unchecked[0]})
         return f"<answer>{(unchecked or candidates)[0]}</answer>"
 
 
 EXPERTS = ("guess", "oracle")
-
-
-def _call(expression: str) -> str:
-    return f"<tool_call>{json.dumps({'name': 'calculator', 'arguments': {'expression': expression}})}</tool_call>"
 
 
 def _uncommuted(expression: str) -> str:
@@ -248,7 +244,7 @@ class ArithmeticEnv(CalculatorEnv):
     def expert_action(self) -> str:
         level = self.state["level"]
         if self.expert == "oracle" and not self.state["calls"] and self.max_tool_calls > 0:
-            return _call(level.expression)
+            return self.call_text("calculator", {"expression": level.expression})
         if self.expert == "oracle":
             return f"<answer>{level.value}</answer>"
         return f"<answer>{level.value + 1}</answer>"

@@ -105,7 +105,7 @@ class LedgerEnv(ToolEnv):
         done = set(self._looked_up())
         left = [a for a in level.accounts if a not in done]
         if left and len(self.state["calls"]) < self.max_tool_calls:
-            return f"<tool_call>{json.dumps({'name': 'lookup', 'arguments': {'account': left[0]}})}</tool_call>"
+            return self.call_text("lookup", {"account": left[0]})
         return f"<answer>{level.answer}</answer>"
 
     def expert_summary(self) -> str:

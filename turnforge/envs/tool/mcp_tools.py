@@ -397,10 +397,7 @@ class McpToolEnv(ToolEnv):
                             "expert_calls; demonstrations need them")
         made = len(self.state["calls"])
         if made < len(calls):
-            call = {"name": calls[made]["name"], "arguments": calls[made].get("arguments", {})}
-            if self.tool_call_format == "hermes":
-                return f"<tool_call>{json.dumps(call)}</tool_call>"
-            return json.dumps({"name": call["name"], "parameters": call["arguments"]})
+            return self.call_text(calls[made]["name"], calls[made].get("arguments", {}))
         return f"<answer>{level['answer']}</answer>"
 
     # ------------------------------------------------------------------ the episode

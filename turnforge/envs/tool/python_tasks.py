@@ -146,10 +146,8 @@ class PythonTasksEnv(ToolEnv):
         return (self.success_reward if won else 0.0), won
 
     def expert_action(self) -> str:
-        import json
 
         calls = self.state["calls"]
         if calls and _INT.fullmatch(calls[-1][2].strip()):
             return f"<answer>{calls[-1][2].strip()}</answer>"
-        call = {"name": "run_python", "arguments": {"code": self.state["level"].program}}
-        return f"<tool_call>{json.dumps(call)}</tool_call>"
+        return self.call_text("run_python", {"code": self.state["level"].program})
