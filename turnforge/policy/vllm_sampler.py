@@ -14,7 +14,7 @@ merged into a copy first) and drops vLLM's prefix cache. No restart, no file rou
 
 The trainer re-scores every sample with its own forward pass, so the gap between vLLM's
 numerics and the trainer's is measured per iteration (``log_ratio_abs_*``, the
-``|logp_vllm - logp_trainer|`` of ``OffPolicyStats`` in metrics.jsonl) and corrected by the truncated importance weight of the decoupled loss, the
+``|logp_vllm - logp_trainer|`` of ``OffPolicyStats`` in metrics.jsonl) and corrected by the decoupled loss's off-policy correction (engine.correction, truncated IS by default), the
 same correction asynchronous rollouts use (``turnforge.train.update.ppo_update``).
 
 Departures from the built-in sampler:

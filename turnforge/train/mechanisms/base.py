@@ -170,3 +170,32 @@ class Mechanism:
     def report_lines(cls, rounds: list[FlywheelRound]) -> list[str]:
         """A paragraph of its own in the report, over all rounds (none by default)."""
         return []
+
+
+class TaskPool(Mechanism):
+    """A mechanism that keeps a pool of tasks of its own (``evolve``: derived tasks; ``selfplay``:
+    repairs of injected bugs). Its state holds ``tasks`` (task id -> (task, rounds played
+    unsolved)) and ``retired``; up to ``tasks_per_wave`` of them, in an order drawn from
+    ``stream``, are each round's first wave; ``retire`` drops the tasks a round solved in every
+    rollout, and those left unsolved ``patience`` rounds in a row."""
+
+    stream: ClassVar[str]  # the random stream of the first wave's order
+    patience: ClassVar[int] = 3
+
+    def first_wave(self, col: Collection) -> list[Task]:
+        from turnforge.seeding import rng
+
+        pool = [t for t, _ in self.state.tasks.values()]
+        order = rng(self.cfg.seed, self.stream, col.r).permutation(len(pool))
+        return [pool[int(i)] for i in order[:self.cfg.flywheel.tasks_per_wave]]
+
+    def retire(self, plain: dict[str, list[Trajectory]]) -> None:
+        st = self.state
+        for key, (task, age) in list(st.tasks.items()):
+            got = [t for t in plain.get(key, []) if t.infra_failure is None]
+            wins = sum(t.success for t in got)
+            if got and (wins == len(got) or (wins == 0 and age + 1 >= self.patience)):
+                del st.tasks[key]
+                st.retired += 1
+            elif got and wins == 0:
+                st.tasks[key] = (task, age + 1)

@@ -5,14 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from turnforge.train.mechanisms.base import Mechanism, MechanismRecord
+from turnforge.train.mechanisms.base import MechanismRecord, TaskPool
 
 if TYPE_CHECKING:
     from turnforge.types import Task
-
-#: Rounds a derived task is played unsolved before it is retired.
-PATIENCE = 3
-
 
 @dataclass
 class EvolveState:
@@ -26,7 +22,7 @@ class EvolveRecord(MechanismRecord):
     retired: int = 0  # derived tasks retired so far
 
 
-class Evolve(Mechanism):
+class Evolve(TaskPool):
     """The env derives ``evolve_per_task`` easier tasks from each of a round's unsolved tasks
     (``Env.derive_tasks``; at most ``evolve_pool`` live); up to ``tasks_per_wave`` of them are the
     next rounds' first wave, until a round solves all of their rollouts or they stay unsolved
@@ -35,6 +31,7 @@ class Evolve(Mechanism):
     name, source = "evolve", "evolved"
     help = "easier tasks the env derives from failed ones, played as each round's first wave"
     Record = EvolveRecord
+    stream = "flywheel-evolved"
 
     @classmethod
     def requirements(cls, cfg):
@@ -43,27 +40,13 @@ class Evolve(Mechanism):
     def initial_state(self):
         return EvolveState()
 
-    def first_wave(self, col):
-        from turnforge.seeding import rng
-
-        pool = [t for t, _ in self.state.tasks.values()]
-        order = rng(self.cfg.seed, "flywheel-evolved", col.r).permutation(len(pool))
-        return [pool[int(i)] for i in order[:self.cfg.flywheel.tasks_per_wave]]
-
     def after_collection(self, col, plain, unsolved):
-        """Retire derived tasks that were solved every time (or stayed unsolved ``PATIENCE``
-        rounds); derive new ones from this round's unsolved tasks."""
+        """Retire derived tasks that were solved every time (or stayed unsolved three
+        rounds, ``TaskPool.retire``); derive new ones from this round's unsolved tasks."""
         from turnforge.seeding import stable_hash
 
         st, fw = self.state, self.cfg.flywheel
-        for key, (task, age) in list(st.tasks.items()):
-            got = [t for t in plain.get(key, []) if t.infra_failure is None]
-            wins = sum(t.success for t in got)
-            if got and (wins == len(got) or (wins == 0 and age + 1 >= PATIENCE)):
-                del st.tasks[key]
-                st.retired += 1
-            elif got and wins == 0:
-                st.tasks[key] = (task, age + 1)
+        self.retire(plain)
         for task in unsolved:
             if len(st.tasks) >= fw.evolve_pool or task.task_id in st.tasks:
                 continue

@@ -7,7 +7,7 @@ catch it. Every episode the verifier scored as a valid bug reports its module
 (source ``injected``: the same package with that module) in a pool (at most ``evolve_pool``) and
 plays up to ``tasks_per_wave`` of them as the next round's first wave, ``group_size`` rollouts
 each, like any wave; their successes train in the rft stage as the round's others. A repair task
-retires once every rollout of a round solves it, or after ``PATIENCE`` rounds unsolved. The
+retires once every rollout of a round solves it, or after three rounds unsolved (``TaskPool``). The
 policy thus trains on both halves: injecting bugs the tests catch, and repairing them.
 
 Departs from SWE-RL, which also requires the injected bug to pass a "higher-order" consistency
@@ -20,13 +20,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from turnforge.train.mechanisms.base import Mechanism, MechanismRecord
+from turnforge.train.mechanisms.base import MechanismRecord, TaskPool
 
 if TYPE_CHECKING:
     from turnforge.types import Task
 
-#: Rounds a repair task of an injected bug is played unsolved before it retires.
-PATIENCE = 3
 #: Index base of the repair tasks made from injected bugs (above any drawn task's index).
 INDEX_BASE = 2**41
 
@@ -45,12 +43,13 @@ class SelfPlayRecord(MechanismRecord):
     retired: int = 0
 
 
-class SelfPlay(Mechanism):
+class SelfPlay(TaskPool):
     """Repair tasks from the policy's own valid injected bugs (see the module docstring)."""
 
     name, source, label = "selfplay", "injected", "injected bugs"
     help = "the policy's valid injected bugs (terminal env, source=selfplay) replayed as repair tasks"
     Record = SelfPlayRecord
+    stream = "flywheel-selfplay"
 
     @classmethod
     def env_conflict(cls, cfg, env):
@@ -62,27 +61,13 @@ class SelfPlay(Mechanism):
     def initial_state(self):
         return SelfPlayState()
 
-    def first_wave(self, col):
-        from turnforge.seeding import rng
-
-        pool = [t for t, _ in self.state.tasks.values()]
-        order = rng(self.cfg.seed, "flywheel-selfplay", col.r).permutation(len(pool))
-        return [pool[int(i)] for i in order[:self.cfg.flywheel.tasks_per_wave]]
-
     def after_collection(self, col, plain, unsolved):
         from dataclasses import replace
 
         from turnforge.seeding import stable_hash
 
         st, fw = self.state, self.cfg.flywheel
-        for key, (task, age) in list(st.tasks.items()):
-            got = [t for t in plain.get(key, []) if t.infra_failure is None]
-            wins = sum(t.success for t in got)
-            if got and (wins == len(got) or (wins == 0 and age + 1 >= PATIENCE)):
-                del st.tasks[key]
-                st.retired += 1
-            elif got and wins == 0:
-                st.tasks[key] = (task, age + 1)
+        self.retire(plain)
         for episodes in plain.values():
             for t in episodes:
                 module = t.turns[-1].info.get("injected_module") if t.success and t.turns else None
