@@ -99,3 +99,26 @@ def test_merged_loss_and_gradient_equal_unmerged(tiny_model_dir, loss_agg):
     torch.testing.assert_close(merged.loss, plain.loss, rtol=1e-5, atol=1e-6)
     for a, b in zip(merged_grads, plain_grads):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_one_trajectory_one_weight_however_many_calls_or_splits():
+    """rl.loss_agg=episode: an agent run whose calls became three samples (splits) weighs, summed over
+    its action tokens, what a one-call episode weighs: 1 each (the rule agent runs train under)."""
+    from turnforge.config import RLConfig
+    from turnforge.train.update import weighted_rows
+
+    def sample(traj, n_actions, turn):
+        ids = np.arange(3 + n_actions, dtype=np.int64) + 10 * turn
+        mask = np.array([0, 0, 0] + [1] * n_actions, np.int8)
+        lp = np.where(mask == 1, -0.5, np.nan).astype(np.float32)
+        return Sample(ids, mask, lp, np.where(mask == 1, 0, -1).astype(np.int32), traj, turn)
+
+    split = [(sample("agent", n, k), 1.0) for k, n in enumerate((4, 5, 6))]
+    single = [(sample("one-call", 7, 0), 1.0)]
+    rows = weighted_rows(split + single, RLConfig(loss_agg="episode", merge_duplicates=False))
+    total = {}
+    for row in rows:
+        total[row.sample.trajectory_id] = total.get(row.sample.trajectory_id, 0.0) + row.weight * row.sample.num_action_tokens
+    assert total == pytest.approx({"agent": 1.0, "one-call": 1.0})
+    tokens = weighted_rows(split + single, RLConfig(loss_agg="token", merge_duplicates=False))  # the default: by tokens
+    assert sum(r.weight * r.sample.num_action_tokens for r in tokens if r.sample.trajectory_id == "agent") == 15
