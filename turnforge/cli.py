@@ -675,9 +675,9 @@ def serve_cmd(
                                      "template shows) or a format's name (model.tool_format)"),
     thinking_budget: Optional[int] = typer.Option(None, "--thinking-budget", min=1, help="A reasoning model's thinking "
                                                   "tokens per call at most; then </think> is written and it answers in "
-                                                  "up to max_tokens more (chat completions)"),
+                                                  "up to max_tokens more (chat completions and responses)"),
 ) -> None:
-    """Serve a checkpoint on an OpenAI-compatible endpoint (/v1/chat/completions, /v1/models)
+    """Serve a checkpoint on an OpenAI-compatible endpoint (/v1/chat/completions, /v1/responses, /v1/models)
     until Ctrl-C: the gateway agents train through, for evaluation and demos. It is also an
     inference replica of a training run (rollout.backend=server): token ids in and out on
     POST /v1/generate, weight pushes loaded on POST /v1/weights (GET: what it serves)."""

@@ -190,8 +190,9 @@ def test_malformed_bodies_and_unknown_rollouts(gateway):
     gateway.close_rollout("m")
     with pytest.raises(openai.NotFoundError):
         client(base).chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
-    r = httpx.post(f"{gateway.url}/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}], "stream": True})
-    assert r.status_code == 400 and r.json()["error"]["param"] == "stream"
+    r = httpx.post(f"{gateway.url}/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}],
+                                                               "stream_options": {"include_usage": True}})  # without stream
+    assert r.status_code == 400 and r.json()["error"]["param"] == "stream_options"
 
 
 def test_a_port_in_use_is_one_line(tiny_policy):

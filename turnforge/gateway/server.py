@@ -1,4 +1,4 @@
-"""The OpenAI-compatible gateway: ``/v1/chat/completions`` and ``/v1/models`` on the policy;
+"""The OpenAI-compatible gateway: ``/v1/chat/completions``, ``/v1/responses`` and ``/v1/models`` on the policy;
 as an inference replica (``turnforge serve``, ``rollout.backend=server``) also ``POST
 /v1/generate`` (token ids in and out) and ``/v1/weights`` (load a weight push from its files,
 join a broadcast group or receive a push over it; ``GET``: what it serves).
@@ -18,8 +18,15 @@ temperature are sampled together. Per call the gateway
 records the exact prompt ids, sampled ids, their logprobs and the policy version under the
 rollout's id (``CallRecord``); ``close_rollout`` hands them to the trace compiler.
 
+``/v1/responses`` (the Responses API: input items, instructions, function tools and their
+call/output items, ``previous_response_id`` chains, reasoning items) is translated into the chat
+request it means (``turnforge.gateway.responses``) and served and recorded by the same path, so
+its calls are ``CallRecord``s of the rollout like any other. ``stream=true`` on either route
+sends the answer as server-sent events (chat chunks ending in ``[DONE]``; Responses events),
+once it is sampled: the batcher samples completions whole, so a stream holds one delta per part.
+
 What it refuses, with an OpenAI-style error body and status 400 (``param`` named): n > 1,
-streaming, penalties (they change the sampling distribution, so the recorded logprobs would
+penalties (they change the sampling distribution, so the recorded logprobs would
 not be the ones the trainer re-scores), a per-request seed (sampling is seeded by the run),
 ``tool_choice`` other than auto/none, non-text content, a prompt over the context budget.
 Unknown rollout ids are 404. While training, the trainer owns the temperature and top_p
@@ -31,6 +38,7 @@ replaced by the trainer's and recorded on the call (``CallRecord.overrides``); u
 
 
 import asyncio
+import collections
 import concurrent.futures
 import errno
 import os
@@ -45,6 +53,7 @@ from pathlib import Path
 import torch
 
 from turnforge.errors import UserError
+from turnforge.gateway import responses
 from turnforge.gateway.render import Prior, Renderer, RequestError, assistant_message, decode
 from turnforge.gateway.sampling import (Override, SamplingPolicy, SamplingRefused, TrainerWins, cap_tokens,
                                         settle_sampling)
@@ -69,6 +78,8 @@ class RolloutRecord:
     refused_calls: int = 0  # requests answered with an error
     malformed_tool_calls: int = 0  # replies whose tool call did not parse (their text is the content, as sampled)
     sampling_refusal: str | None = None  # the first request refused for its sampling settings (agent.sampling=strict)
+    responses: dict[str, tuple[dict, ...]] = field(default_factory=dict, repr=False)  # stored Responses: their
+    #   conversation items (input, then output), by response id, for previous_response_id
 
 
 class StaleWeights(Exception):
@@ -129,6 +140,7 @@ class Gateway:
         self.actor = PolicyActor(policy, max_new_tokens, 1.0 if temperature is None else temperature,
                                  torch.Generator().manual_seed(seed))
         self.rollouts: dict[str, RolloutRecord] = {}
+        self.served_responses: collections.OrderedDict[str, tuple[dict, ...]] = collections.OrderedDict()  # /v1's
         self.batch_sizes: list[int] = []
         self.fingerprint = model_fingerprint(policy.model, policy.tokenizer, policy.stop_ids)
         self.held = LoadedWeights()  # the weights' push and version (inference replica routes)
@@ -246,7 +258,7 @@ class Gateway:
     def _app(self):
         from fastapi import FastAPI, Request
         from fastapi.exceptions import RequestValidationError
-        from fastapi.responses import JSONResponse
+        from fastapi.responses import JSONResponse, StreamingResponse
 
         app = FastAPI(title="turnforge gateway", docs_url=None, redoc_url=None, openapi_url=None)
 
@@ -262,7 +274,22 @@ class Gateway:
             return {"object": "list", "data": [{"id": self.model_name, "object": "model", "created": 0,
                                                 "owned_by": "turnforge"}]}
 
-        async def completions(request: Request, rollout: RolloutRecord | None):
+        def stream(events: list[dict], done: bool = False) -> StreamingResponse:
+            return StreamingResponse(responses.sse(events, done), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache"})
+
+        async def chat(body: dict, rollout: RolloutRecord | None, queued: list[bool]):
+            completion = await self._complete(body, rollout, queued)
+            if not body.get("stream"):
+                return completion
+            return stream(chat_chunks(completion, bool((body.get("stream_options") or {}).get("include_usage"))), True)
+
+        async def respond(body: dict, rollout: RolloutRecord | None, queued: list[bool]):
+            answer = await self._respond(body, rollout, queued)
+            return stream(responses.stream_events(answer)) if body.get("stream") else answer
+
+        async def serve(request: Request, rollout: RolloutRecord | None, route):
+            """Answer a request with ``route(body, rollout, queued)``, its errors as OpenAI-style bodies."""
             self._arriving += 1
             queued = [False]
             try:
@@ -273,7 +300,7 @@ class Gateway:
                 if not isinstance(body, dict):
                     return error(400, "the request body must be a JSON object")
                 try:
-                    return await self._complete(body, rollout, queued)
+                    return await route(body, rollout, queued)
                 except RolloutClosed as err:
                     return error(404, f"rollout {err} was closed", code="rollout_not_found")
                 except RequestError as err:
@@ -298,7 +325,11 @@ class Gateway:
 
         @app.post("/v1/chat/completions")
         async def _chat(request: Request):
-            return await completions(request, None)
+            return await serve(request, None, chat)
+
+        @app.post("/v1/responses")
+        async def _responses(request: Request):
+            return await serve(request, None, respond)
 
         @app.get("/v1/weights")
         async def _weights():
@@ -336,7 +367,14 @@ class Gateway:
             rollout = self.rollouts.get(rollout_id)
             if rollout is None:
                 return error(404, f"rollout {rollout_id!r} is not open", code="rollout_not_found")
-            return await completions(request, rollout)
+            return await serve(request, rollout, chat)
+
+        @app.post("/rollouts/{rollout_id}/v1/responses")
+        async def _rollout_responses(rollout_id: str, request: Request):
+            rollout = self.rollouts.get(rollout_id)
+            if rollout is None:
+                return error(404, f"rollout {rollout_id!r} is not open", code="rollout_not_found")
+            return await serve(request, rollout, respond)
 
         return app
 
@@ -407,8 +445,12 @@ class Gateway:
         n = body.get("n", 1)
         if n not in (1, None):
             raise RequestError(f"n={n!r}: the gateway samples one choice per request (n=1)", "n")
-        if body.get("stream"):
-            raise RequestError("stream=true is not supported; send stream=false", "stream")
+        if body.get("stream") is not None and not isinstance(body["stream"], bool):
+            raise RequestError(f"stream={body['stream']!r} must be true or false", "stream")
+        opts = body.get("stream_options")
+        if opts is not None and (not body.get("stream") or not isinstance(opts, dict)
+                                 or not set(opts) <= {"include_usage", "include_obfuscation"}):
+            raise RequestError("stream_options is {'include_usage': bool}, with stream=true", "stream_options")
         for key in ("presence_penalty", "frequency_penalty"):
             if body.get(key) not in (None, 0, 0.0):
                 raise RequestError(f"{key}={body[key]!r}: penalties are not supported (they change the sampling "
@@ -436,7 +478,8 @@ class Gateway:
             tools = None
         return temperature, overrides, cap, stops, bool(body.get("logprobs")), tools
 
-    async def _complete(self, body: dict, rollout: RolloutRecord | None, queued: list[bool]) -> dict:
+    async def _call(self, body: dict, rollout: RolloutRecord | None, queued: list[bool]) -> "Served":
+        """Render a chat request, sample it and record the call on ``rollout``: what both routes answer from."""
         temperature, overrides, cap, stops, want_logprobs, tools = self._params(body)
         tok = self.policy.tokenizer
         prompt, spliced, images, rendered = self.renderer.prompt(body.get("messages"), tools, rollout.priors if rollout else [])
@@ -474,26 +517,93 @@ class Gateway:
                                             temperature, finish, images, overrides, forced))
             rollout.priors.append(self.renderer.prior(rendered, prompt, tuple(ids)))
             rollout.spliced_calls += spliced
-        choice = {"index": 0, "message": message, "finish_reason": finish, "logprobs": None}
+        token_logprobs = None
         if want_logprobs:
-            choice["logprobs"] = {"content": [
-                {"token": (s := decode(tok, [i])), "logprob": lp, "bytes": list(s.encode()), "top_logprobs": []}
-                for i, lp in zip(body_ids, logprobs)]}
+            token_logprobs = [{"token": (s := decode(tok, [i])), "logprob": lp, "bytes": list(s.encode()), "top_logprobs": []}
+                              for i, lp in zip(body_ids, logprobs)]
+        return Served(tuple(prompt), tuple(ids), message, finish, temperature, self._reasoning_tokens(ids, forced),
+                      token_logprobs)
+
+    async def _complete(self, body: dict, rollout: RolloutRecord | None, queued: list[bool]) -> dict:
+        """A chat completion (``/v1/chat/completions``)."""
+        got = await self._call(body, rollout, queued)
+        choice = {"index": 0, "message": got.message, "finish_reason": got.finish,
+                  "logprobs": None if got.logprobs is None else {"content": got.logprobs}}
+        details = {} if got.reasoning_tokens is None else {"completion_tokens_details": {"reasoning_tokens": got.reasoning_tokens}}
+        n, m = len(got.prompt), len(got.ids)
         return {
             "id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
             "model": self.model_name, "choices": [choice],
-            "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(ids), "total_tokens": len(prompt) + len(ids),
-                      **self._reasoning_usage(ids, forced)},
+            "usage": {"prompt_tokens": n, "completion_tokens": m, "total_tokens": n + m, **details},
         }
 
-    def _reasoning_usage(self, ids: list[int], forced: tuple[int, int]) -> dict:
-        """``completion_tokens_details.reasoning_tokens`` (as OpenAI reports it): the sampled
-        thinking tokens of a reasoning model's completion; nothing for other models."""
+    async def _respond(self, body: dict, rollout: RolloutRecord | None, queued: list[bool]) -> dict:
+        """A Responses answer (``/v1/responses``, ``turnforge.gateway.responses``), stored for chaining
+        on its rollout (serving: the last ``SERVED_RESPONSES``) unless ``store=false``."""
+        stored = rollout.responses if rollout is not None else self.served_responses
+        req = responses.translate(body, stored)
+        try:
+            got = await self._call(req.chat, rollout, queued)
+        except RequestError as err:  # the chat path names its messages; here they are the input
+            if err.param is not None and err.param.startswith("messages"):
+                err.param = "input"
+            raise
+        out = responses.output_items(got.message, got.finish, got.logprobs)
+        answer = responses.response(req, out, got.finish, model=self.model_name, temperature=got.temperature,
+                                    input_tokens=len(got.prompt), output_tokens=len(got.ids),
+                                    reasoning_tokens=got.reasoning_tokens or 0)
+        if req.store:
+            stored[answer["id"]] = req.items + tuple(out)
+            if rollout is None and len(stored) > responses.SERVED_RESPONSES:
+                self.served_responses.popitem(last=False)
+        return answer
+
+    def _reasoning_tokens(self, ids: list[int], forced: tuple[int, int]) -> int | None:
+        """The sampled thinking tokens of a reasoning model's completion (``reasoning_tokens``, as
+        OpenAI reports them: the gateway's written close not counted); None for other models."""
         thinking = self.policy.chat.thinking
         if thinking is None:
-            return {}
+            return None
         split = thinking.split(ids)
-        return {"completion_tokens_details": {"reasoning_tokens": split - max(0, min(split, forced[1]) - forced[0])}}
+        return split - max(0, min(split, forced[1]) - forced[0])
+
+
+@dataclass(frozen=True)
+class Served:
+    """One call as the gateway sampled and recorded it, for its route to answer."""
+
+    prompt: tuple[int, ...]  # the prompt ids
+    ids: tuple[int, ...]  # the sampled ids (cut at a stop string), the stop token included when sampled
+    message: dict  # the OpenAI assistant message (``render.assistant_message``)
+    finish: str  # "stop" | "length" | "tool_calls"
+    temperature: float  # what it was sampled at
+    reasoning_tokens: int | None  # thinking tokens sampled (reasoning templates; None for others)
+    logprobs: list[dict] | None  # each answer token's logprob entry, when the request asked for them
+
+
+def chat_chunks(completion: dict, include_usage: bool) -> list[dict]:
+    """The ``chat.completion.chunk`` objects of a finished chat completion, as OpenAI streams one:
+    the role, the reasoning, the content (with its logprobs), one chunk per tool call, the finish
+    reason; then the usage alone when ``stream_options.include_usage``."""
+    (choice,) = completion["choices"]
+    msg = choice["message"]
+    head = {k: completion[k] for k in ("id", "created", "model")} | {"object": "chat.completion.chunk"}
+    usage = {"usage": None} if include_usage else {}
+
+    def chunk(delta: dict, finish: str | None = None, logprobs: dict | None = None) -> dict:
+        return {**head, "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}], **usage}
+
+    out = [chunk({"role": "assistant", "content": None if msg.get("content") is None else ""})]
+    if msg.get("reasoning_content") is not None:
+        out.append(chunk({"reasoning_content": msg["reasoning_content"]}))
+    if msg.get("content"):
+        out.append(chunk({"content": msg["content"]}, logprobs=choice["logprobs"]))
+    for i, call in enumerate(msg.get("tool_calls") or []):
+        out.append(chunk({"tool_calls": [{"index": i, **call}]}))
+    out.append(chunk({}, choice["finish_reason"], None if msg.get("content") else choice["logprobs"]))
+    if include_usage:
+        out.append({**head, "choices": [], "usage": completion["usage"]})
+    return out
 
 
 def open_replica(checkpoint: Path, *, host: str, port: int, max_tokens: int, context: int, dtype: str, device: str,
