@@ -84,3 +84,33 @@ def solid_png(rgb, size=(40, 28)) -> bytes:
     buf = io.BytesIO()
     img.save(buf, format="PNG")
     return buf.getvalue()
+
+
+class WrittenCalls:
+    """The policy's actor, except that some calls of some rollouts (by rollout id, in call order;
+    None: the model samples that call) get written answers, teacher-forced: their logprobs are
+    the model's own at the sampling temperature, so they train and re-score like sampled ones."""
+
+    def __init__(self, actor, policy, script: dict[str, list[str | None]]) -> None:
+        self.actor, self.policy, self.script = actor, policy, {k: list(v) for k, v in script.items()}
+        self.temperature, self.version, self.needs_tokens = actor.temperature, actor.version, True
+
+    def generate(self, prompts, keys, *, max_new_tokens=None, temperature=None, **kwargs):
+        import torch
+
+        from turnforge.policy.generate import Generation, token_logprobs
+
+        written = {i: self.script[k].pop(0) for i, k in enumerate(keys) if self.script.get(k)}
+        written = {i: text for i, text in written.items() if text is not None}
+        rest = [i for i in range(len(prompts)) if i not in written]
+        sampled = self.actor.generate([prompts[i] for i in rest], [keys[i] for i in rest], max_new_tokens=max_new_tokens,
+                                      temperature=temperature, **kwargs) if rest else []
+        out = dict(zip(rest, sampled))
+        tok, t = self.policy.tokenizer, self.actor.temperature if temperature is None else temperature
+        for i, text in written.items():
+            ids = tuple(tok.encode(text, add_special_tokens=False)) + (self.policy.stop_ids[0],)
+            full = torch.tensor([list(prompts[i]) + list(ids)])
+            with torch.no_grad():
+                lp, _ = token_logprobs(self.policy.model, full, torch.ones_like(full), temperature=t)
+            out[i] = Generation(ids, tuple(lp[0, len(prompts[i]):].tolist()), True)
+        return [out[i] for i in range(len(prompts))]

@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import torch
-from helpers import TINY_TEST_SHAPE, assert_rescores
+from helpers import TINY_TEST_SHAPE, WrittenCalls, assert_rescores
 
 from turnforge.envs.tool.calculator import CalculatorEnv
 from turnforge.gateway import SPLIT_REASONS
@@ -96,35 +96,6 @@ def assert_route(record, route: str) -> None:
     assert len(record.responses) == (len(record.calls) if route == "responses" else 0)
 
 
-class Written:
-    """The policy's actor, except that some calls of some rollouts (by rollout id, in call order;
-    None: the model samples that call) get written answers, teacher-forced: their logprobs are
-    the model's own at the sampling temperature, so they train and re-score like sampled ones
-    (as ``ScriptedFirst`` in tests/gateway/test_mini_swe_agent.py)."""
-
-    def __init__(self, actor, policy, script: dict[str, list[str | None]]) -> None:
-        self.actor, self.policy, self.script = actor, policy, {k: list(v) for k, v in script.items()}
-        self.temperature, self.version, self.needs_tokens = actor.temperature, actor.version, True
-
-    def generate(self, prompts, keys, *, max_new_tokens=None, temperature=None, **kwargs):
-        from turnforge.policy.generate import Generation, token_logprobs
-
-        written = {i: self.script[k].pop(0) for i, k in enumerate(keys) if self.script.get(k)}
-        written = {i: text for i, text in written.items() if text is not None}
-        rest = [i for i in range(len(prompts)) if i not in written]
-        sampled = self.actor.generate([prompts[i] for i in rest], [keys[i] for i in rest], max_new_tokens=max_new_tokens,
-                                      temperature=temperature, **kwargs) if rest else []
-        out = dict(zip(rest, sampled))
-        tok, t = self.policy.tokenizer, self.actor.temperature if temperature is None else temperature
-        for i, text in written.items():
-            ids = tuple(tok.encode(text, add_special_tokens=False)) + (self.policy.stop_ids[0],)
-            full = torch.tensor([list(prompts[i]) + list(ids)])
-            with torch.no_grad():
-                lp, _ = token_logprobs(self.policy.model, full, torch.ones_like(full), temperature=t)
-            out[i] = Generation(ids, tuple(lp[0, len(prompts[i]):].tolist()), True)
-        return [out[i] for i in range(len(prompts))]
-
-
 def test_a_framework_agent_plays_the_env_through_its_api_and_trains_token_exactly(tmp_path, tiny_policy, framework,
                                                                                    recorded, env_steps, monkeypatch):
     """Three rollouts of the example agent on a real gateway (the tiny model), on train levels 0-2.
@@ -146,7 +117,7 @@ def test_a_framework_agent_plays_the_env_through_its_api_and_trains_token_exactl
     tasks = AgentTasks(str(TASKS))
     requests = [EpisodeRequest(tasks.task("train", i), i, f"g{i}", f"r{i}") for i in range(3)]
     call = '<tool_call>{"name": "calculator", "arguments": {"expression": "6+2"}}</tool_call>'
-    actor = Written(PolicyActor(tiny_policy, cfg.rollout.max_new_tokens, 1.0, torch.Generator().manual_seed(0)),
+    actor = WrittenCalls(PolicyActor(tiny_policy, cfg.rollout.max_new_tokens, 1.0, torch.Generator().manual_seed(0)),
                     tiny_policy, {"r0": [call, "<answer>6*2</answer>"], "r1": [call, None]})
     engine = AgentEngine(cfg, tiny_policy, tmp_path, tasks, load_agent(entrypoint))
     try:

@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import torch
-from helpers import TINY_TEST_SHAPE, assert_rescores
+from helpers import TINY_TEST_SHAPE, WrittenCalls, assert_rescores
 
 from turnforge.sandbox.box import BOXES, regular_files
 
@@ -161,34 +161,6 @@ def test_prompt_sets_for_tool_calls_load_and_others_are_refused():
 
 
 # ------------------------------------------------------------------ through a real gateway, the tiny model
-class ScriptedFirst:
-    """The policy's actor, except that some calls of some rollouts (by rollout id, in call order;
-    None: the model samples that call) get written answers, teacher-forced: their logprobs are
-    the model's own at the sampling temperature, so they train and re-score like sampled ones."""
-
-    def __init__(self, actor, policy, script: dict[str, list[str | None]]) -> None:
-        self.actor, self.policy, self.script = actor, policy, {k: list(v) for k, v in script.items()}
-        self.temperature, self.version, self.needs_tokens = actor.temperature, actor.version, True
-
-    def generate(self, prompts, keys, *, max_new_tokens=None, temperature=None, **kwargs):
-        from turnforge.policy.generate import Generation, token_logprobs
-
-        written = {i: self.script[k].pop(0) for i, k in enumerate(keys) if self.script.get(k)}
-        written = {i: text for i, text in written.items() if text is not None}
-        rest = [i for i in range(len(prompts)) if i not in written]
-        sampled = self.actor.generate([prompts[i] for i in rest], [keys[i] for i in rest], max_new_tokens=max_new_tokens,
-                                      temperature=temperature, **kwargs) if rest else []
-        out = dict(zip(rest, sampled))
-        tok, t = self.policy.tokenizer, self.actor.temperature if temperature is None else temperature
-        for i, text in written.items():
-            ids = tuple(tok.encode(text, add_special_tokens=False)) + (self.policy.stop_ids[0],)
-            full = torch.tensor([list(prompts[i]) + list(ids)])
-            with torch.no_grad():
-                lp, _ = token_logprobs(self.policy.model, full, torch.ones_like(full), temperature=t)
-            out[i] = Generation(ids, tuple(lp[0, len(prompts[i]):].tolist()), True)
-        return [out[i] for i in range(len(prompts))]
-
-
 def _assert_trained_as_sampled(samples, calls) -> None:
     """The trained tokens (loss mask 1) of a rollout's samples, in order, are exactly the tokens
     its gateway calls sampled, with their logprobs (as tests/gateway/test_agents.py checks)."""
@@ -221,7 +193,7 @@ def test_mini_swe_agent_runs_through_the_gateway_in_the_box_and_trains_token_exa
     def call(command: str) -> str:
         return '<tool_call>' + json.dumps({"name": "bash", "arguments": {"command": command}}) + '</tool_call>'
 
-    actor = ScriptedFirst(PolicyActor(tiny_policy, 256, 1.0, torch.Generator().manual_seed(0)), tiny_policy,
+    actor = WrittenCalls(PolicyActor(tiny_policy, 256, 1.0, torch.Generator().manual_seed(0)), tiny_policy,
                           {"r0": [call(f"{solve} && {MARK}"), None, call("echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT")]})
     engine = AgentEngine(cfg, tiny_policy, tmp_path, tasks, load_agent(ENTRYPOINT))
     try:
