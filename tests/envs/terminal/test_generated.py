@@ -197,7 +197,7 @@ def test_the_reference_scores_1_and_doing_nothing_scores_0(family, level, tmp_pa
 @pytest.mark.slow
 @pytest.mark.parametrize("family,level", CASES)
 def test_the_reference_scores_1_on_more_seeds(family, level, tmp_path):
-    for seed in range(5):
+    for seed in range(2):  # (the fast test plays seed 1 of every case; 990 more were checked once: docs/results.md)
         task = build_task(data(family, level, 100 + seed))
         assert play(task, tmp_path / str(seed), task.expert_commands) == 1.0, task.name
 
