@@ -97,7 +97,9 @@ class Session:
                 episode_seed=self.cfg.episode_seed("eval", e.split, episodes))
         events = event_counts([t for t in trajectories if t.infra_failure is None])
         self.metrics.log(EvalRecord(tag, self.state.iteration, result, events, temperature), self.state.env_steps)
-        failures = f", {result.infra_failures} infrastructure failures left out" if result.infra_failures else ""
+        first = next((t.infra_failure for t in trajectories if t.infra_failure is not None), None)
+        failures = (f", {result.infra_failures} infrastructure failures left out; the first: {first[:160]}"
+                    if result.infra_failures else "")
         self.progress.message(
             f"eval {tag}: success {result.success_rate:.3f}  return {result.mean_return:.2f}  "
             f"invalid {result.invalid_action_rate:.3f}  turns {result.mean_turns:.1f}  "
