@@ -85,7 +85,8 @@ START_TIMEOUT_S = 30.0  # the box's start, or a shell's restart, up to its first
 OP_TIMEOUT_S = 120.0  # put/get/archive/snapshot/restore
 OUTPUT_KILL_BYTES = 16 * MB  # a command that printed this much is ended (killed_reason "output")
 DRAIN_BYTES = 4 * MB  # after a command's frame: at most this much more is read from the output pipe
-SETTLE_S = 0.1  # a command that left new background processes: how long to watch for a fork bomb
+SETTLE_S = 0.1  # a command that left new background processes: watched for a fork bomb until their
+BOMB_WATCH_S = 2.0  # number has not grown for SETTLE_S, at most this long (a loaded host forks slowly)
 CHUNK = 1 << 16
 FULL_BYTES = 64 * 1024  # a tmpfs with less free space than this is full
 _MEMORY = re.compile(rb"MemoryError|Cannot allocate memory|std::bad_alloc|[Oo]ut of memory")
@@ -537,15 +538,20 @@ class BwrapBox(Box):
 
     def _bombed(self, before: Mapping) -> bool:
         """Whether the processes a command left running fill the box (a fork bomb: they are
-        killed), watched for ``SETTLE_S`` if it left any."""
+        killed), watched if it left any until their number has not grown for ``SETTLE_S`` (at
+        most ``BOMB_WATCH_S``: on a loaded host a bomb grows slowly)."""
         if all(key in before for key in self._tree()):
             return False
-        stop = time.monotonic() + SETTLE_S
+        start = grew = time.monotonic()
+        peak = 0
         while True:
-            if self._tasks() >= self._crowded:
+            tasks, now = self._tasks(), time.monotonic()
+            if tasks >= self._crowded:
                 self._kill(before)
                 return True
-            if time.monotonic() >= stop:
+            if tasks > peak:
+                peak, grew = tasks, now
+            if now - grew >= SETTLE_S or now - start >= BOMB_WATCH_S:
                 return False
             time.sleep(0.01)
 
