@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import functools
+import shutil
+import subprocess
 import sys
 
 #: The shape of the tiny test model (built once per session by the ``tiny_model_dir`` fixture).
@@ -114,3 +117,14 @@ class WrittenCalls:
                 lp, _ = token_logprobs(self.policy.model, full, torch.ones_like(full), temperature=t)
             out[i] = Generation(ids, tuple(lp[0, len(prompts[i]):].tolist()), True)
         return [out[i] for i in range(len(prompts))]
+
+
+@functools.cache
+def bwrap_unusable() -> str | None:
+    """Why bubblewrap cannot run here, checked with a plain bwrap command (not turnforge's code), or None."""
+    path = shutil.which("bwrap")
+    if path is None:
+        return "bubblewrap (bwrap) is not installed: apt-get install -y bubblewrap"
+    probe = [path, "--unshare-all", "--die-with-parent", "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", "--", "true"]
+    done = subprocess.run(probe, check=False, capture_output=True, text=True, timeout=30)
+    return f"bubblewrap cannot create namespaces here: {done.stderr.strip()}" if done.returncode else None

@@ -67,22 +67,6 @@ def verified(monkeypatch):
     return calls
 
 
-@pytest.fixture()
-def recorded(monkeypatch):
-    """Every rollout's gateway records, as the gateway closes it."""
-    from turnforge.gateway import server
-
-    out = {}
-    close = server.Gateway.close_rollout
-
-    def keep(self, rollout_id):
-        out[rollout_id] = record = close(self, rollout_id)
-        return record
-
-    monkeypatch.setattr(server.Gateway, "close_rollout", keep)
-    return out
-
-
 # ------------------------------------------------------------------ the adapter (mini-swe-agent's scripted model)
 @pytest.mark.parametrize("text, code, submission", [
     ("COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT\n", 0, ""),

@@ -3,32 +3,17 @@ token, a host listener on 127.0.0.1 that counts connections, and a survivor chec
 
 from __future__ import annotations
 
-import functools
 import os
 import select
-import shutil
 import socket
-import subprocess
 import uuid
 from pathlib import Path
 from typing import Callable, Iterator
 
 import pytest
+from helpers import bwrap_unusable
 
 from turnforge.sandbox import Limits, Sandbox
-
-
-@functools.cache
-def bwrap_unusable() -> str | None:
-    """Why bubblewrap cannot run here, checked with a plain bwrap command (not our code), or None."""
-    path = shutil.which("bwrap")
-    if path is None:
-        return "bubblewrap (bwrap) is not installed: apt-get install -y bubblewrap"
-    probe = [path, "--unshare-all", "--die-with-parent", "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", "--", "true"]
-    done = subprocess.run(probe, capture_output=True, text=True, timeout=30)
-    if done.returncode != 0:
-        return f"bubblewrap cannot create namespaces here: {done.stderr.strip()}"
-    return None
 
 
 @pytest.fixture()

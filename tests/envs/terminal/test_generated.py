@@ -4,17 +4,16 @@ commands score 1, doing nothing scores 0, and plausible wrong answers score 0.""
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path, PurePosixPath
 from typing import Callable
 
 import pytest
+from helpers import bwrap_unusable
 
 from turnforge.envs.terminal import generated
 from turnforge.envs.terminal.families.base import WORDS
@@ -135,16 +134,6 @@ def test_bad_options_are_errors_that_name_the_fix():
 
 
 # ----------------------------------------------------------------------------- the real sandbox
-@functools.cache
-def bwrap_unusable() -> str | None:
-    path = shutil.which("bwrap")
-    if path is None:
-        return "bubblewrap (bwrap) is not installed: apt-get install -y bubblewrap"
-    probe = [path, "--unshare-all", "--die-with-parent", "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", "--", "true"]
-    done = subprocess.run(probe, check=False, capture_output=True, text=True, timeout=30)
-    return f"bubblewrap cannot create namespaces here: {done.stderr.strip()}" if done.returncode else None
-
-
 def sandboxed(command: str, app: Path, tests: Path | None = None, logs: Path | None = None) -> subprocess.CompletedProcess:
     """``bash -c command`` in /app under bubblewrap: read-only system, private /tmp, no network;
     /app (and /tests, /logs for the verifier) bound from host directories."""
