@@ -57,7 +57,8 @@ def test_ray_actor_replicas_sample_the_in_process_tokens_through_an_actor_death(
 
     monkeypatch.setattr(ServerSampler, "push", push_then_kill)
     train(load_config("frozenlake-tiny", FAST + ["rollout.backend=server", "rollout.server.replicas=2",
-                                                 "rollout.server.launch=ray", "rollout.server.threads=1"]), served, live=False)
+                                                 "rollout.server.launch=ray", "rollout.server.threads=1",
+                                                 "rollout.server.timeout_s=300"]), served, live=False)
     died = [line for line in capsys.readouterr().err.splitlines() if line.startswith("inference: replica 1")]
     assert killed and len(died) == 1 and "failed to sample" in died[0] and died[0].endswith("1 of 2 replicas left")
     assert killed[0].startswith("http://") and not killed[0].startswith("http://0.0.0.0")  # the node's address
