@@ -4,7 +4,7 @@
     python benchmarks/profile_default_job.py --recipe frozenlake-tiny threads=1 rl.iterations=10
 
 Runs ``turnforge train RECIPE [KEY=VALUE ...]`` in this process (the very run a user's command
-makes: same config, same figures; ``summary.json`` is written as usual) with wall-clock timers
+makes: same config, the CLI's kernel pin, same figures; ``summary.json`` is written as usual) with wall-clock timers
 wrapped around the functions each part goes through. Stages are the run's steps in
 ``turnforge.app.run``: ``start`` (set-up after the checks, the frozen BC copy, the start's
 checkpoint), ``bc`` (``run_bc``), ``flywheel`` (``flywheel_stage``), ``rl`` (``run_rl``) and
@@ -48,6 +48,9 @@ from collections import defaultdict
 from pathlib import Path
 
 from _runs import RESULTS
+from turnforge.kernels import pin_cpu_kernels
+
+pin_cpu_kernels()  # as `turnforge train` does, before torch is imported: the same kernels, the same figures
 
 PARTS = ("generation", "env", "scoring", "backward", "optimizer", "I/O", "other")
 STAGES = ("set-up", "start", "bc", "flywheel", "rl", "final")
