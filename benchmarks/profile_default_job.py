@@ -48,6 +48,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from _runs import RESULTS
+
 from turnforge.kernels import pin_cpu_kernels
 
 pin_cpu_kernels()  # as `turnforge train` does, before torch is imported: the same kernels, the same figures
