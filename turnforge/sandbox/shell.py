@@ -27,8 +27,9 @@ daemons) is SIGKILLed, and again every 50 ms (a trap in a shell function returns
 function only) for ``GRACE_S``. A shell that still does not answer (it ignores the trap) is
 killed, and the supervisor's new shell gets the last known cwd and exports
 (``shell_restarted``; unexported variables and functions are lost). Background processes of
-earlier commands (a server) live on, unless the box reaches its process limit (a fork bomb):
-then every process but pid 1 and the shell is killed (``killed_reason="processes"``).
+earlier commands (a server) live on, unless a command's leftovers are a fork bomb (the box
+reaches its process limit, or they took half the room left): then every process but pid 1,
+the shell and those there before the command is killed (``killed_reason="processes"``).
 
 Guarantees, each shown by an attack in ``tests/sandbox/test_box.py``: no network
 (``test_no_network``); only the workspace and /tmp are writable
@@ -85,7 +86,7 @@ START_TIMEOUT_S = 30.0  # the box's start, or a shell's restart, up to its first
 OP_TIMEOUT_S = 120.0  # put/get/archive/snapshot/restore
 OUTPUT_KILL_BYTES = 16 * MB  # a command that printed this much is ended (killed_reason "output")
 DRAIN_BYTES = 4 * MB  # after a command's frame: at most this much more is read from the output pipe
-SETTLE_S = 0.1  # a command that left new background processes: watched for a fork bomb until their
+SETTLE_S = 0.5  # a command that left new background processes: watched for a fork bomb until their
 BOMB_WATCH_S = 2.0  # number has not grown for SETTLE_S, at most this long (a loaded host forks slowly)
 CHUNK = 1 << 16
 FULL_BYTES = 64 * 1024  # a tmpfs with less free space than this is full
@@ -537,20 +538,23 @@ class BwrapBox(Box):
         return 1 + sum(p.tasks for p in self._tree().values())
 
     def _bombed(self, before: Mapping) -> bool:
-        """Whether the processes a command left running fill the box (a fork bomb: they are
-        killed), watched if it left any until their number has not grown for ``SETTLE_S`` (at
-        most ``BOMB_WATCH_S``: on a loaded host a bomb grows slowly)."""
+        """Whether the processes a command left running are a fork bomb: they fill the box, or
+        at some moment took half the room it had left (one that hit the limit and is dying
+        out). Watched, if it left any, until their number has not grown for ``SETTLE_S`` (at
+        most ``BOMB_WATCH_S``: on a loaded host a bomb grows slowly); a bomb's are killed."""
         if all(key in before for key in self._tree()):
             return False
+        had = 1 + sum(p.tasks for p in before.values())
+        room = self.spec.limits.max_processes - had
         start = grew = time.monotonic()
         peak = 0
         while True:
             tasks, now = self._tasks(), time.monotonic()
-            if tasks >= self._crowded:
-                self._kill(before)
-                return True
             if tasks > peak:
                 peak, grew = tasks, now
+            if tasks >= self._crowded or peak - had >= max(8, room // 2):
+                self._kill(before)
+                return True
             if now - grew >= SETTLE_S or now - start >= BOMB_WATCH_S:
                 return False
             time.sleep(0.01)

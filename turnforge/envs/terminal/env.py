@@ -238,10 +238,11 @@ class TerminalEnv(Env):
         return commands[done] if done < len(commands) else SUBMIT
 
     def random_action(self, rng: random.Random) -> str:
-        """A command a random agent might type (for baselines and ``check_env``)."""
+        """A command a random agent might type (for baselines and ``check_env``): none that prints
+        the clock (``ls -l``'s times would differ between two plays of the same actions)."""
         ep = self.episode
         names = [f.path for f in ep.task.files] if ep is not None else []
-        options = ["ls", "ls -la", "pwd", "cat *.txt", "echo hello > out.txt", "wc -l *", "submit"]
+        options = ["ls", "ls -a", "pwd", "cat *.txt", "echo hello > out.txt", "wc -l *", "submit"]
         options += [f"cat {rng.choice(names)}" for _ in range(2)] if names else []
         return rng.choice(options)
 
