@@ -25,7 +25,7 @@ at least 80% of the engine's throughput. Writes ``gateway_overhead.{json,md}`` t
 completions, ``examples/agents/openai_agents_sdk_agent.py`` over the Responses API): episodes
 one at a time (no batching), greedy; each episode's wall time against the time the engine's own
 sampler (``PolicyActor.generate``, the one sampling path) takes for the very calls the gateway
-recorded, replayed in order with the same prefix cache. Overhead per call = (episode wall -
+recorded, replayed in order (no prefix cache in either). Overhead per call = (episode wall -
 replayed generation) / calls: HTTP, the gateway's rendering and parsing, the framework's own
 graph or runner, the agent's env steps. Replays must give the recorded tokens (checked:
 ``same_tokens``). Writes ``gateway_frameworks.{json,md}``.
