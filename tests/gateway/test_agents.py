@@ -31,20 +31,6 @@ SMALL = [f"model.tiny.{k}={v}" for k, v in TINY_TEST_SHAPE.items()] + [
 
 
 @pytest.fixture()
-def recorded(monkeypatch):
-    """Every rollout's records as the gateway closes it."""
-    out = {}
-    close = gateway_server.Gateway.close_rollout
-
-    def keep(self, rollout_id):
-        out[rollout_id] = record = close(self, rollout_id)
-        return record
-
-    monkeypatch.setattr(gateway_server.Gateway, "close_rollout", keep)
-    return out
-
-
-@pytest.fixture()
 def agents_module(tmp_path, monkeypatch):
     """A module ``test_agents_mod`` of small agents, importable by entrypoint."""
     (tmp_path / "test_agents_mod.py").write_text(textwrap.dedent('''
