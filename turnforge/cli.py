@@ -701,7 +701,8 @@ def serve_cmd(
                            thinking_budget=thinking_budget, tool_format=tool_format)
     with gateway:
         # one plain line (rich would wrap a long path in the middle of the URL a user or a script reads off it)
-        print(f"serving {checkpoint} on {gateway.url}/v1 (model {gateway.model_name!r}); Ctrl-C stops", flush=True)
+        models = f"models {', '.join(gateway.policies)}" if gateway.policies else f"model {gateway.model_name!r}"
+        print(f"serving {checkpoint} on {gateway.url}/v1 ({models}); Ctrl-C stops", flush=True)
         while parent_pid is None or (alive(parent_pid) and (os.getppid() != 1 or parent_pid == 1)):
             time.sleep(1.0 if parent_pid is not None else 3600)
 

@@ -12,6 +12,7 @@ those names against their registries and every cross-key rule is ``turnforge.app
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -779,6 +780,21 @@ class AgentConfig(Section):
         "once; 'strict': refused with a 400 naming it, the rollout an infrastructure failure. A max_tokens beyond "
         "the context left is capped (and counted) either way"
     )
+
+    policies: list[str] = Field(
+        default_factory=list, description="Two or more policy names: one LoRA adapter each on one base (needs "
+        "model.lora.r > 0); the agent picks one per call with the request's 'model' field, each trains on its own "
+        "calls with its own advantages (from the agent's per-policy 'rewards'); [] = one policy, 'model' ignored")
+
+    @field_validator("policies")
+    @classmethod
+    def _policy_names(cls, value: list[str]) -> list[str]:
+        bad = [v for v in value if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_-]{0,31}", v)]
+        if bad:
+            raise ValueError(f"policy name {bad[0]!r} must be a letter then up to 31 letters, digits, '_' or '-'")
+        if len(set(value)) != len(value) or len(value) == 1:
+            raise ValueError(f"{value}: name two or more distinct policies (or none)")
+        return value
 
     @field_validator("tasks")
     @classmethod

@@ -133,6 +133,8 @@ class Sample:
     #: ``rollout.context=fold``: the env turn of each run of action tokens, in order (a ``branch`` or
     #: ``return`` meta-action: the turn it precedes); () when runs are consecutive turns from ``first_turn``
     run_turns: tuple[int, ...] = ()
+    #: the policy (LoRA adapter, ``agent.policies``) that sampled its actions; "" for the run's one policy
+    policy: str = ""
 
     def __post_init__(self) -> None:
         check_alignment(self.token_ids, self.loss_mask, self.logprobs, self.versions, where=self.trajectory_id)
@@ -207,6 +209,8 @@ class Trajectory:
     snapshots: tuple[EnvSnapshot, ...] = field(default=(), repr=False, compare=False)  # [num_turns] or ()
     judge: JudgeRecord | None = None  # the judge's verdict when a judge gave the reward
     memory_tokens: int = 0  # tokens of the episodic memory block its prompts opened with (0: none)
+    #: several policies (``agent.policies``): each one's reward for the episode (the agent's ``rewards``)
+    policy_rewards: dict[str, float] = field(default_factory=dict, compare=False)
 
     @property
     def num_turns(self) -> int:

@@ -162,7 +162,7 @@ def _lora(cfg: TrainConfig) -> str | None:
 def _agent(cfg: TrainConfig) -> str | None:
     a, eng = cfg.agent, cfg.engine
     if a.entrypoint is None and a.tasks is None:
-        return None
+        return "agent.policies names the policies of an agent run; set agent.entrypoint and agent.tasks" if a.policies else None
     if a.entrypoint is None or a.tasks is None:
         missing = "agent.entrypoint=module:callable" if a.entrypoint is None else "agent.tasks=PATH.jsonl"
         return f"an agent run needs both agent.entrypoint and agent.tasks; set {missing}"
@@ -174,6 +174,26 @@ def _agent(cfg: TrainConfig) -> str | None:
                 f"{spoken_list(names_where('returns_baseline'))}")
     if eng.mode != "sync" or cfg.cluster != "local" or eng.env_workers > 0:
         return "an agent run uses engine.mode=sync, cluster=local and engine.env_workers=0 (the gateway runs in the trainer's process)"
+    return _policies(cfg)
+
+
+def _policies(cfg: TrainConfig) -> str | None:
+    """Several policies (``agent.policies``): adapters on one base, sampled by the built-in sampler
+    of the trainer's process, each with its own state."""
+    names = cfg.agent.policies
+    if not names:
+        return None
+    off = [("model.lora.r=0 (each policy is a LoRA adapter: set model.lora.r > 0)", cfg.model.lora.r == 0),
+           (f"rollout.backend={cfg.rollout.backend} (the built-in sampler switches adapters: use rollout.backend=hf)",
+            cfg.rollout.backend != "hf"),
+           ("model.thinking=true (its token rows would be shared by the adapters)", cfg.model.thinking),
+           (f"rl.reference_reset_every={cfg.rl.reference_reset_every} (the reference is the adapters' shared base)",
+            cfg.rl.reference_reset_every > 0),
+           (f"rl.rehearsal_coef={cfg.rl.rehearsal_coef} (rehearsal replays one policy's episodes)", cfg.rl.rehearsal_coef > 0),
+           ("agent.reward=judge (a judge gives one reward, not one per policy)", cfg.agent.reward == "judge")]
+    for what, on in off:
+        if on:
+            return f"agent.policies={names} with {what}"
     return None
 
 

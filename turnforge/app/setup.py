@@ -316,7 +316,7 @@ def _load_policy(cfg: TrainConfig, run: RunDir, model_path: Path, found: Resumab
     lora = cfg.model.lora
     if lora.r > 0 and found is not None:
         policy = load_policy(run.checkpoint("bc"), cfg.model.dtype, resolve_device(cfg.model.device))
-        add_lora(policy, lora, cfg.seed, "rl", adapter_dir=found.path / ADAPTER_DIR)
+        add_lora(policy, lora, cfg.seed, "rl", adapter_dir=found.path / ADAPTER_DIR, names=cfg.agent.policies)
     else:
         policy = load_policy(model_path, cfg.model.dtype, resolve_device(cfg.model.device))
         if lora.r > 0 and cfg.bc.enabled:
@@ -370,7 +370,8 @@ def _where(run: RunDir, state: TrainerState, stop: Interrupts, flywheel: bool = 
 
 def freeze_bc(s: Session) -> None:
     """After BC: the weights as trained (a LoRA adapter merged into the base) saved as
-    ``checkpoints/bc``; with LoRA, the flywheel and RL train a fresh adapter on top of them."""
+    ``checkpoints/bc``; with LoRA, the flywheel and RL train a fresh adapter on top of them (one
+    per policy with ``agent.policies``)."""
     policy = s.policy
     if policy.sampler is not None:  # BC changed the weights without a version bump
         policy.sampler.invalidate()
@@ -378,7 +379,7 @@ def freeze_bc(s: Session) -> None:
         merge_lora(policy)
     save_model(s.run, policy, s.run.checkpoint("bc"))
     if s.cfg.model.lora.r > 0:
-        add_lora(policy, s.cfg.model.lora, s.cfg.seed, "rl", tokens=lora_tokens(s.cfg, policy))
+        add_lora(policy, s.cfg.model.lora, s.cfg.seed, "rl", tokens=lora_tokens(s.cfg, policy), names=s.cfg.agent.policies)
     attach_trainer(policy)  # on several ranks: a sharded copy of what the next stages train
     publish_weights(policy)  # on several ranks with inference replicas: the weights as trained, to them
 

@@ -68,6 +68,7 @@ SCHEMA = pa.schema(
         ("group_id", pa.string()),
         ("env_seed", pa.int64()),
         ("turn_index", pa.int32()),
+        ("policy", pa.string()),  # the policy that sampled the sample (agent.policies); "" for the run's one policy
         ("segment_index", pa.int32()),
         ("parent_segment", pa.int32()),
         ("first_turn", pa.int32()),
@@ -107,6 +108,11 @@ IMAGES_DIR = "images"
 
 
 
+def advantage_key(trajectory_id: str, policy: str) -> str:
+    """The key of a policy's advantages of a trajectory (``agent.policies``): ``<id>@<policy>``."""
+    return f"{trajectory_id}@{policy}" if policy else trajectory_id
+
+
 def default_source(stage: str) -> str:
     """The source of an episode written without one: ``demo`` for stage ``bc``, else ``plain``."""
     return "demo" if stage == "bc" else "plain"
@@ -125,7 +131,8 @@ def write_trajectories(
     temporary file and a rename), one episode row for each trajectory without samples; returns
     the row count.
 
-    ``advantages`` maps a trajectory id to the advantage of each of its turns: the row's
+    ``advantages`` maps a trajectory id (with several policies: ``advantage_key(id, policy)``,
+    each policy's advantages of its samples) to the advantage of each of its turns: the row's
     ``advantage`` is its turn's value (null for a whole-episode sample whose turns differ),
     ``turn_advantages`` the whole list. ``sources`` is each episode's ``source``: one name for
     all of them, or a mapping from trajectory id that names every trajectory (default:
@@ -147,6 +154,7 @@ def write_trajectories(
             rows["group_id"].append(traj.group_id)
             rows["env_seed"].append(traj.env_seed)
             rows["turn_index"].append(turn_index)
+            rows["policy"].append(None if s is None else s.policy)
             for name in SAMPLE_SPANS:
                 rows[name].append(None if s is None else getattr(s, name))
             rows["token_ids"].append(None if s is None else s.token_ids.tolist())
@@ -158,6 +166,8 @@ def write_trajectories(
             rows["action_text"].append(turn.action_text if turn else None)
             rows["turn_reward"].append(turn.reward if turn else None)
             rows["reward"].append(None if failed else traj.episode_return)
+            if s is not None and s.policy and advantages is not None:  # several policies: each has its own
+                per_turn = advantages.get(advantage_key(traj.trajectory_id, s.policy))
             rows["advantage"].append(None if s is None else _sample_advantage(per_turn, s.turn_index))
             rows["turn_advantages"].append(None if per_turn is None else [float(a) for a in per_turn])
             rows["success"].append(None if failed else traj.success)

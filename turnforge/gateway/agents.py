@@ -72,24 +72,38 @@ def load_agent(entrypoint: str) -> Callable[..., Any]:
     return fn
 
 
-def parse_result(value: Any, entrypoint: str) -> tuple[float, bool | None, dict[str, float]]:
-    """(reward, success or None, metrics) of what an agent returned; ``UserError`` otherwise."""
-    success, metrics = None, {}
+def parse_result(value: Any, entrypoint: str, policies: Sequence[str] = ()) -> tuple[float, bool | None, dict[str, float],
+                                                                                   dict[str, float]]:
+    """(reward, success or None, metrics, each policy's reward) of what an agent returned;
+    ``UserError`` otherwise. With several ``policies`` a dict may carry ``rewards``, a reward per
+    policy name; a policy it leaves out gets ``reward``."""
+    success, metrics, rewards = None, {}, {}
     if isinstance(value, dict):
         if "reward" not in value:
             raise UserError(f"agent {entrypoint} returned a dict without 'reward' (keys: {sorted(value)[:8]}); "
                             "return a number or {'reward': float, 'success': bool, 'metrics': {...}}")
-        success, metrics = value.get("success"), value.get("metrics") or {}
+        success, metrics, rewards = value.get("success"), value.get("metrics") or {}, value.get("rewards") or {}
+        if rewards and not policies:
+            raise UserError(f"agent {entrypoint} returned 'rewards' per policy, but the run has one policy "
+                            "(name them in agent.policies, or return 'reward' alone)")
+        if not isinstance(rewards, dict) or any(k not in policies or not _finite(v) for k, v in rewards.items()):
+            raise UserError(f"agent {entrypoint} returned rewards={rewards!r}; it must map policy names "
+                            f"({', '.join(policies)}) to finite numbers")
         if success is not None and not isinstance(success, bool):
             raise UserError(f"agent {entrypoint} returned success={success!r}; it must be true or false")
         if not isinstance(metrics, dict) or not all(isinstance(v, (int, float)) and not isinstance(v, bool)
                                                     for v in metrics.values()):
             raise UserError(f"agent {entrypoint} returned metrics={metrics!r}; it must be a dict of numbers")
         value = value["reward"]
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    if not _finite(value):
         raise UserError(f"agent {entrypoint} returned {value!r} ({type(value).__name__}) as the reward; "
                         "return a finite number or a dict with a numeric 'reward'")
-    return float(value), success, {str(k): float(v) for k, v in metrics.items()}
+    per_policy = {p: float(rewards.get(p, value)) for p in policies}
+    return float(value), success, {str(k): float(v) for k, v in metrics.items()}, per_policy
+
+
+def _finite(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
 
 
 class AgentTasks:
@@ -129,7 +143,9 @@ class AgentEngine:
                                max_context_tokens=cfg.rollout.max_context_tokens, seed=cfg.seed,
                                temperature=cfg.rollout.temperature, sampling=SAMPLING_POLICIES[cfg.agent.sampling],
                                port=cfg.agent.port, history=cfg.rollout.history,
-                               thinking_budget=cfg.rollout.thinking_budget, tool_format=cfg.model.tool_format).start()
+                               thinking_budget=cfg.rollout.thinking_budget, tool_format=cfg.model.tool_format,
+                               policies=cfg.agent.policies).start()
+        self.policies = tuple(cfg.agent.policies)
         self.tokenizer = policy.tokenizer
         # told the first overridden sampling settings once; the trainer makes it a run warning (printed and logged)
         self.on_warning: Callable[[str], None] = lambda message: print(f"warning: {message}", file=sys.stderr)
@@ -186,7 +202,7 @@ class AgentEngine:
                 value = self.agent(dict(task.data or {}), url)
                 if inspect.isawaitable(value):
                     value = asyncio.run(_awaited(value))
-                out.result = parse_result(value, self.entrypoint)
+                out.result = parse_result(value, self.entrypoint, self.policies)
             except BaseException as err:  # noqa: BLE001 - reported as the rollout's failure
                 out.error = err
 
@@ -210,7 +226,7 @@ class AgentEngine:
         if failure is not None:
             return Trajectory(req.trajectory_id, req.task, req.group_id, req.env_seed, (), (), 0.0, False, False, False,
                               None, version, infra_failure=failure)
-        reward, success, metrics = out.result
+        reward, success, metrics, per_policy = out.result
         compiled = compile_trace(record.calls, req.trajectory_id)
         if compiled.splits:
             with self.splits_file.open("a") as f:
@@ -225,6 +241,7 @@ class AgentEngine:
             "n_length_stops": sum(c.finish_reason == "length" for c in record.calls),
             **{f"n_splits_{r}": compiled.count(r) for r in SPLIT_REASONS},
             "n_overridden_calls": sum(bool(c.overrides) for c in record.calls),
+            **{f"n_calls_{p}": sum(c.policy == p for c in record.calls) for p in self.policies},
             **{f"n_overridden_{p}": overridden.count(p) for p in SAMPLING_PARAMS},
             **{f"agent_{k}": v for k, v in metrics.items()},
         }
@@ -235,7 +252,7 @@ class AgentEngine:
         samples = tuple(dataclasses.replace(x, turn_index=0) for x in compiled.samples)
         return Trajectory(req.trajectory_id, req.task, req.group_id, req.env_seed, (turn,), samples, reward,
                           reward > 0 if success is None else success, True, False, None,
-                          min(c.version for c in record.calls))
+                          min(c.version for c in record.calls), policy_rewards=per_policy)
 
     def pool_stats(self) -> None:
         """Agent programs run in this process's threads: no env worker pool."""

@@ -49,6 +49,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Sequence
 
 import torch
 
@@ -61,6 +62,7 @@ from turnforge.gateway.trace import CallRecord
 from turnforge.inference.collective import TORN, GroupMember, TornPush
 from turnforge.inference.weights import LoadedWeights, PushError, load_push, model_fingerprint
 from turnforge.policy.generate import Generation
+from turnforge.policy.lora import ADAPTER_DIR, add_lora, saved_policies, use_adapter
 from turnforge.policy.model import Policy
 from turnforge.rollout.actors import ActorInput, PolicyActor
 from turnforge.rollout.budget import NO_FORCE, think_then_answer
@@ -98,6 +100,7 @@ class _Job:
     max_tokens: int
     future: concurrent.futures.Future
     images: tuple[bytes, ...] = ()  # the images of the prompt's blocks (vision policies)
+    policy: str = ""  # the adapter that samples it (several policies), "" for the one policy
 
 
 @dataclass(frozen=True)
@@ -121,17 +124,23 @@ class Gateway:
     ``settings``: what its errors tell the user to change (a port in use, a prompt over the budget);
     ``history``: what a reasoning template's re-sent history is spliced onto (``rollout.history``,
     ``turnforge.gateway.render``); ``tool_format``: how the model writes tool calls (a name of
-    ``turnforge.envs.tool.formats.TOOL_FORMATS``, or ``auto``: the one its chat template shows)."""
+    ``turnforge.envs.tool.formats.TOOL_FORMATS``, or ``auto``: the one its chat template shows);
+    ``policies``: the names of the policy's LoRA adapters when it has several (``agent.policies``):
+    a request's ``model`` names the one that samples it (else a 400 naming ``model``), and
+    ``/v1/models`` lists them; with none, ``model`` is not read."""
 
     def __init__(self, policy: Policy, *, max_new_tokens: int, max_context_tokens: int, seed: int = 0,
                  temperature: float | None = None, sampling: SamplingPolicy = TrainerWins(), host: str = "127.0.0.1",
                  port: int = 0, batch_window_s: float = 0.005, max_wait_s: float = 0.05, max_batch: int = 64,
                  model_name: str | None = None, settings: Settings = TRAINING, history: str = "as_sampled",
-                 thinking_budget: int | None = None, tool_format: str = "auto") -> None:
+                 thinking_budget: int | None = None, tool_format: str = "auto", policies: Sequence[str] = ()) -> None:
         if thinking_budget is not None and policy.chat.thinking is None:
             raise UserError(f"a thinking budget of {thinking_budget} tokens, but the chat template of {policy.path!r} has no "
                             "thinking markers (<think>...</think>); drop the budget or serve a reasoning model")
         self.policy, self.thinking_budget = policy, thinking_budget
+        if len(policies) == 1:  # (a training run adds the adapters after its gateway is made)
+            raise ValueError(f"policies {list(policies)}: name two or more, or none")
+        self.policies = tuple(policies)
         self.renderer = Renderer(policy.tokenizer, policy.vision, policy.chat, HISTORIES[history], tool_format)
         self.max_new_tokens, self.max_context_tokens, self.temperature = max_new_tokens, max_context_tokens, temperature
         self.sampling, self.settings = sampling, settings
@@ -222,15 +231,17 @@ class Gateway:
                 except queue.Empty:
                     if not more:
                         break
-            by_t: dict[tuple[float, int], list[_Job]] = {}
+            by_t: dict[tuple[float, int, str], list[_Job]] = {}
             for j in jobs:
                 if j.key is not None and j.key not in self.rollouts:  # closed while queued (a timed-out agent):
                     j.future.set_exception(RolloutClosed(j.key))  # never sampled, so never during a weight update
                 else:  # (with a thinking budget the answer's budget is the request's own: one group per max_tokens)
-                    by_t.setdefault((j.temperature, j.max_tokens if self.thinking_budget else 0), []).append(j)
-            for (t, _), group in by_t.items():
+                    by_t.setdefault((j.temperature, j.max_tokens if self.thinking_budget else 0, j.policy), []).append(j)
+            for (t, _, policy), group in by_t.items():
                 try:
                     with self.lock:
+                        if policy:
+                            use_adapter(self.policy.model, policy)
                         done = self._sample(group, t)
                         version = self.policy.version
                     self.batch_sizes.append(len(group))
@@ -271,8 +282,8 @@ class Gateway:
             return error(400, f"invalid request: {exc.errors()[:1]}")
 
         def models() -> dict:
-            return {"object": "list", "data": [{"id": self.model_name, "object": "model", "created": 0,
-                                                "owned_by": "turnforge"}]}
+            return {"object": "list", "data": [{"id": name, "object": "model", "created": 0, "owned_by": "turnforge"}
+                                               for name in self.policies or (self.model_name,)]}
 
         def stream(events: list[dict], done: bool = False) -> StreamingResponse:
             return StreamingResponse(responses.sse(events, done), media_type="text/event-stream",
@@ -478,8 +489,19 @@ class Gateway:
             tools = None
         return temperature, overrides, cap, stops, bool(body.get("logprobs")), tools
 
-    async def _call(self, body: dict, rollout: RolloutRecord | None, queued: list[bool]) -> "Served":
-        """Render a chat request, sample it and record the call on ``rollout``: what both routes answer from."""
+    def _policy_of(self, body: dict) -> str:
+        """The policy a request's ``model`` names ("" when the gateway serves one policy)."""
+        if not self.policies:
+            return ""
+        model = body.get("model")
+        if model not in self.policies:
+            raise RequestError(f"model={model!r} names no policy; this run's policies: {', '.join(self.policies)}",
+                               "model", "model_not_found")
+        return model
+
+    async def _call(self, body: dict, rollout: RolloutRecord | None, queued: list[bool], policy: str = "") -> "Served":
+        """Render a chat request, sample it with ``policy``'s adapter and record the call on
+        ``rollout``: what both routes answer from."""
         temperature, overrides, cap, stops, want_logprobs, tools = self._params(body)
         tok = self.policy.tokenizer
         prompt, spliced, images, rendered = self.renderer.prompt(body.get("messages"), tools, rollout.priors if rollout else [])
@@ -497,7 +519,7 @@ class Gateway:
         fut: concurrent.futures.Future = concurrent.futures.Future()
         queued[0] = True
         self._arriving -= 1
-        self._jobs.put(_Job(rollout.rollout_id if rollout else None, prompt, temperature, max_tokens, fut, images))
+        self._jobs.put(_Job(rollout.rollout_id if rollout else None, prompt, temperature, max_tokens, fut, images, policy))
         gen, version, forced = await asyncio.wrap_future(fut)
         ids, logprobs = list(gen.ids), list(gen.logprobs)
         body_ids = ids[:-1] if gen.stopped else ids
@@ -514,7 +536,7 @@ class Gateway:
         if rollout is not None:
             rollout.malformed_tool_calls += malformed is not None
             rollout.calls.append(CallRecord(len(rollout.calls), prompt, tuple(ids), tuple(logprobs), version,
-                                            temperature, finish, images, overrides, forced))
+                                            temperature, finish, images, overrides, forced, policy))
             rollout.priors.append(self.renderer.prior(rendered, prompt, tuple(ids)))
             rollout.spliced_calls += spliced
         token_logprobs = None
@@ -526,14 +548,15 @@ class Gateway:
 
     async def _complete(self, body: dict, rollout: RolloutRecord | None, queued: list[bool]) -> dict:
         """A chat completion (``/v1/chat/completions``)."""
-        got = await self._call(body, rollout, queued)
+        policy = self._policy_of(body)
+        got = await self._call(body, rollout, queued, policy)
         choice = {"index": 0, "message": got.message, "finish_reason": got.finish,
                   "logprobs": None if got.logprobs is None else {"content": got.logprobs}}
         details = {} if got.reasoning_tokens is None else {"completion_tokens_details": {"reasoning_tokens": got.reasoning_tokens}}
         n, m = len(got.prompt), len(got.ids)
         return {
             "id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
-            "model": self.model_name, "choices": [choice],
+            "model": policy or self.model_name, "choices": [choice],
             "usage": {"prompt_tokens": n, "completion_tokens": m, "total_tokens": n + m, **details},
         }
 
@@ -541,15 +564,16 @@ class Gateway:
         """A Responses answer (``/v1/responses``, ``turnforge.gateway.responses``), stored for chaining
         on its rollout (serving: the last ``SERVED_RESPONSES``) unless ``store=false``."""
         stored = rollout.responses if rollout is not None else self.served_responses
+        policy = self._policy_of(body)
         req = responses.translate(body, stored)
         try:
-            got = await self._call(req.chat, rollout, queued)
+            got = await self._call(req.chat, rollout, queued, policy)
         except RequestError as err:  # the chat path names its messages; here they are the input
             if err.param is not None and err.param.startswith("messages"):
                 err.param = "input"
             raise
         out = responses.output_items(got.message, got.finish, got.logprobs)
-        answer = responses.response(req, out, got.finish, model=self.model_name, temperature=got.temperature,
+        answer = responses.response(req, out, got.finish, model=policy or self.model_name, temperature=got.temperature,
                                     input_tokens=len(got.prompt), output_tokens=len(got.ids),
                                     reasoning_tokens=got.reasoning_tokens or 0)
         if req.store:
@@ -611,17 +635,21 @@ def open_replica(checkpoint: Path, *, host: str, port: int, max_tokens: int, con
                  tool_format: str = "auto") -> Gateway:
     """``turnforge serve``'s gateway on ``checkpoint`` (bound, not started): in its process, or in
     a Ray actor as an inference replica (``turnforge.inference.ray_replicas``). ``threads`` 0: one
-    per CPU core."""
+    per CPU core. A checkpoint of several policies (``agent.policies``) serves each under its name."""
     from turnforge.policy.model import load_policy, quiet_hf, resolve_device
 
     device = resolve_device(device, "--device")
     quiet_hf()
     torch.set_num_threads(threads or max(1, os.cpu_count() or 1))
     policy = load_policy(checkpoint, dtype, device)
+    policies = saved_policies(checkpoint)  # a checkpoint of several policies: its base and each one's adapter
+    if policies:
+        add_lora(policy, None, seed, "serve", adapter_dir=Path(checkpoint) / ADAPTER_DIR, names=policies)
+        policy.model.eval()
     policy.prefix_cache = prefix_cache
     return Gateway(policy, max_new_tokens=max_tokens, max_context_tokens=context, seed=seed, host=host, port=port,
                    model_name=Path(checkpoint).name, settings=SERVE,  # binds now: a port in use is one line
-                   thinking_budget=thinking_budget, tool_format=tool_format)
+                   thinking_budget=thinking_budget, tool_format=tool_format, policies=policies)
 
 
 class _Calls:

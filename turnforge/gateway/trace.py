@@ -23,6 +23,12 @@ model for a summary, then restarts its conversation from it) trains every contex
 the summary where the model wrote it and as context where the agent re-sent it, the same
 shape as ``rollout.context=summarize`` gives env episodes; the trainer broadcasts the
 rollout's advantage to all of them.
+
+Several policies (``agent.policies``): each call was sampled by the adapter its request named
+(``CallRecord.policy``), and each policy's calls compile on their own, in call order: a call
+extends only an earlier sample of its own policy, never another's (their ids may agree, their
+weights do not). Every sample names its policy; segments are numbered over the rollout, policy
+by policy in the order each first spoke, and each policy's first sample has no parent.
 """
 
 from __future__ import annotations
@@ -55,6 +61,7 @@ class CallRecord:
     overrides: tuple[Override, ...] = ()  # the request's sampling settings it was not sampled with (gateway.sampling)
     forced: tuple[int, int] = (0, 0)  # [a, b) of completion_ids the gateway wrote, not sampled (a thinking closed at
     #   its budget): context, loss mask 0, no logprob
+    policy: str = ""  # the adapter that sampled it (agent.policies), "" for the one policy
 
 
 @dataclass(frozen=True)
@@ -91,12 +98,12 @@ class _Builder:
         self.logprobs += list(logprobs) if sampled else [float("nan")] * len(ids)
         self.versions += [version if sampled else -1] * len(ids)
 
-    def sample(self, trajectory_id: str, turn_index: int, segment_index: int) -> Sample:
+    def sample(self, trajectory_id: str, turn_index: int, segment_index: int, parent: int, policy: str) -> Sample:
         return Sample(
             token_ids=np.asarray(self.ids, dtype=np.int64), loss_mask=np.asarray(self.mask, dtype=np.int8),
             logprobs=np.asarray(self.logprobs, dtype=np.float32), versions=np.asarray(self.versions, dtype=np.int32),
             trajectory_id=trajectory_id, turn_index=turn_index, segment_index=segment_index,
-            parent_segment=segment_index - 1, images=self.images,
+            parent_segment=parent, images=self.images, policy=policy,
         )
 
 
@@ -105,9 +112,23 @@ def compile_trace(calls: list[CallRecord], trajectory_id: str) -> CompiledTrace:
     span several calls have ``turn_index`` -1; a sample of one call has that call's index."""
     samples: list[Sample] = []
     splits: list[Split] = []
+    ordered = sorted(calls, key=lambda c: c.index)
+    for policy in dict.fromkeys(c.policy for c in ordered):
+        _compile([c for c in ordered if c.policy == policy], trajectory_id, policy, samples, splits)
+    return CompiledTrace(tuple(samples), tuple(sorted(splits, key=lambda sp: sp.call_index)))
+
+
+def _compile(calls: list[CallRecord], trajectory_id: str, policy: str, samples: list[Sample], splits: list[Split]) -> None:
+    """One policy's calls (in order) as samples appended to ``samples``, their splits to ``splits``."""
+    first_segment = len(samples)
     cur: _Builder | None = None
     first_call = cur_calls = 0
-    for call in sorted(calls, key=lambda c: c.index):
+
+    def close(b: _Builder) -> Sample:
+        return b.sample(trajectory_id, first_call if cur_calls == 1 else -1, len(samples),
+                        len(samples) - 1 if len(samples) > first_segment else -1, policy)
+
+    for call in calls:
         if len(call.completion_ids) != len(call.logprobs):
             raise ValueError(f"call {call.index}: {len(call.completion_ids)} completion ids but {len(call.logprobs)} logprobs")
         prompt = list(call.prompt_ids)
@@ -124,7 +145,7 @@ def compile_trace(calls: list[CallRecord], trajectory_id: str) -> CompiledTrace:
                 else:
                     reason = "branch" if pos == len(prompt) else "rerendered"
                 splits.append(Split(call.index, reason, pos, tuple(cur.ids[pos:pos + 8]), tuple(prompt[pos:pos + 8])))
-                samples.append(cur.sample(trajectory_id, first_call if cur_calls == 1 else -1, len(samples)))
+                samples.append(close(cur))
             cur, first_call, cur_calls = _Builder(), call.index, 0
             cur.add(prompt, False)
             cur.images = call.images
@@ -134,5 +155,4 @@ def compile_trace(calls: list[CallRecord], trajectory_id: str) -> CompiledTrace:
         cur.add(ids[b:], True, lps[b:], call.version)
         cur_calls += 1
     if cur is not None:
-        samples.append(cur.sample(trajectory_id, first_call if cur_calls == 1 else -1, len(samples)))
-    return CompiledTrace(tuple(samples), tuple(splits))
+        samples.append(close(cur))

@@ -10,6 +10,14 @@ How a run uses them (``model.lora.r > 0``):
 - Every later checkpoint holds the merged model (``from_pretrained`` loads it) and the
   adapter alone in ``adapter/`` (``PeftModel.from_pretrained(base, DIR)`` loads it). A
   resume loads ``checkpoints/bc`` and the adapter, which gives the same weights bit for bit.
+
+Several policies on one base (``agent.policies``): one adapter per policy name on the same
+frozen base, each initialised from its own seed. ``use_adapter`` makes one the active one
+(sampling, scoring and training run through it alone); ``trainable_parameters`` holds them all,
+so one optimizer keeps each adapter's moments apart (Adam's state is per parameter, and a step
+after one policy's backward pass leaves the others' parameters, which have no gradient, alone).
+Their checkpoints hold the base weights (``from_pretrained`` loads the model every policy starts
+from; no single merged model exists) and ``adapter/<name>/`` per policy.
 """
 
 from __future__ import annotations
@@ -85,26 +93,74 @@ def thinking_rows(policy: Policy) -> list[int]:
 
 
 def add_lora(policy: Policy, cfg, seed: int, stage: str, adapter_dir: Path | None = None,
-             tokens: Sequence[int] = ()) -> None:
+             tokens: Sequence[int] = (), names: Sequence[str] = ()) -> None:
     """Wrap ``policy.model`` in a ``PeftModel``: a fresh adapter (A initialised from ``seed``
     and ``stage``, B zero, so the policy is unchanged) or the one saved in ``adapter_dir`` (to resume).
     ``tokens``: ids whose embedding rows train too (peft's trainable tokens; an output layer tied
-    to the embeddings follows them)."""
+    to the embeddings follows them). ``names``: one adapter per policy name (``agent.policies``;
+    each initialised from ``seed``, ``stage`` and its name; read from ``adapter_dir/<name>``),
+    the first one active."""
     from peft import LoraConfig, PeftModel, get_peft_model
 
     from turnforge.seeding import stable_hash
 
     if adapter_dir is not None:
-        policy.model = PeftModel.from_pretrained(policy.model, adapter_dir, is_trainable=True)
+        if not names:
+            policy.model = PeftModel.from_pretrained(policy.model, adapter_dir, is_trainable=True)
+        else:
+            policy.model = PeftModel.from_pretrained(policy.model, adapter_dir / names[0], adapter_name=names[0],
+                                                     is_trainable=True)
+            for name in names[1:]:
+                policy.model.load_adapter(adapter_dir / name, adapter_name=name, is_trainable=True)
+            policy.model.set_adapter(names[0])
         _rows_merged_for_sampling(policy.model)
         return
     check_lora_targets(policy.model, list(cfg.target_modules))
     config = LoraConfig(r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout, target_modules=list(cfg.target_modules),
                         bias="none", task_type="CAUSAL_LM", trainable_token_indices=list(tokens) or None)
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(stable_hash(seed, "lora-init", stage))
-        policy.model = get_peft_model(policy.model, config)
+        if not names:
+            torch.manual_seed(stable_hash(seed, "lora-init", stage))
+            policy.model = get_peft_model(policy.model, config)
+        else:
+            torch.manual_seed(stable_hash(seed, "lora-init", stage, names[0]))
+            policy.model = get_peft_model(policy.model, config, adapter_name=names[0])
+            for name in names[1:]:
+                torch.manual_seed(stable_hash(seed, "lora-init", stage, name))
+                policy.model.add_adapter(name, copy.deepcopy(config))
+            policy.model.set_adapter(names[0])
     _rows_merged_for_sampling(policy.model)
+
+
+def saved_policies(checkpoint: Path) -> list[str]:
+    """The policies whose adapters a checkpoint of several holds (``adapter/<name>/``, in name
+    order); [] for a checkpoint of one policy."""
+    root = Path(checkpoint) / ADAPTER_DIR
+    if not root.is_dir() or (root / "adapter_config.json").exists():
+        return []
+    return sorted(d.name for d in root.iterdir() if (d / "adapter_config.json").exists())
+
+
+def adapter_names(model: torch.nn.Module) -> list[str]:
+    """The adapters ``model`` carries, in the order they were added ([] without LoRA)."""
+    return list(model.peft_config) if is_lora(model) else []
+
+
+def active_adapter(model: torch.nn.Module) -> str:
+    """The adapter that sampling and training run through ("" without LoRA)."""
+    return str(model.active_adapter) if is_lora(model) else ""
+
+
+def use_adapter(model: torch.nn.Module, name: str) -> None:
+    """Make adapter ``name`` the active one (a no-op when it already is). peft marks the active
+    adapter's parameters trainable and the others' not, so a backward pass reaches only its own."""
+    if active_adapter(model) != name:
+        model.set_adapter(name)
+
+
+def adapter_parameters(model: torch.nn.Module, name: str) -> list[torch.nn.Parameter]:
+    """The parameters of adapter ``name`` (its LoRA matrices)."""
+    return [p for n, p in model.named_parameters() if ".lora_" in n and n.split(".lora_", 1)[1].split(".")[1] == name]
 
 
 def _rows_merged_for_sampling(model: torch.nn.Module) -> None:
@@ -176,5 +232,28 @@ class FrozenBase(torch.nn.Module):
 
 
 def trainable_parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:
-    """The parameters an optimizer updates: all of them, or only the adapters under LoRA."""
+    """The parameters an optimizer updates: all of them, or only the adapters under LoRA (every
+    policy's, with several: see the module docstring)."""
+    names = adapter_names(model)
+    if len(names) > 1:
+        return [p for name in names for p in adapter_parameters(model, name)]
     return [p for p in model.parameters() if p.requires_grad]
+
+
+def adapter_change(model: torch.nn.Module, name: str) -> float:
+    """How far adapter ``name`` moves the base: sqrt of the sum over its layers of
+    ||scaling * B A||_F^2 (0 for a fresh adapter, whose B is zero)."""
+    from peft.tuners.lora import LoraLayer
+
+    total = 0.0
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, LoraLayer) and name in module.lora_A:
+                delta = module.lora_B[name].weight.float() @ module.lora_A[name].weight.float()
+                total += float((module.scaling[name] * delta).pow(2).sum())
+    return total ** 0.5
+
+
+def base_copy(model: torch.nn.Module) -> torch.nn.Module:
+    """The plain base model under ``model``'s adapters (a copy: ``model`` keeps them)."""
+    return copy.deepcopy(model).unload()

@@ -25,6 +25,7 @@ import torch
 
 from turnforge.envpool.host import NO_PROBE, AfterState, Probe
 from turnforge.policy.generate import Generation, PrefillCache, PrefixCache, sample
+from turnforge.policy.lora import active_adapter, adapter_names
 from turnforge.policy.model import Policy
 from turnforge.seeding import stable_hash
 from turnforge.types import Task
@@ -80,7 +81,8 @@ class PolicyActor:
                  prefills: PrefillCache | None = None, episode_seed: int | None = None) -> None:
         self.policy, self.max_new_tokens, self.temperature, self.generator = policy, max_new_tokens, temperature, generator
         budget = None if policy.kv_cache_gib is None else int(policy.kv_cache_gib * 2**30)
-        self.cache = PrefixCache(budget) if policy.prefix_cache else None
+        self.caches: dict[str, PrefixCache] | None = {} if policy.prefix_cache else None  # per adapter (agent.policies)
+        self.budget = budget
         self.prefills = prefills  # prefills shared with other actors of the same weights (built-in plain sampler only)
         self.episode_seed = episode_seed
         self.calls: dict[str, int] = {}  # generate() calls per key without turns (episode_seed only)
@@ -145,14 +147,17 @@ class PolicyActor:
         if self.policy.sampler is not None:  # vLLM, or inference replicas (their own prefix caches)
             return self.policy.sampler.sample(self.policy.model, self.policy.version, prompts, max_new_tokens=n,
                                               stop_ids=self.policy.stop_ids, temperature=t, keys=keys, row_seeds=seeds)
-        if self.cache is not None:
-            return self.cache.sample(self.policy.model, keys, prompts, self.policy.version, max_new_tokens=n,
+        adapter = active_adapter(self.policy.model)
+        if self.caches is not None:  # KV computed under one adapter is not another's
+            cache = self.caches.setdefault(adapter, PrefixCache(self.budget))
+            return cache.sample(self.policy.model, keys, prompts, self.policy.version, max_new_tokens=n,
                                      stop_ids=self.policy.stop_ids, pad_id=self.policy.pad_id, temperature=t,
                                      generator=generator, row_seeds=seeds)
-        if self.prefills is not None:
-            self.prefills.check(self.policy.version)
+        prefills = self.prefills if len(adapter_names(self.policy.model)) < 2 else None  # shared by one adapter's actors
+        if prefills is not None:
+            prefills.check(self.policy.version)
         return sample(self.policy.model, prompts, max_new_tokens=n, stop_ids=self.policy.stop_ids,
-                      pad_id=self.policy.pad_id, temperature=t, generator=generator, prefills=self.prefills,
+                      pad_id=self.policy.pad_id, temperature=t, generator=generator, prefills=prefills,
                       row_seeds=seeds)
 
 

@@ -103,6 +103,7 @@ class Credit:
     kl_penalty: float | None = None  # rl.kl_mode=reward: mean KL penalty per turn
     void_episodes: int = 0  # rl.malformed=void: episodes with a malformed turn, left out
     overlong_episodes: int = 0  # rollout.overlong_mask: episodes ended by rollout.max_summaries, no gradient
+    by_policy: dict[str, "Credit"] | None = None  # agent.policies: each policy's own (turnforge.train.policies)
 
 
 def assign_credit(

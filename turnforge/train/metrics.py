@@ -265,6 +265,29 @@ class UpdateStats:
 
 
 @dataclass(frozen=True)
+class PolicyIteration:
+    """One policy's part of an RL iteration (``agent.policies``): its episodes, its reward, its update."""
+
+    episodes: int  # episodes in which it was called (infrastructure failures excluded)
+    calls: int  # its calls in them
+    reward: float  # its mean reward over those episodes (the agent's ``rewards[name]``, else ``reward``)
+    samples: int  # (sample, advantage) pairs it trained on
+    zero_variance_groups: float  # share of its groups whose advantages were all 0
+    update: UpdateStats
+
+
+@dataclass(frozen=True)
+class PolicySummary:
+    """One policy's RL stage (``agent.policies``; ``RunSummary.policies``)."""
+
+    calls: int  # its calls in the RL iterations' episodes
+    train_tokens: int  # action tokens its updates trained on
+    reward_first: float | None  # its mean reward in the first RL iteration
+    reward_last: float | None  # and in the last
+    adapter_change: float  # ||scale * B A||_F over its adapted layers: how far its adapter moved the base (0 at the start)
+
+
+@dataclass(frozen=True)
 class StreamStats:
     """How the rollout engine's group stream produced the iteration's batch."""
 
@@ -355,6 +378,7 @@ class IterationMetrics:
     overlong_episodes: int = 0  # rollout.overlong_mask: episodes ended by rollout.max_summaries, no gradient
     summaries: SummaryStats | None = None  # rollout.context=summarize: the summaries the batch's episodes wrote
     inference: ServerStats | None = None  # rollout.backend=server: the replicas' counters so far (pushes, losses)
+    policies: dict[str, PolicyIteration] | None = None  # agent.policies: each policy's figures (``update`` is all of theirs)
     env_steps: int = 0
     time: float = 0.0
 
@@ -465,6 +489,7 @@ class RunSummary:
     boundary_start: BoundaryReport | None = None  # pass@k and friends of the start (eval.pass_at_k_samples > 0)
     boundary_after: BoundaryReport | None = None  # the same after training
     sampling_overrides: SamplingOverrides | None = None  # agent runs: calls the trainer's sampling settings won
+    policies: dict[str, PolicySummary] | None = None  # agent.policies: each policy's RL figures
 
 
 def read_summary(run_dir: str | Path | RunDir) -> RunSummary:

@@ -27,9 +27,10 @@ from turnforge.config import TrainConfig
 from turnforge.dist import gather, world
 from turnforge.memory import peak_memory
 from turnforge.plots import save_figure, subplots
-from turnforge.policy.lora import trainable_parameters
+from turnforge.policy.lora import adapter_change, trainable_parameters
 from turnforge.runs import RunDir
-from turnforge.train.metrics import (KINDS, BoundaryReport, ExpertQueries, RunMetrics, RunSummary, SamplingOverrides,
+from turnforge.train.metrics import (KINDS, BoundaryReport, ExpertQueries, PolicySummary, RunMetrics, RunSummary,
+                                     SamplingOverrides,
                                      Software, read_metrics, to_json)
 from turnforge.types import EvalResult
 
@@ -297,7 +298,17 @@ def run_summary(cfg: TrainConfig, state: TrainerState, policy: Policy, engine: E
         expert_queries=ExpertQueries(demos, state.hints, demos + state.hints + state.anchor_moves, state.anchor_moves),
         boundary_start=state.boundary_start, boundary_after=boundary_after,
         sampling_overrides=sampling_overrides(read_metrics(run_dir)) if agent else None,
+        policies=policy_summaries(read_metrics(run_dir), policy, cfg.agent.policies) if cfg.agent.policies else None,
     )
+
+
+def policy_summaries(metrics: RunMetrics, policy: Policy, names: list[str]) -> dict[str, PolicySummary]:
+    """Each policy's RL figures (``agent.policies``), from its iterations' records and its adapter."""
+    parts = [m.policies for m in metrics.iterations if m.policies]
+    return {name: PolicySummary(
+        calls=sum(p[name].calls for p in parts), train_tokens=sum(p[name].update.tokens for p in parts),
+        reward_first=parts[0][name].reward if parts else None, reward_last=parts[-1][name].reward if parts else None,
+        adapter_change=round(adapter_change(policy.model, name), 6)) for name in names}
 
 
 def sampling_overrides(metrics: RunMetrics) -> SamplingOverrides:

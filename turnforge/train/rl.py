@@ -53,6 +53,7 @@ from turnforge.seeding import generator, rng, stable_hash
 from turnforge.train.common import event_counts
 from turnforge.train.credit import Credit, assign_credit, monte_carlo_returns
 from turnforge.train.mc import MonteCarlo
+from turnforge.train.policies import combined, policy_credit, policy_iterations, policy_updates
 from turnforge.train.metrics import (
     CriticStats,
     IterationMetrics,
@@ -131,13 +132,16 @@ def run_rl(
 
             # 2. credit: per-turn advantages (plus critic targets for gae), or MC-GRPO's state groups
             t1 = time.time()
-            credit = assign_credit(ok, cfg, it, pad_id=policy.pad_id, critic=critic.model if critic else None,
-                                   reference=reference, mc=mc)
+            if cfg.agent.policies:  # several policies: each one's advantages over its own view of the batch
+                credit = policy_credit(ok, cfg, it, pad_id=policy.pad_id, reference=reference)
+            else:
+                credit = assign_credit(ok, cfg, it, pad_id=policy.pad_id, critic=critic.model if critic else None,
+                                       reference=reference, mc=mc)
             write_rollouts(s.run, it, got.trajectories, credit.per_turn or None)  # (every rank holds them; rank 0 writes)
             s.remember(((t, "plain") for t in ok), "rl", it)  # episodic memory: the next iteration's episodes recall them
             t_credit = time.time() - t1
 
-            # 3-4. policy update, then the critic's (``learn``)
+            # 3-4. policy update (each policy's through its adapter), then the critic's (``learn``)
             learned = learn(ok, credit, cfg, it, policy, step, reference=reference, critic=critic, rehearsal=rehearsal)
             policy.version += 1
             sync_sampler(policy)  # on several ranks: the sharded trainer's new weights into the sampling model
@@ -157,7 +161,8 @@ def run_rl(
             record = iteration_record(it, ok, got, credit, learned, rollout_seconds=t_rollout, credit_seconds=t_credit,
                                       lr=optimizer.param_groups[0]["lr"], skipped_steps=step.skipped,
                                       policy_version=policy.version, summarize=CONTEXTS[cfg.rollout.context].writes_summaries,
-                                      inference=copy.deepcopy(policy.sampler.stats) if isinstance(policy.sampler, ServerSampler) else None)
+                                      inference=copy.deepcopy(policy.sampler.stats) if isinstance(policy.sampler, ServerSampler) else None,
+                                      policies=cfg.agent.policies)
             warned = log_iteration(s, record, got.stats, started=t0, warned=warned)
             last = it + 1 == end or budget_spent(s) or s.stop_requested
             if cfg.eval.every and (it + 1) % cfg.eval.every == 0 and not last and it + 1 < rl.iterations:
@@ -224,6 +229,7 @@ class Learned:
     update: UpdateStats
     critic: CriticStats | None  # rl.advantage=gae: the critic update and the explained variance of the values used
     update_seconds: float
+    by_policy: dict[str, UpdateStats] | None = None  # agent.policies: each policy's update (``update`` combines them)
 
 
 def learn(ok: list[Trajectory], credit: Credit, cfg: TrainConfig, it: int, policy: Policy, step: GuardedStep, *,
@@ -233,9 +239,13 @@ def learn(ok: list[Trajectory], credit: Credit, cfg: TrainConfig, it: int, polic
     (infrastructure failures left out) and their ``credit``: PPO-clip with ``rl.loss_agg``
     aggregation, minibatches in a seeded order (asynchronous rollouts and vLLM's, with other
     numerics, use the decoupled objective with the weights of engine.correction); then the critic
-    (``gae``) on the GAE targets."""
+    (``gae``) on the GAE targets. Several policies: each one's update through its adapter
+    (``turnforge.train.policies``)."""
     rl = cfg.rl
     t0 = time.time()
+    if credit.by_policy is not None:
+        by_policy = policy_updates(policy, credit, step, cfg, it, reference=reference if rl.kl_mode == "loss" else None)
+        return Learned(combined(list(by_policy.values())), None, time.time() - t0, by_policy)
     update = ppo_update(policy, credit.samples, step, rl, temperature=cfg.rollout.temperature,
                         shuffle=rng(cfg.seed, "rl-shuffle", it), reference=reference if rl.kl_mode == "loss" else None,
                         decoupled=cfg.engine.mode == "async" or cfg.rollout.backend in ("vllm", "server"), engine=cfg.engine,
@@ -269,9 +279,11 @@ def critic_update(ok: list[Trajectory], credit: Credit, cfg: TrainConfig, it: in
 
 def iteration_record(it: int, ok: list[Trajectory], got: RolloutBatch, credit: Credit, learned: Learned, *,
                      rollout_seconds: float, credit_seconds: float, lr: float, skipped_steps: int,
-                     policy_version: int, summarize: bool = False, inference: ServerStats | None = None) -> IterationMetrics:
+                     policy_version: int, summarize: bool = False, inference: ServerStats | None = None,
+                     policies: list[str] | None = None) -> IterationMetrics:
     """The metrics record of iteration ``it`` (``rl_iter``): its episodes' figures (scored
-    ones only), the update's, the timings; ``summarize``: the summaries' count and lengths too."""
+    ones only), the update's, the timings; ``summarize``: the summaries' count and lengths too;
+    ``policies``: each one's figures (``agent.policies``)."""
     update, rstats = learned.update, got.stats
     n_ok, n_turns = max(len(ok), 1), max(sum(t.num_turns for t in ok), 1)
     returns_by_group = {g: [t.episode_return for t in ok if t.group_id == g] for g in sorted({t.group_id for t in ok})}
@@ -304,6 +316,7 @@ def iteration_record(it: int, ok: list[Trajectory], got: RolloutBatch, credit: C
         overlong_episodes=credit.overlong_episodes,
         summaries=summary_stats(ok) if summarize else None,
         inference=inference,
+        policies=policy_iterations(ok, credit, learned.by_policy, policies) if learned.by_policy and policies else None,
     )
 
 

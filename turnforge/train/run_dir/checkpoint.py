@@ -2,7 +2,8 @@
 
 ``checkpoints/<name>/`` holds ``model.safetensors``, ``config.json`` and the tokenizer
 files (loadable with ``AutoModelForCausalLM/AutoTokenizer.from_pretrained``); under LoRA
-that is the merged model, and ``adapter/`` holds the adapter alone (``turnforge.policy.lora``). A resumable
+that is the merged model, and ``adapter/`` holds the adapter alone (``turnforge.policy.lora``; with several
+policies the base they share, and ``adapter/<name>/`` each policy's adapter). A resumable
 checkpoint adds ``trainer_state.pt`` (optimizer state) and ``trainer_state.json``
 (counters); on several trainer ranks the optimizer states are sharded saves instead, one
 directory each (``optimizer/``, ``critic_optimizer/``: a file per rank and the metadata of
@@ -29,7 +30,7 @@ import torch
 from turnforge.dist import SHARDED, ShardedOptimizer
 from turnforge.errors import UserError
 from turnforge.paths import verify
-from turnforge.policy.lora import ADAPTER_DIR, is_lora, merged_copy
+from turnforge.policy.lora import ADAPTER_DIR, adapter_names, base_copy, is_lora, merged_copy
 from turnforge.policy.model import Policy
 from turnforge.runs import RunDir, staging
 from turnforge.train.metrics import BCStats, BestTemperature, BoundaryReport, ValuePretrainStats, from_json
@@ -96,8 +97,10 @@ def save_model(run: RunDir, policy: Policy, path: Path, extra: dict[str, Any] | 
     ``sharded`` (directory name -> optimizer state) into it."""
 
     def fill(tmp: Path) -> None:
-        if is_lora(policy.model):  # the merged model (loads with from_pretrained) and the adapter alone
-            merged_copy(policy.model).save_pretrained(tmp, safe_serialization=True)
+        if is_lora(policy.model):  # the merged model (loads with from_pretrained) and the adapter alone; with
+            #   several policies the base they share, and each adapter in adapter/<name>/
+            several = len(adapter_names(policy.model)) > 1
+            (base_copy if several else merged_copy)(policy.model).save_pretrained(tmp, safe_serialization=True)
             policy.model.save_pretrained(tmp / ADAPTER_DIR, safe_serialization=True)
         else:
             policy.model.save_pretrained(tmp, safe_serialization=True)
