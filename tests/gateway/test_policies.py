@@ -22,6 +22,7 @@ from turnforge.app.run import train
 from turnforge.config import LoraConfig, TinyModelConfig
 from turnforge.errors import UserError
 from turnforge.gateway.agents import parse_result
+from turnforge.gateway.render import RequestError
 from turnforge.gateway.server import Gateway, open_replica
 from turnforge.gateway.trace import CallRecord, compile_trace
 from turnforge.policy.lora import adapter_parameters, add_lora, use_adapter
@@ -138,6 +139,10 @@ def test_the_model_field_picks_the_adapter_and_a_bad_one_is_a_400(two_adapters):
                 answer = http.post("/chat/completions", json=ask | {"model": name}).json()
                 assert answer["model"] == name
         record = gw.close_rollout("r")
+        ids = {"prompts": [[1, 2, 3]], "max_new_tokens": 2, "temperature": 1.0}
+        with pytest.raises(RequestError, match="names no policy"):
+            gw.generate_ids(ids)  # the replica route too: never a silent pick of whichever adapter was last active
+        assert len(gw.generate_ids(ids | {"model": "solver"})["generations"]) == 1
     assert [c.policy for c in record.calls] == ["proposer", "solver", "proposer"] and record.refused_calls == 2
     for c in record.calls:  # each call's logprobs are its own adapter's
         use_adapter(policy.model, c.policy)
@@ -202,6 +207,13 @@ def test_two_adapters_train_checkpoint_resume_and_serve(tmp_path, two_policy_age
 
     final = tmp_path / "run" / "checkpoints" / "final"
     assert sorted(p.name for p in (final / "adapter").iterdir() if p.is_dir()) == ["proposer", "solver"]
+    from turnforge.merge.checkpoints import check_parent
+    from turnforge.train.evaluate import load_for_eval
+
+    with pytest.raises(UserError, match="holds 2 policies \\(proposer, solver\\).*adapter/proposer with --base"):
+        check_parent(final, "member 1", base=None)  # its weights are the base, not a policy: never merged silently
+    with pytest.raises(UserError, match="holds 2 policies.*serve it"):
+        load_for_eval(cfg, final)
     gw = open_replica(final, host="127.0.0.1", port=0, max_tokens=4, context=256, dtype="float32", device="cpu", seed=0,
                       threads=1, prefix_cache=False)
     with gw, httpx.Client(base_url=f"{gw.url}/v1", timeout=60) as http:

@@ -429,7 +429,7 @@ class Gateway:
         server's generator), ``max_new_tokens``, ``temperature``, and ``push``, the weights the
         client expects (a 409 ``stale_weights`` when this replica holds others). Answers each
         generation's ids, logprobs and whether it stopped, with the push and trainer version
-        that sampled them."""
+        that sampled them. A server of several policies samples with the one ``model`` names."""
         try:
             prompts = [tuple(int(i) for i in p) for p in body["prompts"]]
             keys = [str(k) for k in body.get("keys") or ["serve"] * len(prompts)]
@@ -443,7 +443,10 @@ class Gateway:
         if n < 1 or any(len(p) + n > self.max_context_tokens for p in prompts):
             raise RequestError(f"a prompt plus max_new_tokens={n} is over the context budget ({self.max_context_tokens}, "
                                f"{self.settings.context})", "prompts", "context_length_exceeded")
+        policy = self._policy_of(body)  # a server of several policies: the one "model" names
         with self.lock:
+            if policy:
+                use_adapter(self.policy.model, policy)
             want = body.get("push")
             if want is not None and int(want) != self.held.push:
                 raise StaleWeights(f"this replica holds push {self.held.push}, the request wants push {want}")

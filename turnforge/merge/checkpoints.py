@@ -24,6 +24,7 @@ import torch
 from turnforge.errors import UserError
 from turnforge.merge.methods import SPARSITY_EPS, MergeSpec, Sparsity, check_spec, merge_tensor
 from turnforge.paths import MANIFEST, seal, verify
+from turnforge.policy.lora import several_policies
 from turnforge.runs import RunDir
 
 WEIGHTS = "model.safetensors"
@@ -75,6 +76,7 @@ def check_parent(path: Path, label: str, *, base: Path | None) -> None:
         if base is None:
             raise UserError(f"{label} is a LoRA adapter: give --base, the model it was trained on")
         return
+    several_policies(path, label, "merge one's adapter, e.g. {adapter} with --base {path}")
     if not (path / "config.json").is_file():
         raise UserError(f"{label} has no config.json; give a directory saved with save_pretrained")
     if not (path / WEIGHTS).is_file() and not (path / INDEX).is_file():

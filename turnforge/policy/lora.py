@@ -141,6 +141,17 @@ def saved_policies(checkpoint: Path) -> list[str]:
     return sorted(d.name for d in root.iterdir() if (d / "adapter_config.json").exists())
 
 
+def several_policies(checkpoint: Path, label: str, instead: str) -> None:
+    """A ``UserError`` line when ``checkpoint`` holds several policies (its weights are their shared
+    base, not any one of them): ``instead`` says what to do (``{adapter}``: the first one's adapter
+    directory, ``{path}``: the checkpoint)."""
+    names = saved_policies(checkpoint)
+    if names:
+        what = instead.format(adapter=Path(checkpoint) / ADAPTER_DIR / names[0], path=checkpoint)
+        raise UserError(f"{label} holds {len(names)} policies ({', '.join(names)}), each a LoRA adapter on the base its "
+                        f"weights are: {what}")
+
+
 def adapter_names(model: torch.nn.Module) -> list[str]:
     """The adapters ``model`` carries, in the order they were added ([] without LoRA)."""
     return list(model.peft_config) if is_lora(model) else []

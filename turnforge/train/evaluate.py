@@ -110,8 +110,10 @@ def load_for_eval(cfg, checkpoint) -> Policy:
     cache and its budget): what ``turnforge eval`` and ``turnforge merge --sweep`` evaluate."""
     import torch
 
+    from turnforge.policy.lora import several_policies
     from turnforge.policy.model import load_policy, resolve_device
 
+    several_policies(checkpoint, str(checkpoint), "serve it (turnforge serve {path}) and evaluate each by its name")
     torch.set_num_threads(cfg.threads)
     policy = load_policy(checkpoint, cfg.model.dtype, resolve_device(cfg.model.device))
     policy.prefix_cache, policy.kv_cache_gib = cfg.rollout.prefix_cache, cfg.rollout.kv_cache_gib
