@@ -6,9 +6,10 @@ it ``ATTEMPTS`` times, each a conversation of its own. The solver's reward is th
 right; the proposer's is 1 for a board the solver solved sometimes but not always (the frontier
 of what it can do), 0 for one it always or never solved, and -0.5 for a reply that holds no
 board (Absolute Zero's format penalty; then the solver is not asked, so its adapter does not
-train on it). A reply's board is its board characters in order, from its first arrow on (later
-arrows dropped), padded with ``_`` to six cells: lenient, so that a model that writes boards
-only now and then still gives the proposer something to learn from.
+train on it). A reply's board is its first arrow and up to five of its other board characters
+(``_ . #``, in order, those before the arrow first; later arrows dropped), padded with ``_`` to
+six cells: lenient, so that a model that writes boards only now and then still gives the
+proposer something to learn from.
 A task with a ``board`` (the fixed tasks of ``moves.jsonl``) is answered by the solver alone,
 ``attempts`` times (1 when the task does not say), and the held-out evaluation's success is the
 solver's. The request's ``model`` field picks the policy; ``rewards`` gives each its reward.
@@ -47,8 +48,9 @@ def board_of(text: str) -> str | None:
     first = next((i for i, c in enumerate(cells) if c in MOVES), None)
     if first is None:
         return None
-    cells = [c for i, c in enumerate(cells) if c in CELLS or i == first][:6]
-    return "".join(cells).ljust(6, "_")
+    before = [c for c in cells[:first] if c in CELLS][:5]
+    after = [c for c in cells[first + 1:] if c in CELLS][:5 - len(before)]
+    return "".join(before + [cells[first]] + after).ljust(6, "_")
 
 
 def agent(task: dict, base_url: str) -> dict:

@@ -222,3 +222,13 @@ def test_two_adapters_train_checkpoint_resume_and_serve(tmp_path, two_policy_age
         for name in ("proposer", "solver"):
             assert http.post("/chat/completions", json=ask | {"model": name}).json()["model"] == name
         assert http.post("/chat/completions", json=ask | {"model": "nobody"}).status_code == 400
+
+
+def test_the_self_play_example_reads_a_board_from_any_reply(monkeypatch):
+    monkeypatch.syspath_prepend(str(REPO))
+    from examples.agents.selfplay_agent import board_of
+
+    assert board_of("no board here") is None
+    assert board_of(">") == ">_____"
+    assert board_of("_.^#_<.") == "_.^#_."  # later arrows dropped
+    assert board_of("#_.#_.__^..") == "#_.#_^"  # the arrow kept however late it comes
