@@ -54,7 +54,7 @@ def board_of(text: str) -> str | None:
 
 
 def agent(task: dict, base_url: str) -> dict:
-    with httpx.Client(base_url=base_url, timeout=60) as http:
+    with httpx.Client(base_url=base_url, timeout=600) as http:  # agent.timeout_s bounds the rollout
         if "board" in task:  # a fixed task: the solver alone
             solved = [solve(http, task["board"]) for _ in range(int(task.get("attempts", 1)))]
             share = sum(solved) / len(solved)
