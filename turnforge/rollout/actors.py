@@ -88,6 +88,13 @@ class PolicyActor:
         self.calls: dict[str, int] = {}  # generate() calls per key without turns (episode_seed only)
 
     @property
+    def cache(self) -> PrefixCache | None:
+        """The prefix cache of the active adapter (``rollout.prefix_cache``; one per adapter), or None."""
+        if self.caches is None:
+            return None
+        return self.caches.setdefault(active_adapter(self.policy.model), PrefixCache(self.budget))
+
+    @property
     def version(self) -> int:
         return self.policy.version
 
@@ -147,9 +154,8 @@ class PolicyActor:
         if self.policy.sampler is not None:  # vLLM, or inference replicas (their own prefix caches)
             return self.policy.sampler.sample(self.policy.model, self.policy.version, prompts, max_new_tokens=n,
                                               stop_ids=self.policy.stop_ids, temperature=t, keys=keys, row_seeds=seeds)
-        adapter = active_adapter(self.policy.model)
-        if self.caches is not None:  # KV computed under one adapter is not another's
-            cache = self.caches.setdefault(adapter, PrefixCache(self.budget))
+        cache = self.cache  # KV computed under one adapter is not another's
+        if cache is not None:
             return cache.sample(self.policy.model, keys, prompts, self.policy.version, max_new_tokens=n,
                                      stop_ids=self.policy.stop_ids, pad_id=self.policy.pad_id, temperature=t,
                                      generator=generator, row_seeds=seeds)
