@@ -162,8 +162,10 @@ def _start(cfg, run_dir: Path, argv: list[str], *, resume: bool) -> None:
 
     if cfg.dist.nproc == 1 or launched_size() > 1:
         from turnforge.app.run import train as run_train
+        from turnforge.dist import shutdown
 
         run_train(cfg, run_dir, resume=resume)
+        shutdown()  # one of several ranks: leave the process group together (a failure exits before this)
         return
     from turnforge.app.launch import start_ranks
 

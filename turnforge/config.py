@@ -124,6 +124,12 @@ class ModelConfig(Section):
         "gradient checkpointing, non-reentrant): training memory of long multi-turn samples falls to about one layer's "
         "activations for more compute (x1.2 the step time on SmolLM2 here); the gradients are the same"
     )
+    micro_batch_tokens: int = Field(
+        16384, ge=0, description="Training memory: at most this many padded tokens (rows x the longest) per forward and "
+        "backward pass; a larger minibatch (BC, RL, flywheel fine-tuning, the critic) runs in several passes, longest "
+        "rows first, their gradients added before the one optimizer step (the same step up to float order). 0: every "
+        "minibatch in one pass. A minibatch that fits is run exactly as before"
+    )
     image_cache: int = Field(
         512, ge=1, description="Processed images a vision policy keeps in memory (least recently used dropped; a 112 px "
         "screenshot is ~150 KB of float32 pixels): set it above a BC set's screenshots and later epochs skip the processor"

@@ -15,7 +15,9 @@ process group, no wrapper, no extra copy. With ``size > 1``:
 - **Reductions.** A minibatch's rows are split over the ranks (``rank_slice``); each rank's
   loss is its share of a global weighted mean (``minibatch_share``: ``size * w_rank / w_total``,
   with ``w`` the minibatch's token weights), so FSDP's mean over ranks gives the gradient
-  of 1 rank with the whole minibatch, token-weighted as before.
+  of 1 rank with the whole minibatch, token-weighted as before. A rank's rows may take several
+  passes of at most ``model.micro_batch_tokens`` padded tokens (``micro_batches``), their
+  gradients added before the step.
 - **Data.** Every rank runs the same program; only rank 0 writes the run directory (the
   others read it: a checkpoint to resume from, rank 0's base model). Objects (an iteration's
   trajectories, counters) travel with ``gather``/``broadcast``.
@@ -110,13 +112,18 @@ def init_world(backend: str, timeout_s: float, device: str = "cpu") -> World:
     return _WORLD
 
 
-def shutdown() -> None:
-    """Leave the process group (a world of one again)."""
+def shutdown(wait: bool = True) -> None:
+    """Leave the process group (a world of one again). ``wait``: after a barrier, so that no rank
+    tears its connections down while another still uses them (gloo then aborted a rank, 1 exit
+    in 8); pass False when a rank failed (the others may be gone, and the barrier would wait for
+    ``dist.timeout_s``)."""
     global _WORLD
     if _WORLD.distributed:
         import torch.distributed as dist
 
         if dist.is_initialized():
+            if wait:
+                dist.barrier()
             dist.destroy_process_group()
     _WORLD = World()
 
@@ -228,6 +235,62 @@ def minibatch_share(rows: Sequence[T], weight: Callable[[T], float]) -> tuple[li
     total = float(sum(weight(r) for r in rows))
     share = _WORLD.size * float(sum(weight(r) for r in mine)) / total if total > 0 else 0.0
     return (mine, share) if mine else ([rows[0]], 0.0)
+
+
+@dataclass(frozen=True)
+class Pass:
+    """One forward and backward pass of a minibatch step (``micro_batches``): this rank's ``rows``,
+    the ``factor`` its loss takes (as ``minibatch_share``'s; 0 for a placeholder row) and
+    ``fraction``, the pass's share of the whole minibatch's weight over all ranks (for a term
+    that is not a plain sum over rows, taken per pass)."""
+
+    rows: list
+    factor: float
+    fraction: float
+
+
+def micro_batches(rows: Sequence[T], weight: Callable[[T], float], length: Callable[[T], int],
+                  budget: int) -> list[Pass]:
+    """This rank's rows of a global minibatch (``minibatch_share``) in passes of at most ``budget``
+    padded tokens each (rows x the longest ``length``; 0: one pass), whose gradients add up to the
+    minibatch's: pass ``p`` takes ``size * w_p / w_total``. Rows that fit in one pass are that pass
+    as given (the step is then exactly ``minibatch_share``'s); otherwise they are packed longest
+    first (a row longer than the budget is a pass alone), which also pads less. Every rank runs
+    the same number of passes (FSDP's collectives): a rank with fewer gets placeholder passes of
+    factor 0. Departure from verl's dynamic batch size: the budget counts padded tokens, as the
+    collated batch holds them, not the rows' own lengths."""
+    size = _WORLD.size if _WORLD.distributed else 1
+    slices = [list(rows[r::size]) for r in range(size)] if size > 1 else [list(rows)]
+    packed = [_pack(x, length, budget) for x in slices]
+    mine = packed[_WORLD.rank if size > 1 else 0]
+    if len(packed) == 1 and len(mine) == 1:
+        return [Pass(mine[0], 1.0, 1.0)]
+    total = float(sum(weight(r) for r in rows))
+    out, n = [], max(len(x) for x in packed)
+    for p in range(n):
+        everyone = sum(weight(r) for x in packed if p < len(x) for r in x[p])
+        fraction = 1.0 if n == 1 else everyone / total if total > 0 else 0.0
+        if p < len(mine):
+            out.append(Pass(mine[p], size * float(sum(weight(r) for r in mine[p])) / total if total > 0 else 0.0, fraction))
+        else:
+            out.append(Pass([rows[0]], 0.0, fraction))
+    return out
+
+
+def _pack(rows: list[T], length: Callable[[T], int], budget: int) -> list[list[T]]:
+    """``rows`` in passes of at most ``budget`` padded tokens (see ``micro_batches``); ``[rows]``
+    when they fit in one (or ``budget`` is 0). An empty list has no pass."""
+    if not rows:
+        return []
+    if budget <= 0 or len(rows) * max(length(r) for r in rows) <= budget:
+        return [rows]
+    parts: list[list[T]] = []
+    for r in sorted(rows, key=length, reverse=True):  # stable: equal lengths keep their order
+        if parts and (len(parts[-1]) + 1) * length(parts[-1][0]) <= budget:
+            parts[-1].append(r)
+        else:
+            parts.append([r])
+    return parts
 
 
 def masked_mean_over_ranks(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -37,14 +37,31 @@ class GuardedStep:
         self.model, self.optimizer, self.max_grad_norm, self.max_bad = model, optimizer, max_grad_norm, max_bad
         self.bad_in_a_row = 0
         self.skipped = 0
+        self._open, self._finite = False, True  # passes since the last step, all of finite loss
 
     def __call__(self, loss: torch.Tensor) -> float | None:
         """Backward + clip + step; returns the grad norm, or None if the step was skipped."""
-        self.optimizer.zero_grad(set_to_none=True)
+        self.backward(loss)
+        return self.step()
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """One pass's backward: its gradients add to those of the step's earlier passes (a minibatch
+        in several passes, ``turnforge.dist.micro_batches``); the step's first pass starts from zero."""
+        if not self._open:
+            self.optimizer.zero_grad(set_to_none=True)
+            self._open, self._finite = True, True
         # on several ranks every rank runs its backward pass (FSDP's collectives): a non-finite loss on any
         # rank makes the gradient norm, taken over all shards, non-finite on all, and all skip alike
         if world().distributed or torch.isfinite(loss):
             loss.backward()
+        else:
+            self._finite = False
+
+    def step(self) -> float | None:
+        """Clip and step on the gradients of the passes since the last step; returns the grad norm,
+        or None if the step was skipped (a non-finite loss or gradient norm)."""
+        self._open = False
+        if self._finite:
             norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
             if hasattr(norm, "full_tensor"):  # FSDP2-sharded gradients (turnforge.dist): the norm over all shards
                 norm = norm.full_tensor()

@@ -4,6 +4,7 @@ that cross world sizes, and bad input refused before any rank starts."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -272,3 +273,31 @@ def test_smollm2_first_updates_on_two_ranks_equal_one(tmp_path, lora):
     atol = 0.02 * one["lr"] * one["steps"]
     for k in one["weights"]:
         torch.testing.assert_close(two["weights"][k], one["weights"][k], rtol=1e-4, atol=atol, msg=k)
+
+
+@pytest.mark.slow
+def test_passes_on_two_ranks_equal_one_pass_of_one_process(tmp_path, tiny_model_dir):
+    """The tiny model, 5 steps on 5 rows of 30-38 tokens: 2 ranks whose shares run in passes of at
+    most 76 padded tokens (rank 0's rows of 38, 31, 31 tokens take 2 passes; rank 1's 30 and 38 fit
+    in 1, and it adds a placeholder pass: the collectives still pair up) against 1 process with
+    the whole batch in one pass."""
+    job = Path(__file__).with_name("updates_job.py")
+    env = dict(os.environ, OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join([str(Path(__file__).parents[2]), os.environ.get("PYTHONPATH", "")]))
+    got = {}
+    for n, budget in ((1, 0), (2, 76)):
+        cmd = [sys.executable, str(job)] if n == 1 else [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                                                        "--nproc-per-node=2", str(job)]
+        proc = subprocess.run([*cmd, str(tiny_model_dir), "0", str(tmp_path / f"{n}.pt"), str(budget)],
+                              capture_output=True, text=True, timeout=300, env=env)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        got[n] = torch.load(tmp_path / f"{n}.pt")
+        got[n]["passes"] = [json.loads((tmp_path / f"{n}.pt.rank{r}.json").read_text()) for r in range(n)]
+    one, two = got[1], got[2]
+    assert one["passes"] == [[[5]] * 5]
+    # every step: rank 0 two passes (2 + 1 rows), rank 1 one pass of its 2 rows and a placeholder (0 rows)
+    assert two["passes"] == [[[2, 1]] * 5, [[2, 0]] * 5], two["passes"]
+    np.testing.assert_allclose(two["losses"], one["losses"], rtol=1e-5)
+    assert one["losses"][-1] < one["losses"][0]
+    for k in one["weights"]:
+        torch.testing.assert_close(two["weights"][k], one["weights"][k], rtol=1e-4, atol=0.02 * one["lr"] * one["steps"], msg=k)

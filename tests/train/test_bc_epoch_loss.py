@@ -14,18 +14,18 @@ from turnforge.train.metrics import read_metrics
 
 def test_bc_epoch_loss_is_the_token_weighted_mean_of_its_minibatches(tmp_path, tiny_model_dir, monkeypatch):
     losses, tokens = [], []  # each minibatch's loss and action tokens, as the trainer sees them
-    share, weighted = bc_module.minibatch_share, bc_module.share_weighted
+    passes, weighted = bc_module.micro_batches, bc_module.share_weighted
 
-    def minibatch_share(rows, weight):
+    def micro_batches(rows, weight, length, budget):
         tokens.append(sum(weight(r) for r in rows))
-        return share(rows, weight)
+        return passes(rows, weight, length, budget)
 
     def share_weighted(values, shares):
         out = weighted(values, shares)
         losses.append(out[0][0])
         return out
 
-    monkeypatch.setattr(bc_module, "minibatch_share", minibatch_share)
+    monkeypatch.setattr(bc_module, "micro_batches", micro_batches)
     monkeypatch.setattr(bc_module, "share_weighted", share_weighted)
     cfg = load_config("sokoban-tiny", [
         *NO_FLYWHEEL, f"model.path={tiny_model_dir}", "env.id=test-echo", "env.kwargs={episode_len: 3, max_obs_words: 8}",

@@ -49,8 +49,10 @@ class TrainerRank:
         from turnforge.dist import LOST_PEER, shutdown
         from turnforge.errors import Interrupted, RunStopped, UserError
 
+        done = False
         try:
             train(config_from_dict(cfg_data), Path(run_dir), resume=resume, live=False)
+            done = True
             return 0, ""
         except UserError as err:
             return 2, f"error: {err}"
@@ -64,7 +66,7 @@ class TrainerRank:
             traceback.print_exc()
             return 1, f"internal error: {type(err).__name__}: {str(err).strip().splitlines()[0][:300] if str(err).strip() else ''}"
         finally:
-            shutdown()
+            shutdown(wait=done)
 
 
 def launch_on_ray(cfg, run_dir: Path, *, resume: bool, place_timeout_s: float = 120.0) -> int:

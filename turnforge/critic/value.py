@@ -31,7 +31,7 @@ from torch import nn
 
 from turnforge.algos import explained_variance, value_loss
 from turnforge.batching import SCORING_BATCH, batches
-from turnforge.dist import minibatch_share, share_weighted
+from turnforge.dist import micro_batches, share_weighted
 from turnforge.optim import GuardedStep
 from turnforge.policy.generate import pad_right
 from turnforge.seeding import stable_hash
@@ -167,15 +167,17 @@ def update_critic(
     max_grad_norm: float,
     order_rng: np.random.Generator,
     max_steps: int | None = None,
+    micro_batch_tokens: int = 0,
 ) -> CriticUpdate:
     """Clipped value-loss updates on ``(sample, targets, old_values)`` triples (at most
     ``max_steps`` optimizer steps when given). A step with a non-finite loss or gradient is
     skipped. On several trainer ranks ``critic`` is the sharded copy (``turnforge.dist``): each
     rank takes its share of every minibatch, weighted by its value positions, so the step is the
-    one a single process takes on the whole minibatch."""
+    one a single process takes on the whole minibatch; a minibatch over ``micro_batch_tokens`` padded
+    tokens runs in several passes (``turnforge.dist.micro_batches``)."""
     step = GuardedStep(critic, optimizer, max_grad_norm, max_bad=sys.maxsize)  # skipped steps are not fatal here
     critic.train()
-    figures, shares, steps, tokens = [], [], 0, 0
+    figures, steps, tokens = [], 0, 0
     for _ in range(epochs):
         order = order_rng.permutation(len(data)).tolist()
         for b in range(0, len(order), minibatch_size):
@@ -183,15 +185,19 @@ def update_critic(
                 break
             chunk = [data[i] for i in order[b:b + minibatch_size]]
             tokens += sum(len(x) for x, _, _ in chunk)
-            chunk, share = minibatch_share(chunk, lambda row: len(value_positions(row[0])))
-            batch = collate_values([x for x, _, _ in chunk], pad_id, [t for _, t, _ in chunk], [o for _, _, o in chunk])
-            values = critic(batch.ids, batch.attention)
-            loss = value_loss(values, batch.old, batch.targets, batch.where, clip)
-            step(loss if share == 1.0 else loss * share)
-            figures.append([float(loss.detach())])
-            shares.append(share)
+            rank_loss = 0.0  # this rank's passes' losses, each times its factor
+            for part in micro_batches(chunk, lambda row: len(value_positions(row[0])), lambda row: len(row[0]),
+                                      micro_batch_tokens):
+                batch = collate_values([x for x, _, _ in part.rows], pad_id, [t for _, t, _ in part.rows],
+                                       [o for _, _, o in part.rows])
+                values = critic(batch.ids, batch.attention)
+                loss = value_loss(values, batch.old, batch.targets, batch.where, clip)
+                step.backward(loss if part.factor == 1.0 else loss * part.factor)
+                rank_loss += float(loss.detach()) * part.factor
+            step.step()
+            figures.append([rank_loss])
             steps += 1
-    losses = [row[0] for row in share_weighted(figures, shares)]
+    losses = [row[0] for row in share_weighted(figures, [1.0] * len(figures))]
     critic.eval()
     old = np.concatenate([o for _, _, o in data]) if data else np.zeros(0)
     tgt = np.concatenate([t for _, t, _ in data]) if data else np.zeros(0)
@@ -210,6 +216,7 @@ def pretrain_critic(
     minibatch_size: int,
     max_grad_norm: float,
     seed: int,
+    micro_batch_tokens: int = 0,
 ) -> dict[str, float]:
     """Value pretraining: regress Monte-Carlo returns of the BC policy (plain squared error)
     until the explained variance on a held-back 20% of the samples reaches ``target_ev``
@@ -229,6 +236,7 @@ def pretrain_critic(
         result = update_critic(
             critic, optimizer, [(x, t, np.zeros_like(t)) for x, t in fit], pad_id, epochs=1,
             minibatch_size=minibatch_size, clip=None, max_grad_norm=max_grad_norm, order_rng=rng, max_steps=max_steps - steps,
+            micro_batch_tokens=micro_batch_tokens,
         )
         steps += result.steps
         passes += 1

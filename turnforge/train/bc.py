@@ -18,7 +18,7 @@ import torch
 from turnforge.algos import sft_loss
 from turnforge.config import TrainConfig
 from turnforge.data.store import write_trajectories
-from turnforge.dist import all_sum, attach_trainer, minibatch_share, share_weighted, sync_weights
+from turnforge.dist import all_sum, attach_trainer, micro_batches, share_weighted, sync_weights
 from turnforge.errors import RunStopped
 from turnforge.optim import GuardedStep, lr_factor
 from turnforge.policy.generate import token_logprobs
@@ -87,14 +87,17 @@ def run_bc(s: Session) -> BCStats:
         for b in range(steps_per_epoch):
             chunk = [samples[i] for i in order[b * bc.batch_size:(b + 1) * bc.batch_size]]
             s.state.train_tokens += sum(len(x) for x in chunk)
-            mine, share = minibatch_share(chunk, lambda x: x.num_action_tokens)
-            batch = collate(mine, policy.pad_id, vision=policy.vision)
-            logprobs, _ = token_logprobs(model, batch.ids, batch.attention, positions=batch.mask, vision=batch.vision)
-            loss = sft_loss(logprobs, batch.mask)
-            step(loss if share == 1.0 else loss * share)
+            rank_loss = 0.0  # this rank's passes' losses, each times its factor
+            for part in micro_batches(chunk, lambda x: x.num_action_tokens, len, cfg.model.micro_batch_tokens):
+                batch = collate(part.rows, policy.pad_id, vision=policy.vision)
+                logprobs, _ = token_logprobs(model, batch.ids, batch.attention, positions=batch.mask, vision=batch.vision)
+                loss = sft_loss(logprobs, batch.mask)
+                step.backward(loss if part.factor == 1.0 else loss * part.factor)
+                rank_loss += loss.item() * part.factor
+            step.step()
             scheduler.step()
             n += 1
-            ((loss_value,),) = share_weighted([[loss.item()]], [share])  # the minibatch's loss over all ranks
+            ((loss_value,),) = share_weighted([[rank_loss]], [1.0])  # the minibatch's loss over all ranks
             tokens = sum(x.num_action_tokens for x in chunk)  # the whole minibatch's (every rank holds its rows)
             loss_sum, loss_tokens = loss_sum + loss_value * tokens, loss_tokens + tokens
             s.progress.update(n, loss=loss_value, tokens_per_s=s.state.train_tokens / (time.time() - t0))

@@ -56,7 +56,7 @@ from turnforge.algos.estimators import ESTIMATORS
 from turnforge.config import TrainConfig
 from turnforge.data.filters import Candidate, FilterCount, FilterParams, apply_filters, kept_samples
 from turnforge.data.store import write_trajectories
-from turnforge.dist import masked_mean_over_ranks, minibatch_share, sync_sampler
+from turnforge.dist import masked_mean_over_ranks, micro_batches, sync_sampler
 from turnforge.errors import RunStopped
 from turnforge.optim import GuardedStep, set_lr
 from turnforge.policy.generate import token_logprobs
@@ -371,7 +371,9 @@ def _rft(s: Session, step: GuardedStep, samples: list[Sample], weights: list[flo
     successes then sharpens it only down to the floor (an entropy-targeting hinge, in the spirit
     of clip-higher and Clip-Cov, which act on the PPO ratio instead). On several trainer ranks
     each takes its share of every minibatch (``turnforge.dist``), the floor on the whole
-    minibatch's entropy."""
+    minibatch's entropy. A minibatch over ``model.micro_batch_tokens`` padded tokens runs in
+    several passes (``turnforge.dist.micro_batches``); the floor then holds each pass's mean
+    entropy, weighted by the pass's share of the tokens (a departure: the hinge is not a sum over rows)."""
     fw, policy = s.cfg.flywheel, s.policy
     set_lr(step.optimizer, fw.rft_lr)
     w_all = torch.tensor(weights, dtype=torch.float32)
@@ -384,18 +386,21 @@ def _rft(s: Session, step: GuardedStep, samples: list[Sample], weights: list[flo
             for k, b in enumerate(range(0, len(samples), fw.rft_batch_size)):
                 idx = order[b:b + fw.rft_batch_size].tolist()
                 s.state.train_tokens += sum(len(samples[i]) for i in idx)
-                idx, share = minibatch_share(idx, lambda i: samples[i].num_action_tokens)
-                batch = collate([samples[i] for i in idx], policy.pad_id, vision=policy.vision)
-                lp, ent = token_logprobs(model, batch.ids, batch.attention, with_entropy=floor > 0,
-                                         positions=batch.mask, vision=batch.vision)
-                w = w_all[idx]
-                loss = signed_nll(lp, batch.mask, w) if bool((w < 0).any()) else weighted_nll(lp, batch.mask, w)
-                if share != 1.0:
-                    loss = loss * share
-                if floor > 0:
-                    loss = loss + entropy_floor_penalty(ent, batch.mask * (share > 0), floor, fw.entropy_guard_coef,
-                                                        mean=masked_mean_over_ranks)
-                step(loss)
+                for part in micro_batches(idx, lambda i: samples[i].num_action_tokens, lambda i: len(samples[i]),
+                                          s.cfg.model.micro_batch_tokens):
+                    batch = collate([samples[i] for i in part.rows], policy.pad_id, vision=policy.vision)
+                    lp, ent = token_logprobs(model, batch.ids, batch.attention, with_entropy=floor > 0,
+                                             positions=batch.mask, vision=batch.vision)
+                    w = w_all[part.rows]
+                    loss = signed_nll(lp, batch.mask, w) if bool((w < 0).any()) else weighted_nll(lp, batch.mask, w)
+                    if part.factor != 1.0:
+                        loss = loss * part.factor
+                    if floor > 0:
+                        hinge = entropy_floor_penalty(ent, batch.mask * (part.factor > 0), floor, fw.entropy_guard_coef,
+                                                      mean=masked_mean_over_ranks)
+                        loss = loss + (hinge if part.fraction == 1.0 else hinge * part.fraction)
+                    step.backward(loss)
+                step.step()
                 report(epoch * per_epoch + k + 1)
     model.eval()
 
@@ -413,7 +418,7 @@ def _grpo(s: Session, optimizer: torch.optim.Optimizer, step: GuardedStep, trajs
         set_lr(optimizer, s.cfg.rl.lr)
         ppo_update(s.policy, pairs, step, s.cfg.rl, temperature=s.cfg.rollout.temperature,
                    shuffle=rng(s.cfg.seed, "rl-shuffle", stable_hash("flywheel", r)), decoupled=bool(replayed),
-                   engine=s.cfg.engine)
+                   engine=s.cfg.engine, micro_batch_tokens=s.cfg.model.micro_batch_tokens)
 
 
 __all__ = ["Collection", "FlywheelState", "collect", "mechanism_records", "pass_k_shares", "rft_data", "route", "run_flywheel"]

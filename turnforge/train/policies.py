@@ -76,7 +76,8 @@ def policy_updates(policy: Policy, credit: Credit, step: GuardedStep, cfg: Train
     for name, c in credit.by_policy.items():
         use_adapter(policy.model, name)
         out[name] = ppo_update(policy, c.samples, step, cfg.rl, temperature=cfg.rollout.temperature,
-                               shuffle=rng(cfg.seed, "rl-shuffle", it, name), reference=reference)
+                               shuffle=rng(cfg.seed, "rl-shuffle", it, name), reference=reference,
+                               micro_batch_tokens=cfg.model.micro_batch_tokens)
     return out
 
 

@@ -249,7 +249,7 @@ def learn(ok: list[Trajectory], credit: Credit, cfg: TrainConfig, it: int, polic
     update = ppo_update(policy, credit.samples, step, rl, temperature=cfg.rollout.temperature,
                         shuffle=rng(cfg.seed, "rl-shuffle", it), reference=reference if rl.kl_mode == "loss" else None,
                         decoupled=cfg.engine.mode == "async" or cfg.rollout.backend in ("vllm", "server"), engine=cfg.engine,
-                        rehearsal=rehearsal)
+                        rehearsal=rehearsal, micro_batch_tokens=cfg.model.micro_batch_tokens)
     critic_stats = critic_update(ok, credit, cfg, it, critic, policy.pad_id) if ESTIMATORS[rl.advantage].reads_values else None
     return Learned(update, critic_stats, time.time() - t0)
 
@@ -266,7 +266,7 @@ def critic_update(ok: list[Trajectory], credit: Credit, cfg: TrainConfig, it: in
         upd = update_critic(
             critic.train_model, critic.optimizer, data, pad_id, epochs=cfg.critic.epochs,
             minibatch_size=cfg.critic.minibatch_size, clip=cfg.critic.value_clip, max_grad_norm=cfg.rl.max_grad_norm,
-            order_rng=rng(cfg.seed, "critic-shuffle", it),
+            order_rng=rng(cfg.seed, "critic-shuffle", it), micro_batch_tokens=cfg.model.micro_batch_tokens,
         )
         critic.sync()
     used = None
@@ -359,7 +359,7 @@ def pretrain_values(s: Session, critic: Critic) -> ValuePretrainStats:
     stats = pretrain_critic(
         critic.train_model, critic.optimizer, sample_targets(trajs, monte_carlo_returns(trajs, cfg.rl)), policy.pad_id,
         max_steps=c.pretrain_max_steps, target_ev=c.pretrain_target_ev, minibatch_size=c.minibatch_size,
-        max_grad_norm=cfg.rl.max_grad_norm, seed=cfg.seed,
+        max_grad_norm=cfg.rl.max_grad_norm, seed=cfg.seed, micro_batch_tokens=cfg.model.micro_batch_tokens,
     )
     critic.sync()
     result = s.metrics.log(ValuePretrainStats(**stats, episodes=len(trajs), infra_failures=failed), s.state.env_steps)

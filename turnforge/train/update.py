@@ -21,7 +21,7 @@ from turnforge.algos import (
 )
 from turnforge.algos.corrections import CORRECTIONS, ratio_stats, token_ratios
 from turnforge.config import EngineConfig, RLConfig
-from turnforge.dist import minibatch_share, share_weighted
+from turnforge.dist import micro_batches, share_weighted
 from turnforge.optim import GuardedStep
 from turnforge.policy.generate import token_logprobs
 from turnforge.policy.model import Policy
@@ -44,6 +44,7 @@ def ppo_update(
     decoupled: bool = False,
     engine: EngineConfig | None = None,
     rehearsal: Rehearsal | None = None,
+    micro_batch_tokens: int = 0,
 ) -> UpdateStats:
     """``rl.epochs`` passes of PPO-clip minibatch steps on ``policy`` over ``(sample, advantage)``
     pairs, each step through ``step`` (the optimizer with its NaN guard); minibatches in the order
@@ -61,7 +62,9 @@ def ppo_update(
     of ``rl.minibatch_size`` of the starting policy's cached samples (in an order ``shuffle`` draws).
 
     With ``rl.merge_duplicates`` repeated samples are scored once (``turnforge.train.merge``);
-    minibatches still hold ``rl.minibatch_size`` sampled copies each."""
+    minibatches still hold ``rl.minibatch_size`` sampled copies each. A minibatch over
+    ``micro_batch_tokens`` padded tokens (``model.micro_batch_tokens``) runs in several passes whose
+    gradients add up before the step (``turnforge.dist.micro_batches``)."""
     rows = weighted_rows(samples, rl)
     engine = EngineConfig() if engine is None else engine
     prox, offpolicy = (proximal_logprobs(policy, [r.sample for r in rows], temperature, engine) if decoupled else (None, None))
@@ -69,35 +72,45 @@ def ppo_update(
     model.train()
     order = shuffle.permutation(len(rows)).tolist()
     rehearsal_order = shuffle.permutation(len(rehearsal.samples)) if rehearsal is not None else None
-    figures, shares, norms, tokens = [], [], [], 0
+    figures, norms, tokens = [], [], 0
     for _ in range(rl.epochs):
         for idx in minibatches(rows, order, rl.minibatch_size):
             tokens += sum(len(rows[i].sample) * rows[i].count for i in idx)
-            # on several ranks each takes its share of the minibatch's rows, its loss weighted by its
-            # share of the loss's token weights (turnforge.dist): the update of one rank with all of them
-            # (the logged clip fraction, KL and entropy are means over tokens, so they take the share of the tokens)
-            _, tshare = minibatch_share(idx, lambda i: rows[i].count * rows[i].sample.num_action_tokens)
-            idx, share = minibatch_share(idx, lambda i: rows[i].weight * rows[i].sample.num_action_tokens)
-            chunk = [rows[i] for i in idx]
-            batch = collate([r.sample for r in chunk], policy.pad_id, [r.advantage for r in chunk], vision=policy.vision)
-            counts = torch.tensor([r.count for r in chunk], dtype=torch.float32)
-            out, entropy = minibatch_loss(policy, batch, chunk, counts, rl, temperature, reference=reference,
-                                          prox=None if prox is None else [prox[i] for i in idx], engine=engine)
-            loss = out.loss if share == 1.0 else out.loss * share
-            if rehearsal is not None:  # the rehearsal rows split over the ranks the same way, by their action tokens
-                cached, rshare = minibatch_share(rehearsal.batch(len(figures), rl.minibatch_size, rehearsal_order),
-                                                 lambda x: x.num_action_tokens)
-                nll = rehearsal_loss(model, cached, policy.pad_id, rehearsal.temperature)
-                loss = loss + rehearsal.coef * (nll if rshare == 1.0 else nll * rshare)
-            norm = step(loss)
+            # on several ranks each takes its share of the minibatch's rows, and a rank's share may take several
+            # passes (turnforge.dist.micro_batches): each pass's loss is weighted by its share of the loss's token
+            # weights, so the step is the one 1 rank takes on the whole minibatch in one pass (the logged clip
+            # fraction, KL and entropy are means over tokens, so they take the share of the tokens)
+            length = lambda i: len(rows[i].sample)  # noqa: E731
+            passes = micro_batches(idx, lambda i: rows[i].weight * rows[i].sample.num_action_tokens, length,
+                                   micro_batch_tokens)
+            token_passes = micro_batches(idx, lambda i: rows[i].count * rows[i].sample.num_action_tokens, length,
+                                         micro_batch_tokens)
+            figure = [0.0] * 5  # this rank's figures, each pass's times its factor
+            for part, tpart in zip(passes, token_passes):
+                chunk = [rows[i] for i in part.rows]
+                batch = collate([r.sample for r in chunk], policy.pad_id, [r.advantage for r in chunk], vision=policy.vision)
+                counts = torch.tensor([r.count for r in chunk], dtype=torch.float32)
+                out, entropy = minibatch_loss(policy, batch, chunk, counts, rl, temperature, reference=reference,
+                                              prox=None if prox is None else [prox[i] for i in part.rows], engine=engine)
+                step.backward(out.loss if part.factor == 1.0 else out.loss * part.factor)
+                values = [out.loss.item(), out.clip_fraction, out.approx_kl, out.kl_ref,
+                          float(masked_mean(entropy.detach(), batch.mask * counts[:, None]))]
+                factors = [part.factor, tpart.factor, tpart.factor, part.factor, tpart.factor]
+                figure = [acc + x * f for acc, x, f in zip(figure, values, factors)]
+            if rehearsal is not None:  # the rehearsal rows split over the ranks and passes the same way, by their action tokens
+                nll_figure = 0.0
+                cached = rehearsal.batch(len(figures), rl.minibatch_size, rehearsal_order)
+                for rpart in micro_batches(cached, lambda x: x.num_action_tokens, len, micro_batch_tokens):
+                    nll = rehearsal_loss(model, rpart.rows, policy.pad_id, rehearsal.temperature)
+                    step.backward(rehearsal.coef * (nll if rpart.factor == 1.0 else nll * rpart.factor))
+                    nll_figure += float(nll.detach()) * rpart.factor
+                figure.append(nll_figure)
+            norm = step.step()
             if norm is not None:
                 norms.append(norm)
-            figures.append([out.loss.item(), out.clip_fraction, out.approx_kl, out.kl_ref,
-                            float(masked_mean(entropy.detach(), batch.mask * counts[:, None]))]
-                           + ([float(nll.detach())] if rehearsal is not None else []))
-            shares.append([share, tshare, tshare, share, tshare] + ([rshare] if rehearsal is not None else []))
+            figures.append(figure)
     model.eval()
-    columns = [list(col) for col in zip(*share_weighted(figures, shares))] if figures else [[]] * (5 + (rehearsal is not None))
+    columns = [list(col) for col in zip(*share_weighted(figures, [1.0] * len(figures)))] if figures else [[]] * (5 + (rehearsal is not None))
     losses, clip_fracs, kls, ref_kls, entropies = columns[:5]
     rehearsal_nlls = columns[5] if rehearsal is not None else []
     if rehearsal is not None:  # the logged loss is the whole objective's
