@@ -457,9 +457,9 @@ def _prefill_rows(model, device, prompts, max_new_tokens, pad_id, shared, reused
         counters.prefilled_tokens += int(new_mask.sum())
         counters.reused_tokens += sum(len(p) for p in prompts) - int(new_mask.sum())
 
-    # with the prefix cache, only the last position's logits are computed (as HF generate does); the plain
-    # path keeps computing all of them so that the tiny recipes' figures stay bit-identical
-    extra = {"logits_to_keep": 1} if cached else {}
+    # only the last position's logits are computed (as HF generate does): the LM head over every prompt
+    # position held rows x prompt x vocabulary floats (6.4 GB for 64 SmolLM2 prompts of 512 tokens)
+    extra: dict = {"logits_to_keep": 1}
     if prefills is not None and not cached:
         logits, layers = prefills.prefill(model, prompts, new_ids.to(device), mask, positions)  # [rows, V]
         for layer, (k, v) in zip(cache.layers, layers):  # into the call's buffers, as the forward pass would
