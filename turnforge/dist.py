@@ -114,9 +114,9 @@ def init_world(backend: str, timeout_s: float, device: str = "cpu") -> World:
 
 def shutdown(wait: bool = True) -> None:
     """Leave the process group (a world of one again). ``wait``: after a barrier, so that no rank
-    tears its connections down while another still uses them (gloo then aborted a rank, 1 exit
-    in 8); pass False when a rank failed (the others may be gone, and the barrier would wait for
-    ``dist.timeout_s``)."""
+    tears its connections down while another still uses them (gloo then aborted a rank at exit
+    in 4 of about 20 runs); pass False when a rank failed (the others may be gone, and the
+    barrier would wait for ``dist.timeout_s``)."""
     global _WORLD
     if _WORLD.distributed:
         import torch.distributed as dist
