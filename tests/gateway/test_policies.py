@@ -167,7 +167,9 @@ def two_policy_agent(tmp_path, monkeypatch):
                 idea = ask("proposer", "Propose a board.")
                 tries = [ask("solver", f"Board {task['board']}. Which move?") for _ in range(2)]
             right = sum(task["move"].lower() in t.lower() for t in tries) / 2
-            return {"reward": right, "rewards": {"proposer": float(len(idea) % 3 == 0), "solver": right}}
+            # rewards that vary from sample to sample, so that each policy's groups have some variance to learn
+            # from (the tiny model rarely names the move: the solver's share right was 0 in every group once)
+            return {"reward": right, "rewards": {"proposer": float(len(idea) % 3 == 0), "solver": float(len(tries[0]) % 2)}}
     '''))
     monkeypatch.syspath_prepend(str(tmp_path))
     sys.modules.pop("two_policy_mod", None)
